@@ -1,0 +1,603 @@
+"""The one schema source of truth: every table of the connector runtime as SQLAlchemy Core.
+
+Alembic migrations (``connector/common/migrations``) are checked against this ``MetaData`` by a test
+that dumps both catalogs and diffs them, partial-index predicates and triggers included.
+
+Ownership (DESIGN §2): ingress inserts receipts; the materializer owns receipt-routing columns,
+events and WorkItem creation; the executor owns WorkItem claim/lease/finalize; the admin API owns
+replay, packs, cutover receipts and fences. No service defines tables of its own.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    event,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column:
+    return Column(
+        name,
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=text("now()") if default_now else None,
+    )
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+# --------------------------------------------------------------------------------------------------
+# State vocabularies. Claim statements inline these as literals (DESIGN §8 trap 5: a parameterised
+# state list gives a generic plan that ignores the partial index).
+# --------------------------------------------------------------------------------------------------
+
+RECEIPT_STATES = ("pending", "routing", "retry", "materialized", "failed")
+RECEIPT_ROUTABLE = ("pending", "retry")
+
+WORK_STATES = (
+    "pending",  # ready once run_after has come
+    "blocked",  # waiting behind an earlier member of its source or target lane (not in the ready index)
+    "processing",  # claimed: lease_owner/lease_token/lease_until are set
+    "retry",  # ready again once run_after has come
+    "succeeded",
+    "dead",
+    "awaiting_legacy_outcome",  # rollback-fenced, non-executable on the WorkItem path
+    "reconciled_legacy_terminal",  # immutable, never reopened
+)
+WORK_READY = ("pending", "retry")
+WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal")
+# Members that hold their lane (a later member of the same lane waits while one of these exists).
+WORK_LANE_HOLDING = ("pending", "blocked", "processing", "retry", "awaiting_legacy_outcome")
+LANE_HOLDING_PREDICATE = f"({_in('state', WORK_LANE_HOLDING)} OR (state = 'dead' AND dead_blocks_lane))"
+
+CLAIM_PATHS = ("work_item", "legacy_event", "none")
+AUTHORITY_PHASES = (
+    "legacy_active",  # legacy Event path owns claims
+    "quiescing",  # Event claim admission stopped, draining leases; nobody may start new claims
+    "work_item_active",  # a cutover receipt admits WorkItem claims
+    "rollback_fenced",  # WorkItem admission disabled, unstarted items fenced awaiting legacy outcomes
+)
+GENERATION_STATES = ("staged", "active", "retired")
+PROCESS_CAPABILITIES = ("work_item", "legacy_event", "none")
+
+
+# --------------------------------------------------------------------------------------------------
+# Packs and routes (admin API writes, everyone reads)
+# --------------------------------------------------------------------------------------------------
+
+installed_pack = Table(
+    "connector_installed_pack",
+    metadata,
+    Column("installed_pack_id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("namespace", Text, nullable=False, unique=True),
+    Column("incarnation", Integer, nullable=False, server_default=text("1")),
+    Column("active_generation", Integer, nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+pack_generation = Table(
+    "connector_pack_generation",
+    metadata,
+    Column(
+        "installed_pack_id",
+        BigInteger,
+        ForeignKey("connector_installed_pack.installed_pack_id"),
+        nullable=False,
+    ),
+    Column("generation", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'staged'")),
+    Column("manifest", JSONB, nullable=False),
+    Column("manifest_sha256", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("activated_at"),
+    PrimaryKeyConstraint("installed_pack_id", "generation"),
+    CheckConstraint(_in("status", GENERATION_STATES), name="status"),
+)
+
+route = Table(
+    "connector_route",
+    metadata,
+    Column("route_id", BigInteger, Identity(), primary_key=True),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("route_key", Text, nullable=False),
+    # Increments when a route's config differs from the same route key in the previous generation.
+    Column("route_version", Integer, nullable=False),
+    # verification (secret *references* only), extraction rules, fan-out, response statuses.
+    Column("config", JSONB, nullable=False),
+    Column("config_sha256", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    UniqueConstraint("installed_pack_id", "generation", "route_key"),
+    ForeignKeyConstraint(
+        ["installed_pack_id", "generation"],
+        ["connector_pack_generation.installed_pack_id", "connector_pack_generation.generation"],
+        name="fk_connector_route_generation",
+    ),
+    Index("ix_connector_route_namespace_route_key", "namespace", "route_key"),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ingress receipt: durable provider admission + receipt-routing state (materializer-owned columns)
+# --------------------------------------------------------------------------------------------------
+
+ingress_receipt = Table(
+    "connector_ingress_receipt",
+    metadata,
+    # Identity order is the delivery sequence.
+    Column("receipt_id", BigInteger, Identity(), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("route_key", Text, nullable=False),
+    Column("route_id", BigInteger, nullable=True),
+    Column("route_version", Integer, nullable=True),
+    Column("provider_delivery_id", Text, nullable=True),
+    Column("idempotency_key", Text, nullable=False),
+    Column("method", Text, nullable=False),
+    Column("content_type", Text, nullable=True),
+    Column("event_kind", Text, nullable=True),
+    _ts("received_at", nullable=False),
+    _ts("accepted_at", nullable=False, default_now=True),
+    Column("correlation_ids", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("payload_sha256", LargeBinary, nullable=False),
+    Column("body", LargeBinary, nullable=True),
+    Column("body_ref", Text, nullable=True),
+    # e.g. "hmac-sha256" / "standard-webhooks" / "none" plus the *name* of the secret ref that matched.
+    Column("verification", Text, nullable=False),
+    # --- routing state (materializer) ---
+    Column("router_status", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    _ts("next_attempt_at", nullable=False, default_now=True),
+    Column("claim_owner", Text, nullable=True),
+    Column("claim_token", BigInteger, nullable=False, server_default=text("0")),
+    _ts("lease_until"),
+    Column("enqueued_event_ids", ARRAY(BigInteger), nullable=True),
+    Column("error_class", Text, nullable=True),
+    Column("error_summary", Text, nullable=True),
+    _ts("routed_at"),
+    UniqueConstraint("namespace", "idempotency_key"),
+    CheckConstraint(_in("router_status", RECEIPT_STATES), name="router_status"),
+    CheckConstraint("body IS NOT NULL OR body_ref IS NOT NULL", name="body_present"),
+    # The routable set: the materializer's candidate read walks this in due order.
+    Index(
+        "ix_connector_ingress_receipt_routable",
+        "next_attempt_at",
+        "receipt_id",
+        postgresql_where=text(_in("router_status", RECEIPT_ROUTABLE)),
+    ),
+    # Expired routing leases (a small set: at most the in-flight batches).
+    Index(
+        "ix_connector_ingress_receipt_routing",
+        "receipt_id",
+        postgresql_where=text("router_status = 'routing'"),
+    ),
+    Index(
+        "ix_connector_ingress_receipt_failed",
+        "namespace",
+        "receipt_id",
+        postgresql_where=text("router_status = 'failed'"),
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Event: immutable materialized fact (+ bounded legacy-compatibility columns)
+# --------------------------------------------------------------------------------------------------
+
+EVENT_FACT_COLUMNS = (
+    "event_id",
+    "receipt_id",
+    "event_index",
+    "installed_pack_id",
+    "generation",
+    "incarnation",
+    "route_id",
+    "route_version",
+    "namespace",
+    "event_kind",
+    "source_object_kind",
+    "source_object_id",
+    "idempotency_key",
+    "delivery_seq",
+    "payload_sha256",
+    "parse_outcome",
+    "companion",
+    "correlation_ids",
+    "created_at",
+)
+
+event_table = Table(
+    "connector_event",
+    metadata,
+    Column("event_id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "receipt_id",
+        BigInteger,
+        ForeignKey("connector_ingress_receipt.receipt_id"),
+        nullable=False,
+    ),
+    # One receipt may materialize into several events (a batched payload); 0 for the common case.
+    Column("event_index", SmallInteger, nullable=False, server_default=text("0")),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("incarnation", Integer, nullable=False),
+    Column("route_id", BigInteger, nullable=False),
+    Column("route_version", Integer, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("event_kind", Text, nullable=True),
+    Column("source_object_kind", Text, nullable=True),
+    Column("source_object_id", Text, nullable=True),
+    # Replay identity: the provider delivery id (or body hash) plus event index.
+    Column("idempotency_key", Text, nullable=False),
+    Column("delivery_seq", BigInteger, nullable=False),
+    Column("payload_sha256", LargeBinary, nullable=False),
+    Column("parse_outcome", Text, nullable=False),
+    # Companion snapshot or fail-closed companion decision (route-declared required fields).
+    Column("companion", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("correlation_ids", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _ts("created_at", nullable=False, default_now=True),
+    # --- legacy Event claim path compatibility (mutable, bounded; executor --claim-path event only) ---
+    Column("execution_owner", Text, nullable=False, server_default=text("'work_item'")),
+    Column("legacy_state", Text, nullable=True),
+    Column("legacy_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("legacy_lease_owner", Text, nullable=True),
+    Column("legacy_lease_token", BigInteger, nullable=False, server_default=text("0")),
+    _ts("legacy_lease_until"),
+    UniqueConstraint("receipt_id", "event_index"),
+    CheckConstraint(_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
+    Index("ix_connector_event_installed_pack_id_generation", "installed_pack_id", "generation", "event_id"),
+    Index(
+        "ix_connector_event_legacy_active",
+        "installed_pack_id",
+        "generation",
+        "event_id",
+        postgresql_where=text("legacy_state IN ('pending', 'processing', 'retry')"),
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# WorkItem: the executable queue and the sole distributed execution authority
+# --------------------------------------------------------------------------------------------------
+
+work_item = Table(
+    "connector_work_item",
+    metadata,
+    Column("work_id", BigInteger, Identity(), primary_key=True),
+    Column("event_id", BigInteger, ForeignKey("connector_event.event_id"), nullable=False),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("work_type", Text, nullable=False),
+    Column("queue_class", Text, nullable=False, server_default=text("'default'")),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    _ts("run_after", nullable=False, default_now=True),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("25")),
+    # Receipt order of the event: lanes run their members in (delivery_seq, work_id) order.
+    Column("delivery_seq", BigInteger, nullable=False),
+    Column("source_lane_key", Text, nullable=True),
+    Column("target_mutation_lane_key", Text, nullable=True),
+    # Route lane policy snapshot: does a dead member keep holding its lanes?
+    Column("dead_blocks_lane", Boolean, nullable=False, server_default=text("true")),
+    Column("lease_owner", Text, nullable=True),
+    # Fencing token: strictly increasing per row; every renew/finalize is conditioned on it.
+    Column("lease_token", BigInteger, nullable=False, server_default=text("0")),
+    _ts("lease_until"),
+    Column("outcome", Text, nullable=True),
+    Column("failure_class", Text, nullable=True),
+    Column("failure_summary", Text, nullable=True),
+    Column("replay_count", Integer, nullable=False, server_default=text("0")),
+    Column("rollback_execution_fence_id", BigInteger, nullable=True),
+    Column("legacy_outcome_receipt_version", Integer, nullable=True),
+    Column("legacy_outcome_digest", Text, nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("started_at"),
+    _ts("finished_at"),
+    UniqueConstraint("event_id", "work_type"),
+    CheckConstraint(_in("state", WORK_STATES), name="state"),
+    CheckConstraint(
+        "state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)",
+        name="processing_has_lease",
+    ),
+    # Ready candidates, in due order: the claim statement's only read. Partial on the ready states,
+    # so blocked lane members, in-flight and terminal rows never enter the candidate window.
+    Index(
+        "ix_connector_work_item_ready",
+        "installed_pack_id",
+        "queue_class",
+        "run_after",
+        "work_id",
+        postgresql_where=text(_in("state", WORK_READY)),
+    ),
+    # In-flight rows (reclaim of expired leases, drain proofs). Small: slots x processes.
+    Index(
+        "ix_connector_work_item_processing",
+        "installed_pack_id",
+        "work_id",
+        postgresql_where=text("state = 'processing'"),
+    ),
+    # Lane membership in delivery order (promotion of the next head, blocked-lane listing).
+    Index(
+        "ix_connector_work_item_source_lane",
+        "installed_pack_id",
+        "source_lane_key",
+        "delivery_seq",
+        "work_id",
+        postgresql_where=text(f"source_lane_key IS NOT NULL AND {LANE_HOLDING_PREDICATE}"),
+    ),
+    Index(
+        "ix_connector_work_item_target_lane",
+        "installed_pack_id",
+        "target_mutation_lane_key",
+        "delivery_seq",
+        "work_id",
+        postgresql_where=text(f"target_mutation_lane_key IS NOT NULL AND {LANE_HOLDING_PREDICATE}"),
+    ),
+    # Backstops only (DESIGN §8 trap 2): lane scheduling never relies on these raising.
+    Index(
+        "uq_connector_work_item_target_lane_processing",
+        "installed_pack_id",
+        "target_mutation_lane_key",
+        unique=True,
+        postgresql_where=text("state = 'processing' AND target_mutation_lane_key IS NOT NULL"),
+    ),
+    Index(
+        "uq_connector_work_item_source_lane_processing",
+        "installed_pack_id",
+        "source_lane_key",
+        unique=True,
+        postgresql_where=text("state = 'processing' AND source_lane_key IS NOT NULL"),
+    ),
+    # Dead letters, newest first per pack (DLQ listing).
+    Index(
+        "ix_connector_work_item_dead",
+        "installed_pack_id",
+        "finished_at",
+        "work_id",
+        postgresql_where=text("state = 'dead'"),
+    ),
+    # Rollback fences and legacy reconciliation.
+    Index(
+        "ix_connector_work_item_awaiting_legacy",
+        "installed_pack_id",
+        "generation",
+        "work_id",
+        postgresql_where=text("state = 'awaiting_legacy_outcome'"),
+    ),
+    Index(
+        "ix_connector_work_item_installed_pack_id_generation_state",
+        "installed_pack_id",
+        "generation",
+        "state",
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Control plane: claim authority, cutover receipts, rollback fences, legacy outcomes, processes
+# --------------------------------------------------------------------------------------------------
+
+claim_authority = Table(
+    "connector_claim_authority",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("claim_path", Text, nullable=False),
+    Column("phase", Text, nullable=False),
+    Column("cutover_receipt_id", BigInteger, nullable=True),
+    Column("rollback_fence_id", BigInteger, nullable=True),
+    Column("version", Integer, nullable=False, server_default=text("1")),
+    _ts("updated_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "generation"),
+    CheckConstraint(_in("claim_path", CLAIM_PATHS), name="claim_path"),
+    CheckConstraint(_in("phase", AUTHORITY_PHASES), name="phase"),
+    # WorkItem claims are admitted only with a cutover receipt bound.
+    CheckConstraint(
+        "claim_path <> 'work_item' OR (phase = 'work_item_active' AND cutover_receipt_id IS NOT NULL)",
+        name="work_item_needs_receipt",
+    ),
+)
+
+cutover_receipt = Table(
+    "connector_cutover_receipt",
+    metadata,
+    Column("cutover_receipt_id", BigInteger, Identity(), primary_key=True),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    # 'cutover' (to WorkItem), 'rollback' (owner-generation receipt back to legacy), 'install' (new
+    # pack installed WorkItem-owned: nothing to drain).
+    Column("kind", Text, nullable=False),
+    Column("claim_path", Text, nullable=False),
+    Column("proof", JSONB, nullable=False),
+    Column("proof_sha256", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    CheckConstraint(_in("kind", ("install", "cutover", "rollback")), name="kind"),
+    CheckConstraint(_in("claim_path", CLAIM_PATHS), name="claim_path"),
+    Index("ix_connector_cutover_receipt_installed_pack_id_generation", "installed_pack_id", "generation"),
+)
+
+rollback_fence = Table(
+    "connector_rollback_fence",
+    metadata,
+    Column("fence_id", BigInteger, Identity(), primary_key=True),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'open'")),
+    Column("fenced_work_items", Integer, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("resolved_at"),
+    CheckConstraint(_in("status", ("open", "resolved")), name="status"),
+    Index(
+        "ix_connector_rollback_fence_open",
+        "installed_pack_id",
+        "generation",
+        postgresql_where=text("status = 'open'"),
+    ),
+)
+
+legacy_outcome_receipt = Table(
+    "connector_legacy_outcome_receipt",
+    metadata,
+    Column("legacy_outcome_receipt_id", BigInteger, Identity(), primary_key=True),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("event_id", BigInteger, ForeignKey("connector_event.event_id"), nullable=False),
+    Column("work_type", Text, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("digest", Text, nullable=False),
+    Column("projected", Boolean, nullable=False, server_default=text("false")),
+    _ts("created_at", nullable=False, default_now=True),
+    UniqueConstraint("event_id", "work_type", "version"),
+    CheckConstraint(_in("outcome", ("succeeded", "failed", "unknown")), name="outcome"),
+    Index(
+        "ix_connector_legacy_outcome_receipt_unprojected",
+        "legacy_outcome_receipt_id",
+        postgresql_where=text("NOT projected"),
+    ),
+)
+
+# Transitional compatibility only: the legacy Event claim path's pack-wide lease. The WorkItem claim
+# path never reads or writes it.
+scheduler_lease = Table(
+    "connector_scheduler_lease",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("holder", Text, nullable=True),
+    Column("token", BigInteger, nullable=False, server_default=text("0")),
+    _ts("lease_until"),
+    PrimaryKeyConstraint("installed_pack_id", "generation"),
+)
+
+process = Table(
+    "connector_process",
+    metadata,
+    Column("process_id", Text, primary_key=True),
+    Column("service", Text, nullable=False),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", Text, nullable=False),
+    Column("claim_capability", Text, nullable=False),
+    _ts("started_at", nullable=False, default_now=True),
+    _ts("heartbeat_at", nullable=False, default_now=True),
+    CheckConstraint(_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
+)
+
+# AIP-155 request_id de-duplication for retryable admin mutations.
+admin_request = Table(
+    "connector_admin_request",
+    metadata,
+    Column("request_id", Text, primary_key=True),
+    Column("method", Text, nullable=False),
+    Column("response", LargeBinary, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Database-enforced invariants (functions + triggers), shared verbatim with the migrations.
+# --------------------------------------------------------------------------------------------------
+
+_EVENT_FACT_CHECK = " OR ".join(f"NEW.{c} IS DISTINCT FROM OLD.{c}" for c in EVENT_FACT_COLUMNS)
+
+DDL_STATEMENTS: tuple[str, ...] = (
+    # Event fact columns are immutable; only the bounded legacy-compat columns may change.
+    f"""
+CREATE FUNCTION connector_event_facts_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF {_EVENT_FACT_CHECK} THEN
+    RAISE EXCEPTION 'connector_event fact columns are immutable (event_id %)', OLD.event_id
+      USING ERRCODE = 'restrict_violation';
+  END IF;
+  RETURN NEW;
+END $$
+""",
+    """
+CREATE TRIGGER connector_event_facts_immutable BEFORE UPDATE ON connector_event
+FOR EACH ROW EXECUTE FUNCTION connector_event_facts_immutable()
+""",
+    # Cutover receipts are immutable proofs.
+    """
+CREATE FUNCTION connector_receipt_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION '% rows are immutable', TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+END $$
+""",
+    """
+CREATE TRIGGER connector_cutover_receipt_immutable BEFORE UPDATE OR DELETE ON connector_cutover_receipt
+FOR EACH ROW EXECUTE FUNCTION connector_receipt_immutable()
+""",
+    # A reconciled legacy terminal WorkItem is never reopened, reset or reused.
+    """
+CREATE FUNCTION connector_work_item_reconciled_final() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.state = 'reconciled_legacy_terminal' THEN
+    RAISE EXCEPTION 'reconciled_legacy_terminal work item % is immutable', OLD.work_id
+      USING ERRCODE = 'restrict_violation';
+  END IF;
+  RETURN NEW;
+END $$
+""",
+    """
+CREATE TRIGGER connector_work_item_reconciled_final BEFORE UPDATE ON connector_work_item
+FOR EACH ROW WHEN (OLD.state = 'reconciled_legacy_terminal')
+EXECUTE FUNCTION connector_work_item_reconciled_final()
+""",
+    # Queue tables churn: vacuum them early (DESIGN §8 trap 6).
+    """
+ALTER TABLE connector_work_item SET (autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, fillfactor = 80)
+""",
+    """
+ALTER TABLE connector_ingress_receipt SET (autovacuum_vacuum_scale_factor = 0.02,
+  autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, fillfactor = 85)
+""",
+)
+
+# Wake-up channels (LISTEN/NOTIFY); the payload is never data, only a hint.
+CHANNEL_RECEIPTS = "connector_receipts"
+CHANNEL_WORK = "connector_work"
+CHANNEL_PACKS = "connector_packs"
+
+
+@event.listens_for(metadata, "after_create")
+def _create_invariants(target: MetaData, connection, **kw) -> None:  # type: ignore[no-untyped-def]
+    for statement in DDL_STATEMENTS:
+        connection.exec_driver_sql(statement.replace("%", "%%"))

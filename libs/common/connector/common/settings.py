@@ -1,0 +1,128 @@
+"""Configuration: environment variables with the ``CONNECTOR_`` prefix (pydantic-settings).
+
+Every default works for a local run. Each service has its own section (its own env prefix) and its
+own database pool size, so that ingress never waits behind background work. Secrets are
+``SecretStr`` and never printed. ``load()`` fails fast with one readable message listing every
+problem.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SettingsError(SystemExit):
+    """Raised at start-up when configuration is invalid; the message names each bad variable."""
+
+
+class DatabaseSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_", extra="ignore")
+
+    #: libpq URL (``postgresql://user@host:5432/db``). Unset: ``connector up`` starts an embedded
+    #: PostgreSQL in ``CONNECTOR_DATA_DIR``.
+    database_url: SecretStr | None = None
+    data_dir: str = ".data"
+    #: Statement timeout applied to every pooled connection (milliseconds, 0 = none).
+    statement_timeout_ms: int = Field(default=30_000, ge=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _scheme(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or not v.get_secret_value():
+            return None
+        raw = v.get_secret_value()
+        if not raw.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            raise ValueError("must be a postgresql:// URL")
+        return SecretStr(raw.replace("postgresql+psycopg://", "postgresql://", 1))
+
+    def url(self) -> str:
+        if self.database_url is None:
+            raise SettingsError(
+                "CONNECTOR_DATABASE_URL is not set (only `connector up` starts an embedded PostgreSQL)"
+            )
+        return self.database_url.get_secret_value()
+
+
+class PoolSettings(BaseSettings):
+    pool_min_size: int = Field(default=2, ge=1)
+    pool_max_size: int = Field(default=8, ge=1)
+    #: Seconds a request waits for a pooled connection before the service answers "busy".
+    pool_timeout_s: float = Field(default=2.0, gt=0)
+
+
+class IngressSettings(PoolSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_INGRESS_", extra="ignore")
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
+    metrics_port: int = Field(default=9101, ge=0, le=65535)
+    #: Largest accepted request body in bytes (413 above it).
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
+    #: Group commit: the longest a delivery waits for companions before its batch commits.
+    group_commit_max_wait_ms: float = Field(default=2.0, ge=0)
+    group_commit_max_batch: int = Field(default=256, ge=1)
+    #: Per-namespace admission limit: deliveries in flight (not yet committed) before 429.
+    namespace_max_inflight: int = Field(default=2_000, ge=1)
+    retry_after_s: int = Field(default=5, ge=1)
+
+
+class MaterializerSettings(PoolSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_MATERIALIZER_", extra="ignore")
+
+    grpc_port: int = Field(default=50052, ge=0, le=65535)
+    metrics_port: int = Field(default=9102, ge=0, le=65535)
+    batch_size: int = Field(default=256, ge=1)
+    lease_s: float = Field(default=30.0, gt=0)
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    max_attempts: int = Field(default=10, ge=1)
+    backoff_base_s: float = Field(default=1.0, gt=0)
+    backoff_cap_s: float = Field(default=300.0, gt=0)
+
+
+class ExecutorSettings(PoolSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_EXECUTOR_", extra="ignore")
+
+    grpc_port: int = Field(default=50053, ge=0, le=65535)
+    metrics_port: int = Field(default=9103, ge=0, le=65535)
+    #: Claimed items that may run at once in this process (never the number of scanners: one claim
+    #: loop per process).
+    workers: int = Field(default=16, ge=1)
+    claim_batch: int = Field(default=64, ge=1)
+    lease_s: float = Field(default=30.0, gt=0)
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    #: Claim path of this process: ``work_item`` (default) or ``event`` (legacy compatibility mode).
+    claim_path: str = "work_item"
+
+
+class AdminSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_ADMIN_", extra="ignore")
+
+    #: ``token=role[,role...];token2=role`` — bearer tokens mapped to roles. Never logged.
+    tokens: SecretStr = SecretStr("")
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    #: Target for the CLI (``connector admin …``).
+    address: str = "127.0.0.1:50053"
+    token: SecretStr = SecretStr("")
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(cls: type[S]) -> S:
+    """Instantiate a settings class, turning validation errors into one clear start-up message."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {prefix}{field.upper()}: {err['msg']}")
+        raise SettingsError("invalid configuration:\n" + "\n".join(lines)) from None

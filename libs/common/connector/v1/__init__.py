@@ -1,0 +1,1 @@
+"""Generated from protos/connector/v1 (scripts/gen-protos.sh). Do not edit."""

@@ -1,0 +1,380 @@
+import datetime
+
+from connector.v1 import types_pb2 as _types_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LaneKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LANE_KIND_UNSPECIFIED: _ClassVar[LaneKind]
+    LANE_KIND_SOURCE: _ClassVar[LaneKind]
+    LANE_KIND_TARGET_MUTATION: _ClassVar[LaneKind]
+LANE_KIND_UNSPECIFIED: LaneKind
+LANE_KIND_SOURCE: LaneKind
+LANE_KIND_TARGET_MUTATION: LaneKind
+
+class DeadLetter(_message.Message):
+    __slots__ = ("work_item", "event", "receipt")
+    WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    work_item: _types_pb2.WorkItem
+    event: _types_pb2.Event
+    receipt: _types_pb2.Receipt
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
+
+class ListDeadLettersRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    installed_pack_id: int
+    generation: int
+    work_type: str
+    failure_class: str
+    finish_time_after: _timestamp_pb2.Timestamp
+    finish_time_before: _timestamp_pb2.Timestamp
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListDeadLettersResponse(_message.Message):
+    __slots__ = ("dead_letters", "next_page_token")
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
+    next_page_token: str
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetWorkItemRequest(_message.Message):
+    __slots__ = ("work_id", "include_payload")
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    work_id: int
+    include_payload: bool
+    def __init__(self, work_id: _Optional[int] = ..., include_payload: _Optional[bool] = ...) -> None: ...
+
+class GetWorkItemResponse(_message.Message):
+    __slots__ = ("work_item", "event", "receipt")
+    WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    work_item: _types_pb2.WorkItem
+    event: _types_pb2.Event
+    receipt: _types_pb2.Receipt
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
+
+class ReplayWorkItemRequest(_message.Message):
+    __slots__ = ("work_id", "request_id")
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    work_id: int
+    request_id: str
+    def __init__(self, work_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReplayWorkItemResponse(_message.Message):
+    __slots__ = ("work_item",)
+    WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    work_item: _types_pb2.WorkItem
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ...) -> None: ...
+
+class ReplayDeadLettersRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "dry_run", "rate_limit", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    work_type: str
+    failure_class: str
+    finish_time_after: _timestamp_pb2.Timestamp
+    finish_time_before: _timestamp_pb2.Timestamp
+    dry_run: bool
+    rate_limit: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., rate_limit: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReplayDeadLettersResponse(_message.Message):
+    __slots__ = ("total", "replayed", "refused", "refused_by_reason", "done")
+    class RefusedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    replayed: int
+    refused: int
+    refused_by_reason: _containers.ScalarMap[str, int]
+    done: bool
+    def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class ListReceiptFailuresRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "namespace")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    namespace: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class ListReceiptFailuresResponse(_message.Message):
+    __slots__ = ("receipts", "next_page_token")
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    receipts: _containers.RepeatedCompositeFieldContainer[_types_pb2.Receipt]
+    next_page_token: str
+    def __init__(self, receipts: _Optional[_Iterable[_Union[_types_pb2.Receipt, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReplayReceiptRequest(_message.Message):
+    __slots__ = ("receipt_id", "request_id")
+    RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    receipt_id: int
+    request_id: str
+    def __init__(self, receipt_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReplayReceiptResponse(_message.Message):
+    __slots__ = ("receipt",)
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    receipt: _types_pb2.Receipt
+    def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
+
+class GetQueueStatsRequest(_message.Message):
+    __slots__ = ("installed_pack_id",)
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    def __init__(self, installed_pack_id: _Optional[int] = ...) -> None: ...
+
+class QueueStats(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate")
+    class DepthByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_READY_AGE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_RATE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_RATE_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    queue_class: str
+    depth_by_state: _containers.ScalarMap[str, int]
+    oldest_ready_age: _duration_pb2.Duration
+    in_flight: int
+    retry_rate: float
+    dead_rate: float
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ...) -> None: ...
+
+class GetQueueStatsResponse(_message.Message):
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants")
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
+    receipts_unrouted: int
+    oldest_unrouted_age: _duration_pb2.Duration
+    active_claimants: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ...) -> None: ...
+
+class BlockedLane(_message.Message):
+    __slots__ = ("installed_pack_id", "kind", "lane_key", "head", "waiting")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LANE_KEY_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    kind: LaneKind
+    lane_key: str
+    head: _types_pb2.WorkItem
+    waiting: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., kind: _Optional[_Union[LaneKind, str]] = ..., lane_key: _Optional[str] = ..., head: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class ListBlockedLanesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "installed_pack_id")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    installed_pack_id: int
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., installed_pack_id: _Optional[int] = ...) -> None: ...
+
+class ListBlockedLanesResponse(_message.Message):
+    __slots__ = ("lanes", "next_page_token")
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    lanes: _containers.RepeatedCompositeFieldContainer[BlockedLane]
+    next_page_token: str
+    def __init__(self, lanes: _Optional[_Iterable[_Union[BlockedLane, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class PackGeneration(_message.Message):
+    __slots__ = ("generation", "status", "manifest_sha256", "create_time", "activate_time", "route_count")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    status: str
+    manifest_sha256: str
+    create_time: _timestamp_pb2.Timestamp
+    activate_time: _timestamp_pb2.Timestamp
+    route_count: int
+    def __init__(self, generation: _Optional[int] = ..., status: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., activate_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., route_count: _Optional[int] = ...) -> None: ...
+
+class Pack(_message.Message):
+    __slots__ = ("installed_pack_id", "name", "namespace", "incarnation", "active_generation", "generations")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    name: str
+    namespace: str
+    incarnation: int
+    active_generation: int
+    generations: _containers.RepeatedCompositeFieldContainer[PackGeneration]
+    def __init__(self, installed_pack_id: _Optional[int] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., incarnation: _Optional[int] = ..., active_generation: _Optional[int] = ..., generations: _Optional[_Iterable[_Union[PackGeneration, _Mapping]]] = ...) -> None: ...
+
+class ApplyPackRequest(_message.Message):
+    __slots__ = ("manifest", "activate", "validate_only", "request_id")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    manifest: str
+    activate: bool
+    validate_only: bool
+    request_id: str
+    def __init__(self, manifest: _Optional[str] = ..., activate: _Optional[bool] = ..., validate_only: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ApplyPackResponse(_message.Message):
+    __slots__ = ("pack", "generation", "errors")
+    PACK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    pack: Pack
+    generation: int
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pack: _Optional[_Union[Pack, _Mapping]] = ..., generation: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListPacksRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListPacksResponse(_message.Message):
+    __slots__ = ("packs", "next_page_token")
+    PACKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    packs: _containers.RepeatedCompositeFieldContainer[Pack]
+    next_page_token: str
+    def __init__(self, packs: _Optional[_Iterable[_Union[Pack, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ActivateGenerationRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ActivateGenerationResponse(_message.Message):
+    __slots__ = ("pack",)
+    PACK_FIELD_NUMBER: _ClassVar[int]
+    pack: Pack
+    def __init__(self, pack: _Optional[_Union[Pack, _Mapping]] = ...) -> None: ...
+
+class CutoverReceipt(_message.Message):
+    __slots__ = ("cutover_receipt_id", "kind", "claim_path", "proof_sha256", "actor", "create_time")
+    CUTOVER_RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
+    PROOF_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    cutover_receipt_id: int
+    kind: str
+    claim_path: _types_pb2.ClaimPath
+    proof_sha256: str
+    actor: str
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, cutover_receipt_id: _Optional[int] = ..., kind: _Optional[str] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., proof_sha256: _Optional[str] = ..., actor: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GenerationCutoverState(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "receipts", "open_rollback_fences", "awaiting_legacy_outcome", "processing", "claim_capable_processes")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROLLBACK_FENCES_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_LEGACY_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_CAPABLE_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    claim_path: _types_pb2.ClaimPath
+    phase: _types_pb2.CutoverPhase
+    receipts: _containers.RepeatedCompositeFieldContainer[CutoverReceipt]
+    open_rollback_fences: int
+    awaiting_legacy_outcome: int
+    processing: int
+    claim_capable_processes: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., receipts: _Optional[_Iterable[_Union[CutoverReceipt, _Mapping]]] = ..., open_rollback_fences: _Optional[int] = ..., awaiting_legacy_outcome: _Optional[int] = ..., processing: _Optional[int] = ..., claim_capable_processes: _Optional[int] = ...) -> None: ...
+
+class GetCutoverStateRequest(_message.Message):
+    __slots__ = ("installed_pack_id",)
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    def __init__(self, installed_pack_id: _Optional[int] = ...) -> None: ...
+
+class GetCutoverStateResponse(_message.Message):
+    __slots__ = ("generations",)
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    generations: _containers.RepeatedCompositeFieldContainer[GenerationCutoverState]
+    def __init__(self, generations: _Optional[_Iterable[_Union[GenerationCutoverState, _Mapping]]] = ...) -> None: ...
