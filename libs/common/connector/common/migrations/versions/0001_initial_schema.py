@@ -2,7 +2,6 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-30 00:03:05.152276
 """
 from alembic import op
 import sqlalchemy as sa
@@ -13,7 +12,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# Database-enforced invariants, frozen at this revision (schema.DDL_STATEMENTS at 0001).
+# Database-enforced invariants, frozen at this revision (schema.DDL_STATEMENTS).
 INVARIANTS = (
     "CREATE FUNCTION connector_event_facts_immutable() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN\n  IF NEW.event_id IS DISTINCT FROM OLD.event_id OR NEW.receipt_id IS DISTINCT FROM OLD.receipt_id OR NEW.event_index IS DISTINCT FROM OLD.event_index OR NEW.installed_pack_id IS DISTINCT FROM OLD.installed_pack_id OR NEW.generation IS DISTINCT FROM OLD.generation OR NEW.incarnation IS DISTINCT FROM OLD.incarnation OR NEW.route_id IS DISTINCT FROM OLD.route_id OR NEW.route_version IS DISTINCT FROM OLD.route_version OR NEW.namespace IS DISTINCT FROM OLD.namespace OR NEW.event_kind IS DISTINCT FROM OLD.event_kind OR NEW.source_object_kind IS DISTINCT FROM OLD.source_object_kind OR NEW.source_object_id IS DISTINCT FROM OLD.source_object_id OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key OR NEW.delivery_seq IS DISTINCT FROM OLD.delivery_seq OR NEW.payload_sha256 IS DISTINCT FROM OLD.payload_sha256 OR NEW.parse_outcome IS DISTINCT FROM OLD.parse_outcome OR NEW.companion IS DISTINCT FROM OLD.companion OR NEW.correlation_ids IS DISTINCT FROM OLD.correlation_ids OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN\n    RAISE EXCEPTION 'connector_event fact columns are immutable (event_id %)', OLD.event_id\n      USING ERRCODE = 'restrict_violation';\n  END IF;\n  RETURN NEW;\nEND $$",
     'CREATE TRIGGER connector_event_facts_immutable BEFORE UPDATE ON connector_event\nFOR EACH ROW EXECUTE FUNCTION connector_event_facts_immutable()',

@@ -1,0 +1,215 @@
+"""gRPC server bootstrap shared by the services: health, reflection, interceptors, shutdown order.
+
+Interceptors, outermost first:
+  metrics   ``grpc_server_handled_total{grpc_service,grpc_method,grpc_code}`` and
+            ``grpc_server_handling_seconds`` histograms;
+  errors    maps domain errors (``ServiceError``) to canonical codes with a google.rpc.ErrorInfo
+            reason, and any unexpected exception to INTERNAL without detail;
+  auth      an optional hook: ``authenticate(method, metadata) -> principal`` raising ServiceError.
+
+Shutdown (STYLE.md): health NOT_SERVING → stop accepting (grace) → caller drains work → pools close.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Counter, Histogram
+
+from connector.common.metrics import LATENCY_BUCKETS
+
+log = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "connector.v1"
+
+GRPC_HANDLED = Counter(
+    "grpc_server_handled_total",
+    "RPCs completed on the server, by code",
+    ["grpc_service", "grpc_method", "grpc_code"],
+)
+GRPC_SECONDS = Histogram(
+    "grpc_server_handling_seconds",
+    "RPC handling time on the server",
+    ["grpc_service", "grpc_method"],
+    buckets=LATENCY_BUCKETS,
+)
+
+
+class ServiceError(Exception):
+    """A domain error with a canonical code and a machine-readable reason (AIP-193).
+
+    ``message`` is shown to the caller: keep it free of payloads, secrets and tokens.
+    """
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata = metadata or {}
+
+
+def _status_details(err: ServiceError) -> tuple[tuple[str, bytes]]:
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN, metadata=err.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(
+        code=getattr(code_pb2, err.code.name, code_pb2.UNKNOWN), message=err.message, details=[detail]
+    )
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+def error_info(exc: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """Client side: the ErrorInfo carried by a failed call, if any."""
+    md = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in md or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info
+    return None
+
+
+Authenticator = Callable[[str, Sequence[tuple[str, Any]]], Awaitable[Any]]
+
+
+def _split(method: str) -> tuple[str, str]:
+    _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "unknown", method)
+    return service, name
+
+
+class _Interceptor(grpc.aio.ServerInterceptor):
+    """Metrics + error mapping + auth for unary and server-streaming handlers."""
+
+    def __init__(self, authenticate: Authenticator | None, protected_prefixes: tuple[str, ...]) -> None:
+        self._authenticate = authenticate
+        self._protected = protected_prefixes
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        service, name = _split(method)
+        needs_auth = self._authenticate is not None and method.startswith(self._protected)
+        authenticate = self._authenticate
+
+        async def _auth(context: grpc.aio.ServicerContext) -> None:
+            if needs_auth and authenticate is not None:
+                principal = await authenticate(method, context.invocation_metadata() or ())
+                context.principal = principal  # type: ignore[attr-defined]
+
+        async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> grpc.StatusCode:
+            if isinstance(exc, ServiceError):
+                context.set_trailing_metadata(_status_details(exc))
+                await context.abort(exc.code, exc.message)
+            if isinstance(exc, grpc.aio.AbortError | grpc.aio.UsageError):
+                raise exc
+            log.error("unexpected error", extra={"rpc": method}, exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+            return grpc.StatusCode.INTERNAL  # pragma: no cover - abort raises
+
+        def _code(context: grpc.aio.ServicerContext, default: grpc.StatusCode) -> str:
+            code = context.code() if hasattr(context, "code") else None
+            if isinstance(code, grpc.StatusCode):
+                return code.name
+            return default.name
+
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary(request, context):  # type: ignore[no-untyped-def]
+                start = time.perf_counter()
+                code = grpc.StatusCode.OK
+                try:
+                    await _auth(context)
+                    return await inner(request, context)
+                except BaseException as exc:
+                    code = grpc.StatusCode.UNKNOWN
+                    await _fail(context, exc)
+                finally:
+                    GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
+                    GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):  # type: ignore[no-untyped-def]
+                start = time.perf_counter()
+                code = grpc.StatusCode.OK
+                try:
+                    await _auth(context)
+                    async for item in inner_stream(request, context):
+                        yield item
+                except BaseException as exc:
+                    code = grpc.StatusCode.UNKNOWN
+                    await _fail(context, exc)
+                finally:
+                    GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
+                    GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+class GrpcServer:
+    """A grpc.aio server with health + reflection. ``add`` registers servicers before ``start``."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        authenticate: Authenticator | None = None,
+        protected_prefixes: tuple[str, ...] = (),
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
+        self.server = grpc.aio.server(
+            interceptors=[_Interceptor(authenticate, protected_prefixes)],
+            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 * 1024 * 1024)],
+        )
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._service_names: list[str] = [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+        address = f"{host}:{port}"
+        self.port = (
+            self.server.add_secure_port(address, credentials)
+            if credentials is not None
+            else self.server.add_insecure_port(address)
+        )
+
+    def add(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str) -> None:
+        register(servicer, self.server)
+        self._service_names.append(full_name)
+
+    async def start(self) -> None:
+        reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)
+        await self.server.start()
+        for name in [*self._service_names, ""]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Health NOT_SERVING first (load balancers drain), then stop accepting with a grace."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)

@@ -1,0 +1,62 @@
+"""Process runtime shared by the services: event loop, signals, ordered shutdown.
+
+A service is an object with ``async start()`` and ``async stop()``; ``run_services`` starts them in
+order, waits for SIGTERM/SIGINT, then stops them in reverse order (each service stops its servers,
+drains its work and closes its own pool, in that order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run_until_signal(
+    services: Sequence[Service], *, on_started: Callable[[], Awaitable[None] | None] | None = None
+) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    started: list[Service] = []
+    try:
+        for svc in services:
+            await svc.start()
+            started.append(svc)
+        if on_started is not None:
+            result = on_started()
+            if asyncio.iscoroutine(result):
+                await result
+        await stop.wait()
+        log.info("shutdown requested")
+    finally:
+        for svc in reversed(started):
+            try:
+                await svc.stop()
+            except Exception:
+                log.exception("error while stopping", extra={"component": svc.name})
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` on uvloop when available (the default event loop otherwise)."""
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover
+        asyncio.run(main())
