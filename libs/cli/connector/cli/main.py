@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         args._group.print_help()
         return 2
     if func is None:
-        print(f"connector {' '.join(path)}: not built yet ({missing.get(path, 'no handler')})", file=sys.stderr)
+        print(
+            f"connector {' '.join(path)}: not built yet ({missing.get(path, 'no handler')})", file=sys.stderr
+        )
         return 2
     return int(func(args) or 0)
 

@@ -101,7 +101,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         self._authenticate = authenticate
         self._protected = protected_prefixes
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -113,7 +113,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         async def _auth(context: grpc.aio.ServicerContext) -> None:
             if needs_auth and authenticate is not None:
                 principal = await authenticate(method, context.invocation_metadata() or ())
-                context.principal = principal  # type: ignore[attr-defined]
+                context.principal = principal
 
         async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> grpc.StatusCode:
             if isinstance(exc, ServiceError):
@@ -134,7 +134,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             inner = handler.unary_unary
 
-            async def unary(request, context):  # type: ignore[no-untyped-def]
+            async def unary(request, context):
                 start = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:
@@ -153,7 +153,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream:
             inner_stream = handler.unary_stream
 
-            async def stream(request, context):  # type: ignore[no-untyped-def]
+            async def stream(request, context):
                 start = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:

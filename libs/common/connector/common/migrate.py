@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 from alembic import command
 from alembic.config import Config
-import psycopg
 from sqlalchemy import Engine, create_engine, pool
 
 MIGRATIONS = Path(__file__).parent / "migrations"

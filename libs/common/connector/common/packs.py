@@ -241,7 +241,7 @@ def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
-        errors = []
+        errors: list[str] = []
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "(manifest)"
             msg = err["msg"].removeprefix("Value error, ")
@@ -253,7 +253,9 @@ def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
 
     errors = []
     for route in manifest.routes:
-        errors.extend(f"routes.{route.key}.verification: {e}" for e in verification.check_spec(route.verification))
+        errors.extend(
+            f"routes.{route.key}.verification: {e}" for e in verification.check_spec(route.verification)
+        )
     if errors:
         raise ManifestError(errors)
     return manifest

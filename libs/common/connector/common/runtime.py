@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ async def run_until_signal(
             loop.remove_signal_handler(sig)
 
 
-def run(main: Callable[[], Awaitable[None]]) -> None:
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``main`` on uvloop when available (the default event loop otherwise)."""
     try:
         import uvloop

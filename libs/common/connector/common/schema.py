@@ -598,6 +598,6 @@ CHANNEL_PACKS = "connector_packs"
 
 
 @event.listens_for(metadata, "after_create")
-def _create_invariants(target: MetaData, connection, **kw) -> None:  # type: ignore[no-untyped-def]
+def _create_invariants(target: MetaData, connection, **kw) -> None:
     for statement in DDL_STATEMENTS:
         connection.exec_driver_sql(statement.replace("%", "%%"))

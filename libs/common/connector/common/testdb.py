@@ -9,6 +9,7 @@ schema version (its name carries a hash of the migrations) and every test gets a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ import psycopg
 from psycopg import sql
 
 from connector.common import migrate
+
+log = logging.getLogger(__name__)
 
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/test"
 _LOCK_KEY = 7234002
@@ -49,8 +52,8 @@ def server_url() -> str:
         container = PostgresContainer("postgres:16-alpine", driver=None)
         container.start()
         return str(container.get_connection_url())
-    except Exception:  # no docker engine
-        pass
+    except Exception as exc:  # no docker engine: fall through to the embedded server
+        log.debug("testcontainers PostgreSQL unavailable: %s", type(exc).__name__)
     from connector.common.embedded import start_embedded
 
     return start_embedded(Path(os.environ.get("CONNECTOR_TEST_DATA_DIR", ".data/test-pg")))
@@ -83,7 +86,9 @@ def template_name() -> str:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
             if not exists:
                 building = f"{name}_build"
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(building)))
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(building))
+                )
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
                 migrate.upgrade(with_database(admin, building))
                 conn.execute(
@@ -91,9 +96,7 @@ def template_name() -> str:
                         sql.Identifier(building), sql.Identifier(name)
                     )
                 )
-                conn.execute(
-                    sql.SQL("ALTER DATABASE {} WITH is_template true").format(sql.Identifier(name))
-                )
+                conn.execute(sql.SQL("ALTER DATABASE {} WITH is_template true").format(sql.Identifier(name)))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return name
