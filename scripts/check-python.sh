@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Python static checks: ruff check, ruff format --check, mypy. Every check runs; the script fails if
+# any failed. Configuration lives in pyproject.toml ([tool.ruff], [tool.mypy]); generated code
+# (libs/common/connector/v1) and migrations are excluded there, not here.
+# Usage: scripts/check-python.sh [PATH...]   (default: libs services)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${VENV:-.venv}"
+paths=("$@")
+[ ${#paths[@]} -gt 0 ] || paths=(libs services)
+
+fail=0
+echo "check-python: ruff check ${paths[*]}"
+"$venv/bin/ruff" check --no-cache "${paths[@]}" || fail=1
+echo "check-python: ruff format --check ${paths[*]}"
+"$venv/bin/ruff" format --check --no-cache "${paths[@]}" || fail=1
+echo "check-python: mypy ${paths[*]}"
+"$venv/bin/mypy" "${paths[@]}" || fail=1
+exit "$fail"
