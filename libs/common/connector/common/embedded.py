@@ -20,6 +20,7 @@ def start_embedded(data_dir: Path, dbname: str = "connector") -> str:
 
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "pgdata").mkdir(parents=True, exist_ok=True)
     server = PostgresServer(data_dir / "pgdata", cleanup_mode="stop")
     _servers.append(server)
     admin = server.get_uri("postgres")

@@ -25,10 +25,15 @@ class Service(Protocol):
 
 
 async def run_until_signal(
-    services: Sequence[Service], *, on_started: Callable[[], Awaitable[None] | None] | None = None
+    services: Sequence[Service],
+    *,
+    on_started: Callable[[], Awaitable[None] | None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
+    """Start ``services`` in order, run ``on_started``, wait for SIGTERM/SIGINT (or ``stop``), then
+    stop them in reverse order."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     started: list[Service] = []
