@@ -58,7 +58,10 @@ class IngressSettings(PoolSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
+    #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).
+    grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(default=50051, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9101, ge=0, le=65535)
     #: Largest accepted request body in bytes (413 above it).
     max_body_bytes: int = Field(default=1_048_576, ge=1)
@@ -73,7 +76,10 @@ class IngressSettings(PoolSettings):
 class MaterializerSettings(PoolSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_MATERIALIZER_", extra="ignore")
 
+    #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).
+    grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(default=50052, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9102, ge=0, le=65535)
     batch_size: int = Field(default=256, ge=1)
     lease_s: float = Field(default=30.0, gt=0)
@@ -86,7 +92,10 @@ class MaterializerSettings(PoolSettings):
 class ExecutorSettings(PoolSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_EXECUTOR_", extra="ignore")
 
+    #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).
+    grpc_host: str = "127.0.0.1"
     grpc_port: int = Field(default=50053, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9103, ge=0, le=65535)
     #: Claimed items that may run at once in this process (never the number of scanners: one claim
     #: loop per process).
