@@ -5,13 +5,16 @@ Interceptors, outermost first:
             ``grpc_server_handling_seconds`` histograms;
   errors    maps domain errors (``ServiceError``) to canonical codes with a google.rpc.ErrorInfo
             reason, and any unexpected exception to INTERNAL without detail;
-  auth      an optional hook: ``authenticate(method, metadata) -> principal`` raising ServiceError.
+  auth      an optional hook: ``authenticate(method, metadata) -> principal`` raising ServiceError;
+            the handler reads the principal with ``current_principal()`` (a grpc.aio context takes
+            no new attributes, so it travels in a context variable of the RPC's task).
 
 Shutdown (STYLE.md): health NOT_SERVING → stop accepting (grace) → caller drains work → pools close.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -88,6 +91,13 @@ def error_info(exc: grpc.aio.AioRpcError | grpc.RpcError) -> error_details_pb2.E
 
 Authenticator = Callable[[str, Sequence[tuple[str, Any]]], Awaitable[Any]]
 
+_PRINCIPAL: contextvars.ContextVar[Any] = contextvars.ContextVar("connector_grpc_principal", default=None)
+
+
+def current_principal() -> Any:
+    """The principal the auth hook returned for the RPC being handled (None when unauthenticated)."""
+    return _PRINCIPAL.get()
+
 
 def _split(method: str) -> tuple[str, str]:
     _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "unknown", method)
@@ -113,7 +123,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         async def _auth(context: grpc.aio.ServicerContext) -> None:
             if needs_auth and authenticate is not None:
                 principal = await authenticate(method, context.invocation_metadata() or ())
-                context.principal = principal
+                _PRINCIPAL.set(principal)
 
         async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> grpc.StatusCode:
             if isinstance(exc, ServiceError):
