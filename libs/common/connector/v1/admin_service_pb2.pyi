@@ -114,7 +114,7 @@ class ReplayDeadLettersRequest(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., rate_limit: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
-    __slots__ = ("total", "replayed", "refused", "refused_by_reason", "done")
+    __slots__ = ("total", "replayed", "refused", "refused_by_reason", "done", "eligible")
     class RefusedByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,12 +127,14 @@ class ReplayDeadLettersResponse(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     total: int
     replayed: int
     refused: int
     refused_by_reason: _containers.ScalarMap[str, int]
     done: bool
-    def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ...) -> None: ...
+    eligible: int
+    def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ..., eligible: _Optional[int] = ...) -> None: ...
 
 class ListReceiptFailuresRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "namespace")
@@ -173,7 +175,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate")
+    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate", "due")
     class DepthByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,7 @@ class QueueStats(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     RETRY_RATE_FIELD_NUMBER: _ClassVar[int]
     DEAD_RATE_FIELD_NUMBER: _ClassVar[int]
+    DUE_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     pack_name: str
     queue_class: str
@@ -197,19 +200,24 @@ class QueueStats(_message.Message):
     in_flight: int
     retry_rate: float
     dead_rate: float
-    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ...) -> None: ...
+    due: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants")
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_ROUTING_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     receipts_unrouted: int
     oldest_unrouted_age: _duration_pb2.Duration
     active_claimants: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ...) -> None: ...
+    receipts_routing: int
+    receipts_failed: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ...) -> None: ...
 
 class BlockedLane(_message.Message):
     __slots__ = ("installed_pack_id", "kind", "lane_key", "head", "waiting")
@@ -346,7 +354,7 @@ class CutoverReceipt(_message.Message):
     def __init__(self, cutover_receipt_id: _Optional[int] = ..., kind: _Optional[str] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., proof_sha256: _Optional[str] = ..., actor: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GenerationCutoverState(_message.Message):
-    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "receipts", "open_rollback_fences", "awaiting_legacy_outcome", "processing", "claim_capable_processes")
+    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "receipts", "open_rollback_fences", "awaiting_legacy_outcome", "processing", "claim_capable_processes", "work_item_claim_processes", "legacy_event_claim_processes", "generation_status", "active")
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +364,10 @@ class GenerationCutoverState(_message.Message):
     AWAITING_LEGACY_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PROCESSING_FIELD_NUMBER: _ClassVar[int]
     CLAIM_CAPABLE_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEM_CLAIM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_EVENT_CLAIM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_STATUS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     generation: int
     claim_path: _types_pb2.ClaimPath
@@ -365,7 +377,11 @@ class GenerationCutoverState(_message.Message):
     awaiting_legacy_outcome: int
     processing: int
     claim_capable_processes: int
-    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., receipts: _Optional[_Iterable[_Union[CutoverReceipt, _Mapping]]] = ..., open_rollback_fences: _Optional[int] = ..., awaiting_legacy_outcome: _Optional[int] = ..., processing: _Optional[int] = ..., claim_capable_processes: _Optional[int] = ...) -> None: ...
+    work_item_claim_processes: int
+    legacy_event_claim_processes: int
+    generation_status: str
+    active: bool
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., receipts: _Optional[_Iterable[_Union[CutoverReceipt, _Mapping]]] = ..., open_rollback_fences: _Optional[int] = ..., awaiting_legacy_outcome: _Optional[int] = ..., processing: _Optional[int] = ..., claim_capable_processes: _Optional[int] = ..., work_item_claim_processes: _Optional[int] = ..., legacy_event_claim_processes: _Optional[int] = ..., generation_status: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class GetCutoverStateRequest(_message.Message):
     __slots__ = ("installed_pack_id",)
