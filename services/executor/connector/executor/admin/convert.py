@@ -1,0 +1,179 @@
+"""Rows to protos, with the select lists that produce them (one place for both, so they agree).
+
+Sanitized by construction: the receipt select list never includes the signature, the verification
+secret reference or the body; the body is added only when a caller allowed to see payloads asks.
+Free-text summaries are capped in length.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from connector.v1 import types_pb2
+
+SUMMARY_MAX = 1000
+
+WORK_ITEM_COLUMNS = """
+  w.work_id AS w_work_id, w.event_id AS w_event_id, w.installed_pack_id AS w_installed_pack_id,
+  w.generation AS w_generation, w.work_type AS w_work_type, w.queue_class AS w_queue_class,
+  w.state AS w_state, w.run_after AS w_run_after, w.priority AS w_priority, w.attempts AS w_attempts,
+  w.max_attempts AS w_max_attempts, w.delivery_seq AS w_delivery_seq,
+  w.source_lane_key AS w_source_lane_key, w.target_mutation_lane_key AS w_target_mutation_lane_key,
+  w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
+  w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
+  w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
+  w.finished_at AS w_finished_at"""
+
+EVENT_COLUMNS = """
+  e.event_id AS e_event_id, e.receipt_id AS e_receipt_id, e.installed_pack_id AS e_installed_pack_id,
+  e.generation AS e_generation, e.incarnation AS e_incarnation, e.route_id AS e_route_id,
+  e.route_version AS e_route_version, e.namespace AS e_namespace, e.event_kind AS e_event_kind,
+  e.source_object_kind AS e_source_object_kind, e.source_object_id AS e_source_object_id,
+  e.idempotency_key AS e_idempotency_key, e.delivery_seq AS e_delivery_seq,
+  e.payload_sha256 AS e_payload_sha256, e.parse_outcome AS e_parse_outcome,
+  e.correlation_ids AS e_correlation_ids, e.created_at AS e_created_at"""
+
+RECEIPT_COLUMNS = """
+  r.receipt_id AS r_receipt_id, r.namespace AS r_namespace, r.route_key AS r_route_key,
+  r.provider_delivery_id AS r_provider_delivery_id, r.method AS r_method,
+  r.content_type AS r_content_type, r.event_kind AS r_event_kind, r.received_at AS r_received_at,
+  r.accepted_at AS r_accepted_at, r.correlation_ids AS r_correlation_ids,
+  r.payload_sha256 AS r_payload_sha256, r.router_status AS r_router_status, r.attempts AS r_attempts,
+  r.enqueued_event_ids AS r_enqueued_event_ids, r.error_class AS r_error_class,
+  r.error_summary AS r_error_summary"""
+
+
+def ts(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def duration(value: timedelta | None) -> duration_pb2.Duration | None:
+    if value is None:
+        return None
+    out = duration_pb2.Duration()
+    out.FromTimedelta(max(value, timedelta(0)))
+    return out
+
+
+def _text(value: Any, limit: int | None = None) -> str:
+    if value is None:
+        return ""
+    text = str(value)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _hex(value: Any) -> str:
+    return bytes(value).hex() if value is not None else ""
+
+
+def _ids(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): _text(v, 200) for k, v in value.items() if v is not None}
+
+
+def work_item_state(state: str) -> int:
+    return int(types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{state.upper()}"))
+
+
+def receipt_status(status: str) -> int:
+    return int(types_pb2.ReceiptStatus.Value(f"RECEIPT_STATUS_{status.upper()}"))
+
+
+def claim_path(path: str | None) -> int:
+    if not path:
+        return int(types_pb2.CLAIM_PATH_UNSPECIFIED)
+    return int(types_pb2.ClaimPath.Value(f"CLAIM_PATH_{path.upper()}"))
+
+
+def cutover_phase(phase: str | None) -> int:
+    if not phase:
+        return int(types_pb2.CUTOVER_PHASE_UNSPECIFIED)
+    return int(types_pb2.CutoverPhase.Value(f"CUTOVER_PHASE_{phase.upper()}"))
+
+
+def work_item(row: dict[str, Any], prefix: str = "w_") -> types_pb2.WorkItem:
+    def g(name: str) -> Any:
+        return row.get(prefix + name)
+
+    return types_pb2.WorkItem(
+        work_id=g("work_id"),
+        event_id=g("event_id"),
+        installed_pack_id=g("installed_pack_id"),
+        generation=g("generation"),
+        work_type=_text(g("work_type")),
+        queue_class=_text(g("queue_class")),
+        state=work_item_state(g("state")),  # type: ignore[arg-type]
+        run_after=ts(g("run_after")),
+        priority=g("priority") or 0,
+        attempts=g("attempts") or 0,
+        max_attempts=g("max_attempts") or 0,
+        delivery_seq=g("delivery_seq") or 0,
+        source_lane_key=_text(g("source_lane_key")),
+        target_mutation_lane_key=_text(g("target_mutation_lane_key")),
+        lease_owner=_text(g("lease_owner")),
+        lease_token=g("lease_token") or 0,
+        lease_until=ts(g("lease_until")),
+        outcome=_text(g("outcome"), SUMMARY_MAX),
+        failure_class=_text(g("failure_class"), 200),
+        failure_summary=_text(g("failure_summary"), SUMMARY_MAX),
+        replay_count=g("replay_count") or 0,
+        create_time=ts(g("created_at")),
+        update_time=ts(g("updated_at")),
+        finish_time=ts(g("finished_at")),
+    )
+
+
+def event(row: dict[str, Any]) -> types_pb2.Event | None:
+    if row.get("e_event_id") is None:
+        return None
+    return types_pb2.Event(
+        event_id=row["e_event_id"],
+        receipt_id=row["e_receipt_id"],
+        installed_pack_id=row["e_installed_pack_id"],
+        generation=row["e_generation"],
+        incarnation=row["e_incarnation"],
+        route_id=row["e_route_id"],
+        route_version=row["e_route_version"],
+        namespace=_text(row["e_namespace"]),
+        event_kind=_text(row["e_event_kind"]),
+        source_object_kind=_text(row["e_source_object_kind"]),
+        source_object_id=_text(row["e_source_object_id"]),
+        idempotency_key=_text(row["e_idempotency_key"]),
+        delivery_seq=row["e_delivery_seq"],
+        payload_sha256=_hex(row["e_payload_sha256"]),
+        parse_outcome=_text(row["e_parse_outcome"], 200),
+        correlation_ids=_ids(row["e_correlation_ids"]),
+        create_time=ts(row["e_created_at"]),
+    )
+
+
+def receipt(row: dict[str, Any], body: bytes | None = None) -> types_pb2.Receipt | None:
+    if row.get("r_receipt_id") is None:
+        return None
+    return types_pb2.Receipt(
+        receipt_id=row["r_receipt_id"],
+        namespace=_text(row["r_namespace"]),
+        route_key=_text(row["r_route_key"]),
+        provider_delivery_id=_text(row["r_provider_delivery_id"]),
+        method=_text(row["r_method"]),
+        content_type=_text(row["r_content_type"]),
+        event_kind=_text(row["r_event_kind"]),
+        received_time=ts(row["r_received_at"]),
+        accept_time=ts(row["r_accepted_at"]),
+        correlation_ids=_ids(row["r_correlation_ids"]),
+        payload_sha256=_hex(row["r_payload_sha256"]),
+        status=receipt_status(row["r_router_status"]),  # type: ignore[arg-type]
+        attempts=row["r_attempts"],
+        event_ids=list(row["r_enqueued_event_ids"] or ()),
+        error_class=_text(row["r_error_class"], 200),
+        error_summary=_text(row["r_error_summary"], SUMMARY_MAX),
+        body=body or b"",
+    )

@@ -1,0 +1,101 @@
+"""Admin API errors: canonical gRPC codes with a machine-readable ``ErrorInfo`` reason (AIP-193).
+
+Every reason the admin API can answer is named here, so docs/admin.md, the CLI and the tests share
+one vocabulary. Messages are shown to callers: they never carry payloads, tokens or secrets.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import grpc
+
+from connector.common.grpc_server import ServiceError
+
+
+class Reason(StrEnum):
+    # UNAUTHENTICATED
+    TOKEN_MISSING = "TOKEN_MISSING"  # noqa: S105 - a reason code, not a secret
+    TOKEN_INVALID = "TOKEN_INVALID"  # noqa: S105 - a reason code, not a secret
+    # PERMISSION_DENIED
+    ROLE_REQUIRED = "ROLE_REQUIRED"
+    PAYLOAD_NOT_ALLOWED = "PAYLOAD_NOT_ALLOWED"
+    # INVALID_ARGUMENT
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    INVALID_PAGE_TOKEN = "INVALID_PAGE_TOKEN"  # noqa: S105 - a reason code, not a secret
+    PAGE_TOKEN_FILTER_MISMATCH = "PAGE_TOKEN_FILTER_MISMATCH"  # noqa: S105 - a reason code, not a secret
+    REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
+    INVALID_MANIFEST = "INVALID_MANIFEST"
+    # NOT_FOUND
+    WORK_ITEM_NOT_FOUND = "WORK_ITEM_NOT_FOUND"
+    RECEIPT_NOT_FOUND = "RECEIPT_NOT_FOUND"
+    PACK_NOT_FOUND = "PACK_NOT_FOUND"
+    GENERATION_NOT_FOUND = "GENERATION_NOT_FOUND"
+    # FAILED_PRECONDITION: replay refusals (fail closed)
+    NOT_DEAD = "NOT_DEAD"
+    LEGACY_RECONCILED = "LEGACY_RECONCILED"
+    LEGACY_OUTCOME_PENDING = "LEGACY_OUTCOME_PENDING"
+    LEGACY_OWNED = "LEGACY_OWNED"
+    NO_ACTIVE_GENERATION = "NO_ACTIVE_GENERATION"
+    INCARNATION_CHANGED = "INCARNATION_CHANGED"
+    GENERATION_NOT_WORK_ITEM_OWNED = "GENERATION_NOT_WORK_ITEM_OWNED"
+    ROUTE_GONE = "ROUTE_GONE"
+    WORK_TYPE_GONE = "WORK_TYPE_GONE"
+    PAYLOAD_MISSING = "PAYLOAD_MISSING"
+    NOT_FAILED = "NOT_FAILED"
+    ALREADY_MATERIALIZED = "ALREADY_MATERIALIZED"
+    # FAILED_PRECONDITION: packs
+    PACK_PRECONDITION = "PACK_PRECONDITION"
+    # ABORTED
+    CONCURRENT_CHANGE = "CONCURRENT_CHANGE"
+    # RESOURCE_EXHAUSTED
+    DATABASE_BUSY = "DATABASE_BUSY"
+    BULK_REPLAY_LIMIT = "BULK_REPLAY_LIMIT"
+    # DEADLINE_EXCEEDED
+    STATEMENT_TIMEOUT = "STATEMENT_TIMEOUT"
+
+
+def invalid_argument(message: str, reason: Reason = Reason.INVALID_ARGUMENT, **md: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, reason, message, md or None)
+
+
+def not_found(reason: Reason, message: str, **md: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, reason, message, md or None)
+
+
+def failed_precondition(reason: Reason, message: str, **md: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, reason, message, md or None)
+
+
+def aborted(message: str, **md: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.ABORTED, Reason.CONCURRENT_CHANGE, message, md or None)
+
+
+def permission_denied(reason: Reason, message: str, **md: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.PERMISSION_DENIED, reason, message, md or None)
+
+
+def unauthenticated(reason: Reason, message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.UNAUTHENTICATED, reason, message)
+
+
+def resource_exhausted(reason: Reason, message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, reason, message)
+
+
+#: Human explanations of replay refusals (shown with the reason).
+REFUSAL_MESSAGES: dict[Reason, str] = {
+    Reason.NOT_DEAD: "only dead work items can be replayed",
+    Reason.LEGACY_RECONCILED: "the item executed under legacy ownership (reconciled_legacy_terminal); "
+    "it is immutable and never reopened",
+    Reason.LEGACY_OUTCOME_PENDING: "the item is rollback-fenced awaiting its legacy outcome",
+    Reason.LEGACY_OWNED: "the event is owned by the legacy Event claim path",
+    Reason.NO_ACTIVE_GENERATION: "the pack has no active generation",
+    Reason.INCARNATION_CHANGED: "the pack was reinstalled since the event was materialized",
+    Reason.GENERATION_NOT_WORK_ITEM_OWNED: "the active generation is not WorkItem-owned "
+    "(claim path work_item, phase work_item_active, cutover receipt bound)",
+    Reason.ROUTE_GONE: "the event's route does not exist in the active generation",
+    Reason.WORK_TYPE_GONE: "the work type is no longer in the route's fan-out in the active generation",
+    Reason.PAYLOAD_MISSING: "the receipt body is gone (neither body nor body_ref)",
+    Reason.CONCURRENT_CHANGE: "the item changed concurrently (another replay or transition won)",
+}

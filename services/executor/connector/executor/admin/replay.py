@@ -1,0 +1,468 @@
+"""Replay: an explicit new attempt of a dead WorkItem against the pack's *current* active generation.
+
+Checked before anything changes (fail closed; each refusal has a reason, see ``errors.Reason``):
+
+* idempotency — the item is ``dead`` (not succeeded, pending, processing, ...), never
+  ``reconciled_legacy_terminal`` (immutable, executed under legacy ownership) nor
+  ``awaiting_legacy_outcome`` (rollback-fenced); its event is owned by the WorkItem path;
+* generation — the pack has an active generation, of the same incarnation as the event, whose claim
+  authority is WorkItem-owned (claim path ``work_item``, phase ``work_item_active``, cutover receipt
+  bound);
+* route — the receipt's route key exists in the active generation and the work type is still in
+  that route's fan-out;
+* required data — the receipt body is still there (``body`` or ``body_ref``).
+
+The transition, in one transaction, lane locks first (ADR 003): ``lane_lock_batch`` → fenced
+``UPDATE`` (``state = 'dead' AND replay_count = <seen>``: a concurrent replay or transition makes it
+match zero rows, answered ABORTED) → ``lane_settle_batch`` → ``pg_notify('connector_work')``. The
+item moves to the active generation with ``attempts = 0``, ``run_after = now()``,
+``replay_count + 1``; queue class, priority, max attempts and dead-head policy come from the active
+route's work type. Lane members go ``blocked`` and the settle promotes them when they are runnable
+(their lane keys are event facts and are kept). ``outcome``, ``finished_at`` and the lease fields are
+cleared; ``failure_class`` / ``failure_summary`` are kept as the *last failure* until the next
+outcome overwrites them (docs/admin.md). The event and receipt are never touched.
+
+The pack row is read ``FOR SHARE`` so an activation cannot commit between the checks and the update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+from pydantic import ValidationError
+
+from connector.common.lanes import Lane, lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.packs import Manifest, canonical_json
+from connector.common.schema import CHANNEL_RECEIPTS, CHANNEL_WORK
+from connector.executor.admin.convert import RECEIPT_COLUMNS, WORK_ITEM_COLUMNS
+from connector.executor.admin.errors import (
+    REFUSAL_MESSAGES,
+    Reason,
+    aborted,
+    failed_precondition,
+    not_found,
+)
+from connector.executor.admin.reads import DeadLetterFilter
+from connector.executor.admin.session import connection
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------------------
+# Statements
+# ------------------------------------------------------------------------------------------------
+
+WORK_ITEM_REPLAY_CANDIDATES = """
+SELECT w.work_id, w.state, w.replay_count, w.installed_pack_id, w.work_type,
+       w.source_lane_key, w.target_mutation_lane_key,
+       e.incarnation, e.execution_owner, r.route_key,
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body
+FROM connector_work_item w
+JOIN connector_event e ON e.event_id = w.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+_PACK_ACTIVE = """
+SELECT p.installed_pack_id, p.incarnation, p.active_generation,
+       g.manifest, g.manifest_sha256,
+       a.claim_path, a.phase, a.cutover_receipt_id,
+       ARRAY(SELECT rt.route_key FROM connector_route rt
+             WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation)
+         AS route_keys
+FROM connector_installed_pack p
+LEFT JOIN connector_pack_generation g
+  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
+WHERE p.installed_pack_id = ANY(%(packs)s::bigint[])
+"""
+PACK_ACTIVE_GET = _PACK_ACTIVE
+# In a mutation: hold activation off until the replay commits.
+PACK_ACTIVE_GET_FOR_SHARE = _PACK_ACTIVE + " FOR SHARE OF p"
+
+WORK_ITEM_REPLAY_BATCH = """
+UPDATE connector_work_item w SET
+  state = CASE WHEN w.source_lane_key IS NULL AND w.target_mutation_lane_key IS NULL
+               THEN 'pending' ELSE 'blocked' END,
+  generation = v.generation,
+  queue_class = v.queue_class,
+  priority = v.priority,
+  max_attempts = v.max_attempts,
+  dead_blocks_lane = v.dead_blocks_lane,
+  attempts = 0,
+  run_after = now(),
+  replay_count = w.replay_count + 1,
+  outcome = NULL,
+  lease_owner = NULL,
+  lease_until = NULL,
+  started_at = NULL,
+  finished_at = NULL,
+  updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
+            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[])
+  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane)
+WHERE w.work_id = v.work_id AND w.state = 'dead' AND w.replay_count = v.seen_replay_count
+RETURNING w.work_id
+"""
+
+WORK_ITEM_GET_MANY = f"""
+SELECT {WORK_ITEM_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+WORK_NOTIFY = f"SELECT pg_notify('{CHANNEL_WORK}', '')"
+RECEIPT_NOTIFY = f"SELECT pg_notify('{CHANNEL_RECEIPTS}', '')"
+
+DEAD_LETTER_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
+
+RECEIPT_REPLAY_CHECK = """
+SELECT r.receipt_id, r.router_status, r.namespace, r.route_key,
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body,
+       EXISTS (SELECT 1 FROM connector_event e WHERE e.receipt_id = r.receipt_id) AS has_events,
+       p.installed_pack_id, p.active_generation,
+       EXISTS (SELECT 1 FROM connector_route rt
+               WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation
+                 AND rt.route_key = r.route_key) AS route_exists
+FROM connector_ingress_receipt r
+LEFT JOIN connector_installed_pack p ON p.namespace = r.namespace
+WHERE r.receipt_id = %(receipt_id)s
+FOR UPDATE OF r
+"""
+
+# The materializer owns routing state; a replay hands the receipt back to it as a fresh routable
+# receipt. claim_token + 1 fences any stale holder of an old routing claim.
+RECEIPT_REPLAY = f"""
+UPDATE connector_ingress_receipt r SET
+  router_status = 'pending', attempts = 0, next_attempt_at = now(),
+  claim_owner = NULL, claim_token = r.claim_token + 1, lease_until = NULL, routed_at = NULL
+WHERE r.receipt_id = %(receipt_id)s AND r.router_status = 'failed'
+RETURNING {RECEIPT_COLUMNS}
+"""
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning (checks) and the transition
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: Reason
+    detail: str
+
+    def message(self) -> str:
+        base = REFUSAL_MESSAGES.get(self.reason, self.reason.value)
+        return f"{base}: {self.detail}" if self.detail else base
+
+
+@dataclass(frozen=True, slots=True)
+class Replayable:
+    work_id: int
+    seen_replay_count: int
+    installed_pack_id: int
+    generation: int
+    queue_class: str
+    priority: int
+    max_attempts: int
+    dead_blocks_lane: bool
+    lanes: tuple[Lane, ...]
+
+
+@dataclass(slots=True)
+class ReplayPlan:
+    eligible: list[Replayable] = field(default_factory=list)
+    refused: dict[int, Refusal] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+
+
+@lru_cache(maxsize=64)
+def _manifest(sha: str, text: str) -> Manifest | None:
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def _manifest_of(row: dict[str, Any]) -> Manifest | None:
+    raw = row.get("manifest")
+    if raw is None:
+        return None
+    text = raw if isinstance(raw, str) else canonical_json(raw)
+    return _manifest(str(row.get("manifest_sha256") or ""), text)
+
+
+def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Replayable:
+    state = item["state"]
+    if state == "reconciled_legacy_terminal":
+        return Refusal(Reason.LEGACY_RECONCILED, "")
+    if state == "awaiting_legacy_outcome":
+        return Refusal(Reason.LEGACY_OUTCOME_PENDING, "")
+    if state != "dead":
+        return Refusal(Reason.NOT_DEAD, f"state is {state}")
+    if item["execution_owner"] != "work_item":
+        return Refusal(Reason.LEGACY_OWNED, "")
+    pack_id = item["installed_pack_id"]
+    if pack is None or pack["active_generation"] is None or pack["manifest"] is None:
+        return Refusal(Reason.NO_ACTIVE_GENERATION, f"pack {pack_id}")
+    generation = int(pack["active_generation"])
+    if pack["incarnation"] != item["incarnation"]:
+        return Refusal(
+            Reason.INCARNATION_CHANGED,
+            f"event incarnation {item['incarnation']}, pack incarnation {pack['incarnation']}",
+        )
+    if not (
+        pack["claim_path"] == "work_item"
+        and pack["phase"] == "work_item_active"
+        and pack["cutover_receipt_id"] is not None
+    ):
+        return Refusal(
+            Reason.GENERATION_NOT_WORK_ITEM_OWNED,
+            f"pack {pack_id} generation {generation}: claim path {pack['claim_path'] or 'unset'}, "
+            f"phase {pack['phase'] or 'unset'}",
+        )
+    route_key = item["route_key"]
+    manifest = _manifest_of(pack)
+    route = manifest.route(route_key) if manifest is not None else None
+    if route_key not in (pack["route_keys"] or ()) or route is None:
+        return Refusal(Reason.ROUTE_GONE, f"route {route_key!r} in pack {pack_id} generation {generation}")
+    assert manifest is not None
+    work_type = item["work_type"]
+    fan = next((f for f in route.fan_out if f.work_type == work_type), None)
+    spec = manifest.work_types.get(work_type)
+    if fan is None or spec is None:
+        return Refusal(
+            Reason.WORK_TYPE_GONE, f"work type {work_type!r} of route {route_key!r}, generation {generation}"
+        )
+    if not item["has_body"]:
+        return Refusal(Reason.PAYLOAD_MISSING, f"receipt of work item {item['work_id']}")
+    lanes = fan.lanes or spec.lanes
+    return Replayable(
+        work_id=int(item["work_id"]),
+        seen_replay_count=int(item["replay_count"]),
+        installed_pack_id=int(pack_id),
+        generation=generation,
+        queue_class=spec.queue_class,
+        priority=spec.priority,
+        max_attempts=spec.retry.max_attempts,
+        dead_blocks_lane=lanes.dead_head == "block",
+        lanes=tuple(lanes_of(int(pack_id), item["source_lane_key"], item["target_mutation_lane_key"])),
+    )
+
+
+async def work_item_replay_plan(
+    conn: AsyncConnection[Any], ids: Sequence[int], *, for_update: bool
+) -> ReplayPlan:
+    """Check every item; with ``for_update`` (inside the mutation's transaction) the packs involved
+    are share-locked so their active generation cannot change before commit."""
+    plan = ReplayPlan()
+    if not ids:
+        return plan
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(WORK_ITEM_REPLAY_CANDIDATES, {"ids": list(ids)})
+        items = {int(r["work_id"]): r for r in await cur.fetchall()}
+        packs_needed = sorted({int(r["installed_pack_id"]) for r in items.values()})
+        await cur.execute(
+            PACK_ACTIVE_GET_FOR_SHARE if for_update else PACK_ACTIVE_GET, {"packs": packs_needed}
+        )
+        packs = {int(r["installed_pack_id"]): r for r in await cur.fetchall()}
+    for work_id in ids:
+        item = items.get(work_id)
+        if item is None:
+            plan.missing.append(work_id)
+            continue
+        result = _check(item, packs.get(int(item["installed_pack_id"])))
+        if isinstance(result, Refusal):
+            plan.refused[work_id] = result
+        else:
+            plan.eligible.append(result)
+    return plan
+
+
+async def work_item_replay_batch(conn: AsyncConnection[Any], eligible: Sequence[Replayable]) -> list[int]:
+    """The transition for checked items (caller's transaction). Returns the ids replayed; an id
+    missing from the result lost its fence (changed since the check)."""
+    if not eligible:
+        return []
+    todo = sorted(eligible, key=lambda r: r.work_id)  # fixed row order (DESIGN §8 trap 1)
+    locked = await lane_lock_batch(conn, [lane for r in todo for lane in r.lanes])
+    cur = await conn.execute(
+        WORK_ITEM_REPLAY_BATCH,
+        {
+            "ids": [r.work_id for r in todo],
+            "seen": [r.seen_replay_count for r in todo],
+            "generations": [r.generation for r in todo],
+            "queue_classes": [r.queue_class for r in todo],
+            "priorities": [r.priority for r in todo],
+            "max_attempts": [r.max_attempts for r in todo],
+            "dead_blocks": [r.dead_blocks_lane for r in todo],
+        },
+    )
+    replayed = sorted(int(row[0]) for row in await cur.fetchall())
+    if locked:
+        # demote: a replayed member is earlier than members that moved on while it was dead (a
+        # "continue" dead head); they wait again behind it.
+        await lane_settle_batch(conn, locked, demote=True)
+    if replayed:
+        await conn.execute(WORK_NOTIFY)
+    return replayed
+
+
+async def work_item_get_many(conn: AsyncConnection[Any], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(WORK_ITEM_GET_MANY, {"ids": list(ids)})
+        return {int(r["w_work_id"]): r for r in await cur.fetchall()}
+
+
+async def work_item_replay(conn: AsyncConnection[Any], work_id: int, *, actor: str) -> dict[str, Any]:
+    """Replay one item inside the caller's transaction; raises NOT_FOUND / FAILED_PRECONDITION /
+    ABORTED. Returns the item's row after the transition."""
+    plan = await work_item_replay_plan(conn, [work_id], for_update=True)
+    if plan.missing:
+        raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {work_id} not found")
+    refusal = plan.refused.get(work_id)
+    if refusal is not None:
+        raise failed_precondition(refusal.reason, refusal.message(), work_id=str(work_id))
+    replayed = await work_item_replay_batch(conn, plan.eligible)
+    if work_id not in replayed:
+        raise aborted(f"work item {work_id} changed concurrently; read it again", work_id=str(work_id))
+    log.info(
+        "work item replayed",
+        extra={"work_id": work_id, "generation": plan.eligible[0].generation, "actor": actor},
+    )
+    return (await work_item_get_many(conn, [work_id]))[work_id]
+
+
+# ------------------------------------------------------------------------------------------------
+# Bulk replay by filter
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BulkProgress:
+    total: int
+    replayed: int = 0
+    eligible: int = 0
+    refused_by_reason: Counter[str] = field(default_factory=Counter)
+    done: bool = False
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by_reason.values())
+
+
+async def dead_letter_ids(conn: AsyncConnection[Any], flt: DeadLetterFilter) -> list[int]:
+    clauses, params = flt.where()
+    cur = await conn.execute(DEAD_LETTER_IDS.format(where=" AND ".join(clauses)), params)
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def bulk_replay(
+    pool: AsyncConnectionPool,
+    flt: DeadLetterFilter,
+    *,
+    dry_run: bool,
+    rate_per_s: float,
+    batch_size: int,
+    actor: str,
+) -> AsyncIterator[BulkProgress]:
+    """Replay the dead letters matching ``flt`` when the call started, in batches of their own
+    transactions, at most ``rate_per_s`` items per second; yields progress after every batch.
+    Cancelling the consumer stops between (or rolls back the current) batch: committed batches stay
+    replayed, the rest stay dead. A dry run checks every item and changes nothing."""
+    async with connection(pool) as conn:
+        ids = await dead_letter_ids(conn, flt)
+    progress = BulkProgress(total=len(ids))
+    started = time.monotonic()
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start : start + batch_size]
+        async with connection(pool) as conn:
+            if dry_run:
+                plan = await work_item_replay_plan(conn, chunk, for_update=False)
+                progress.eligible += len(plan.eligible)
+            else:
+                async with conn.transaction():
+                    plan = await work_item_replay_plan(conn, chunk, for_update=True)
+                    replayed = await work_item_replay_batch(conn, plan.eligible)
+                progress.replayed += len(replayed)
+                lost = len(plan.eligible) - len(replayed)
+                if lost:
+                    progress.refused_by_reason[Reason.CONCURRENT_CHANGE.value] += lost
+        for refusal in plan.refused.values():
+            progress.refused_by_reason[refusal.reason.value] += 1
+        if plan.missing:  # deleted since the listing (retention): nothing to replay
+            progress.refused_by_reason[Reason.WORK_ITEM_NOT_FOUND.value] += len(plan.missing)
+        if start + batch_size < len(ids):
+            yield progress
+            if not dry_run:
+                # Pace: the next batch may start once the items so far fit the rate.
+                ahead = (start + len(chunk)) / rate_per_s - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+    progress.done = True
+    if not dry_run:
+        log.info(
+            "bulk replay finished",
+            extra={
+                "installed_pack_id": flt.installed_pack_id,
+                "total": progress.total,
+                "replayed": progress.replayed,
+                "refused": progress.refused,
+                "actor": actor,
+            },
+        )
+    yield progress
+
+
+# ------------------------------------------------------------------------------------------------
+# Receipts
+# ------------------------------------------------------------------------------------------------
+
+
+async def receipt_replay(conn: AsyncConnection[Any], receipt_id: int, *, actor: str) -> dict[str, Any]:
+    """Hand a failed receipt back to the materializer (caller's transaction). The materializer
+    routes it again against the active generation; checks here fail closed first."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(RECEIPT_REPLAY_CHECK, {"receipt_id": receipt_id})
+        row = await cur.fetchone()
+        if row is None:
+            raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
+        md = {"receipt_id": str(receipt_id)}
+        if row["router_status"] != "failed":
+            status = row["router_status"]
+            raise failed_precondition(
+                Reason.NOT_FAILED, f"only failed receipts can be replayed (status {status})", **md
+            )
+        if row["has_events"]:
+            raise failed_precondition(
+                Reason.ALREADY_MATERIALIZED, "the receipt already materialized events", **md
+            )
+        if row["installed_pack_id"] is None or row["active_generation"] is None:
+            namespace = row["namespace"]
+            raise failed_precondition(
+                Reason.NO_ACTIVE_GENERATION, f"no active pack generation for namespace {namespace!r}", **md
+            )
+        if not row["route_exists"]:
+            raise failed_precondition(
+                Reason.ROUTE_GONE,
+                f"route {row['route_key']!r} is not in the active generation {row['active_generation']} "
+                f"of namespace {row['namespace']!r}",
+                **md,
+            )
+        if not row["has_body"]:
+            raise failed_precondition(Reason.PAYLOAD_MISSING, "the receipt body is gone", **md)
+        await cur.execute(RECEIPT_REPLAY, {"receipt_id": receipt_id})
+        updated = await cur.fetchone()
+    if updated is None:  # pragma: no cover - the row is locked FOR UPDATE above
+        raise aborted(f"receipt {receipt_id} changed concurrently")
+    await conn.execute(RECEIPT_NOTIFY)
+    log.info("receipt replayed", extra={"receipt_id": receipt_id, "actor": actor})
+    return updated

@@ -1,0 +1,413 @@
+"""The AdminService servicer: requests to domain calls and rows to protos; no SQL here.
+
+Authentication and roles are checked before a handler runs (``auth.TokenAuthenticator`` as the
+server's auth hook); handlers read the caller with ``current_principal()`` for finer checks
+(payload access) and for the audit ``actor`` (a key id, never the token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
+from psycopg_pool import AsyncConnectionPool
+
+from connector.common.grpc_server import current_principal
+from connector.executor.admin import convert, pagination, reads, replay, requests, stats
+from connector.executor.admin.auth import Principal
+from connector.executor.admin.errors import (
+    Reason,
+    invalid_argument,
+    not_found,
+    permission_denied,
+    resource_exhausted,
+)
+from connector.executor.admin.session import connection
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import admin_service_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+
+def _principal() -> Principal | None:
+    p = current_principal()
+    return p if isinstance(p, Principal) else None
+
+
+def _actor() -> str:
+    p = _principal()
+    return f"key:{p.key_id}" if p is not None else "anonymous"
+
+
+def _dt(msg: Any, name: str) -> datetime | None:
+    if not msg.HasField(name):
+        return None
+    value: timestamp_pb2.Timestamp = getattr(msg, name)
+    return value.ToDatetime(tzinfo=UTC)
+
+
+def _positive_id(value: int, name: str) -> int:
+    if value <= 0:
+        raise invalid_argument(f"{name} must be a positive id", field=name)
+    return value
+
+
+def _optional_id(value: int, name: str) -> int | None:
+    if value < 0:
+        raise invalid_argument(f"{name} must not be negative", field=name)
+    return value or None
+
+
+def dead_letter_filter(
+    req: pb.ListDeadLettersRequest | pb.ReplayDeadLettersRequest,
+) -> reads.DeadLetterFilter:
+    if req.generation < 0:
+        raise invalid_argument("generation must not be negative", field="generation")
+    flt = reads.DeadLetterFilter(
+        installed_pack_id=_optional_id(req.installed_pack_id, "installed_pack_id"),
+        generation=req.generation or None,
+        work_type=req.work_type or None,
+        failure_class=req.failure_class or None,
+        finished_after=_dt(req, "finish_time_after"),
+        finished_before=_dt(req, "finish_time_before"),
+    )
+    if flt.finished_after and flt.finished_before and flt.finished_after >= flt.finished_before:
+        raise invalid_argument(
+            "finish_time_after must be earlier than finish_time_before", field="finish_time_after"
+        )
+    return flt
+
+
+class AdminServicer(pb_grpc.AdminServiceServicer):
+    """connector.v1.AdminService over one database pool."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        replay_rate_default: float = 100.0,
+        replay_rate_max: float = 5000.0,
+        replay_batch_size: int = 100,
+        bulk_replay_concurrency: int = 2,
+        process_stale_s: float = 30.0,
+    ) -> None:
+        self._pool = pool
+        self._rate_default = replay_rate_default
+        self._rate_max = replay_rate_max
+        self._batch = replay_batch_size
+        self._bulk_slots = asyncio.Semaphore(bulk_replay_concurrency)
+        self._stale_s = process_stale_s
+
+    # -- request ids ----------------------------------------------------------------------------
+
+    async def _mutate(
+        self,
+        method: str,
+        request_id: str,
+        response_type: type[M],
+        body: Callable[[Any], Awaitable[M]],
+    ) -> M:
+        """Run ``body(conn)`` in a transaction with AIP-155 request id de-duplication."""
+        requests.check(request_id)
+        async with connection(self._pool) as conn, conn.transaction():
+            stored = await requests.admin_request_get(conn, request_id, method, response_type)
+            if stored is not None:
+                return stored
+            response = await body(conn)
+            await requests.admin_request_put(conn, request_id, method, response)
+            return response
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def ListDeadLetters(
+        self, request: pb.ListDeadLettersRequest, context: Any
+    ) -> pb.ListDeadLettersResponse:
+        flt = dead_letter_filter(request)
+        size = pagination.page_size(request.page_size)
+        key = pagination.decode(request.page_token, flt.as_dict(), arity=2)
+        after = None
+        if key is not None:
+            try:
+                finished = datetime.fromisoformat(key[0]) if key[0] is not None else None
+                after = (finished, int(key[1]))
+            except (TypeError, ValueError):
+                raise pagination.bad_page_token() from None
+        async with connection(self._pool) as conn:
+            rows = await reads.dead_letter_list(conn, flt, after=after, limit=size + 1)
+        response = pb.ListDeadLettersResponse()
+        for row in rows[:size]:
+            response.dead_letters.append(
+                pb.DeadLetter(
+                    work_item=convert.work_item(row), event=convert.event(row), receipt=convert.receipt(row)
+                )
+            )
+        if len(rows) > size:
+            last = rows[size - 1]
+            finished = last["w_finished_at"]
+            response.next_page_token = pagination.encode(
+                [finished.isoformat() if finished else None, int(last["w_work_id"])], flt.as_dict()
+            )
+        return response
+
+    async def GetWorkItem(self, request: pb.GetWorkItemRequest, context: Any) -> pb.GetWorkItemResponse:
+        work_id = _positive_id(request.work_id, "work_id")
+        if request.include_payload:
+            principal = _principal()
+            if principal is None or not principal.may_see_payload:
+                raise permission_denied(
+                    Reason.PAYLOAD_NOT_ALLOWED,
+                    "include_payload needs role ReplayConnectorEvents or ConnectorOperator",
+                    role="ReplayConnectorEvents",
+                )
+        async with connection(self._pool) as conn:
+            row = await reads.work_item_get(conn, work_id, with_body=request.include_payload)
+        if row is None:
+            raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {work_id} not found")
+        body = bytes(row["r_body"]) if request.include_payload and row.get("r_body") is not None else None
+        if request.include_payload:
+            log.info("work item payload read", extra={"work_id": work_id, "actor": _actor()})
+        return pb.GetWorkItemResponse(
+            work_item=convert.work_item(row), event=convert.event(row), receipt=convert.receipt(row, body)
+        )
+
+    async def ReplayWorkItem(
+        self, request: pb.ReplayWorkItemRequest, context: Any
+    ) -> pb.ReplayWorkItemResponse:
+        work_id = _positive_id(request.work_id, "work_id")
+        actor = _actor()
+
+        async def body(conn: Any) -> pb.ReplayWorkItemResponse:
+            row = await replay.work_item_replay(conn, work_id, actor=actor)
+            return pb.ReplayWorkItemResponse(work_item=convert.work_item(row))
+
+        return await self._mutate("ReplayWorkItem", request.request_id, pb.ReplayWorkItemResponse, body)
+
+    async def ReplayDeadLetters(
+        self, request: pb.ReplayDeadLettersRequest, context: Any
+    ) -> AsyncIterator[pb.ReplayDeadLettersResponse]:
+        flt = dead_letter_filter(request)
+        if flt.installed_pack_id is None:
+            raise invalid_argument("bulk replay needs installed_pack_id", field="installed_pack_id")
+        if request.rate_limit < 0:
+            raise invalid_argument("rate_limit must not be negative", field="rate_limit")
+        rate = min(float(request.rate_limit or self._rate_default), self._rate_max)
+        batch = max(1, min(self._batch, int(rate)))
+        request_id = request.request_id if not request.dry_run else ""
+        requests.check(request_id)
+        if request_id:
+            async with connection(self._pool) as conn, conn.transaction():
+                stored = await requests.admin_request_get(
+                    conn, request_id, "ReplayDeadLetters", pb.ReplayDeadLettersResponse
+                )
+            if stored is not None:
+                yield stored
+                return
+        if self._bulk_slots.locked():
+            raise resource_exhausted(Reason.BULK_REPLAY_LIMIT, "too many bulk replays running; retry later")
+        async with self._bulk_slots:
+            final: pb.ReplayDeadLettersResponse | None = None
+            async for progress in replay.bulk_replay(
+                self._pool, flt, dry_run=request.dry_run, rate_per_s=rate, batch_size=batch, actor=_actor()
+            ):
+                final = pb.ReplayDeadLettersResponse(
+                    total=progress.total,
+                    replayed=progress.replayed,
+                    refused=progress.refused,
+                    refused_by_reason=dict(progress.refused_by_reason),
+                    done=progress.done,
+                    eligible=progress.eligible,
+                )
+                yield final
+            if request_id and final is not None:
+                async with connection(self._pool) as conn, conn.transaction():
+                    if (
+                        await requests.admin_request_get(
+                            conn, request_id, "ReplayDeadLetters", pb.ReplayDeadLettersResponse
+                        )
+                        is None
+                    ):
+                        await requests.admin_request_put(conn, request_id, "ReplayDeadLetters", final)
+
+    # -- receipts -------------------------------------------------------------------------------
+
+    async def ListReceiptFailures(
+        self, request: pb.ListReceiptFailuresRequest, context: Any
+    ) -> pb.ListReceiptFailuresResponse:
+        size = pagination.page_size(request.page_size)
+        filters = {"namespace": request.namespace or None}
+        key = pagination.decode(request.page_token, filters, arity=1)
+        after: int | None = None
+        if key is not None:
+            try:
+                after = int(key[0])
+            except (TypeError, ValueError):
+                raise pagination.bad_page_token() from None
+        async with connection(self._pool) as conn:
+            rows = await reads.receipt_failure_list(
+                conn, request.namespace or None, after=after, limit=size + 1
+            )
+        response = pb.ListReceiptFailuresResponse()
+        for row in rows[:size]:
+            r = convert.receipt(row)
+            assert r is not None
+            response.receipts.append(r)
+        if len(rows) > size:
+            response.next_page_token = pagination.encode([int(rows[size - 1]["r_receipt_id"])], filters)
+        return response
+
+    async def ReplayReceipt(self, request: pb.ReplayReceiptRequest, context: Any) -> pb.ReplayReceiptResponse:
+        receipt_id = _positive_id(request.receipt_id, "receipt_id")
+        actor = _actor()
+
+        async def body(conn: Any) -> pb.ReplayReceiptResponse:
+            row = await replay.receipt_replay(conn, receipt_id, actor=actor)
+            return pb.ReplayReceiptResponse(receipt=convert.receipt(row))
+
+        return await self._mutate("ReplayReceipt", request.request_id, pb.ReplayReceiptResponse, body)
+
+    # -- stats ----------------------------------------------------------------------------------
+
+    async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any) -> pb.GetQueueStatsResponse:
+        pack = _optional_id(request.installed_pack_id, "installed_pack_id")
+        async with connection(self._pool) as conn:
+            if pack is not None and not await stats.pack_exists(conn, pack):
+                raise not_found(Reason.PACK_NOT_FOUND, f"pack {pack} not found")
+            result = await stats.queue_stats(conn, pack, stale_s=self._stale_s)
+        response = pb.GetQueueStatsResponse(
+            receipts_unrouted=result.receipts_unrouted,
+            oldest_unrouted_age=convert.duration(result.oldest_unrouted_age),
+            active_claimants=result.active_claimants,
+            receipts_routing=result.receipts_routing,
+            receipts_failed=result.receipts_failed,
+        )
+        for q in result.queues:
+            response.queues.append(
+                pb.QueueStats(
+                    installed_pack_id=q.installed_pack_id,
+                    pack_name=q.pack_name,
+                    queue_class=q.queue_class,
+                    depth_by_state=q.depth_by_state,
+                    oldest_ready_age=convert.duration(q.oldest_ready_age),
+                    in_flight=q.in_flight,
+                    retry_rate=q.retry_rate,
+                    dead_rate=q.dead_rate,
+                    due=q.due,
+                )
+            )
+        return response
+
+    async def ListBlockedLanes(
+        self, request: pb.ListBlockedLanesRequest, context: Any
+    ) -> pb.ListBlockedLanesResponse:
+        pack = _optional_id(request.installed_pack_id, "installed_pack_id")
+        size = pagination.page_size(request.page_size)
+        filters = {"pack": pack}
+        key = pagination.decode(request.page_token, filters, arity=3)
+        after: tuple[int, str, str] | None = None
+        if key is not None:
+            try:
+                after = (int(key[0]), str(key[1]), str(key[2]))
+            except (TypeError, ValueError):
+                raise pagination.bad_page_token() from None
+        async with connection(self._pool) as conn:
+            rows = await stats.lanes_blocked_list(conn, pack, after=after, limit=size + 1)
+        response = pb.ListBlockedLanesResponse()
+        for row in rows[:size]:
+            response.lanes.append(
+                pb.BlockedLane(
+                    installed_pack_id=row["w_installed_pack_id"],
+                    kind=pb.LANE_KIND_SOURCE if row["lane_kind"] == "s" else pb.LANE_KIND_TARGET_MUTATION,
+                    lane_key=row["lane_key"],
+                    head=convert.work_item(row),
+                    waiting=int(row["waiting"]),
+                )
+            )
+        if len(rows) > size:
+            last = rows[size - 1]
+            response.next_page_token = pagination.encode(
+                [int(last["w_installed_pack_id"]), last["lane_kind"], last["lane_key"]], filters
+            )
+        return response
+
+    # -- cutover --------------------------------------------------------------------------------
+
+    async def GetCutoverState(
+        self, request: pb.GetCutoverStateRequest, context: Any
+    ) -> pb.GetCutoverStateResponse:
+        pack = _optional_id(request.installed_pack_id, "installed_pack_id")
+        async with connection(self._pool) as conn:
+            if pack is not None and not await stats.pack_exists(conn, pack):
+                raise not_found(Reason.PACK_NOT_FOUND, f"pack {pack} not found")
+            state = await stats.cutover_state_get(conn, pack, stale_s=self._stale_s)
+        work_item_procs = state.processes.get("work_item", 0)
+        legacy_procs = state.processes.get("legacy_event", 0)
+        response = pb.GetCutoverStateResponse()
+        for g in state.generations:
+            key = (int(g["installed_pack_id"]), int(g["generation"]))
+            response.generations.append(
+                pb.GenerationCutoverState(
+                    installed_pack_id=key[0],
+                    generation=key[1],
+                    claim_path=convert.claim_path(g["claim_path"]),  # type: ignore[arg-type]
+                    phase=convert.cutover_phase(g["phase"]),  # type: ignore[arg-type]
+                    receipts=[
+                        pb.CutoverReceipt(
+                            cutover_receipt_id=r["cutover_receipt_id"],
+                            kind=r["kind"],
+                            claim_path=convert.claim_path(r["claim_path"]),  # type: ignore[arg-type]
+                            proof_sha256=r["proof_sha256"],
+                            actor=r["actor"],
+                            create_time=convert.ts(r["created_at"]),
+                        )
+                        for r in state.receipts.get(key, [])
+                    ],
+                    open_rollback_fences=int(g["open_fences"]),
+                    awaiting_legacy_outcome=int(g["awaiting_legacy_outcome"]),
+                    processing=int(g["processing"]),
+                    claim_capable_processes=work_item_procs + legacy_procs,
+                    work_item_claim_processes=work_item_procs,
+                    legacy_event_claim_processes=legacy_procs,
+                    generation_status=g["status"],
+                    active=bool(g["active"]),
+                )
+            )
+        return response
+
+    # -- packs (connector.common.pack_store) ------------------------------------------------------
+
+    async def ApplyPack(self, request: pb.ApplyPackRequest, context: Any) -> pb.ApplyPackResponse:
+        return await self._pack_call("ApplyPack", request)
+
+    async def ListPacks(self, request: pb.ListPacksRequest, context: Any) -> pb.ListPacksResponse:
+        return await self._pack_call("ListPacks", request)
+
+    async def ActivateGeneration(
+        self, request: pb.ActivateGenerationRequest, context: Any
+    ) -> pb.ActivateGenerationResponse:
+        return await self._pack_call("ActivateGeneration", request)
+
+    async def _pack_call(self, method: str, request: Any) -> Any:
+        from connector.executor.admin import packs
+
+        return await packs.dispatch(self, method, request)
+
+    # Used by the packs module.
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        return self._pool
+
+    @property
+    def actor(self) -> str:
+        return _actor()
+
+    async def mutate(
+        self, method: str, request_id: str, response_type: type[M], body: Callable[[Any], Awaitable[M]]
+    ) -> M:
+        return await self._mutate(method, request_id, response_type, body)
