@@ -14,6 +14,7 @@ Shutdown (STYLE.md): health NOT_SERVING → stop accepting (grace) → caller dr
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -99,6 +100,12 @@ def current_principal() -> Any:
     return _PRINCIPAL.get()
 
 
+def _code_of(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    return exc.code if isinstance(exc, ServiceError) else grpc.StatusCode.UNKNOWN
+
+
 def _split(method: str) -> tuple[str, str]:
     _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "unknown", method)
     return service, name
@@ -126,6 +133,8 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                 _PRINCIPAL.set(principal)
 
         async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> grpc.StatusCode:
+            if isinstance(exc, asyncio.CancelledError):  # client cancelled or server stopping
+                raise exc
             if isinstance(exc, ServiceError):
                 context.set_trailing_metadata(_status_details(exc))
                 await context.abort(exc.code, exc.message)
@@ -151,7 +160,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                     await _auth(context)
                     return await inner(request, context)
                 except BaseException as exc:
-                    code = grpc.StatusCode.UNKNOWN
+                    code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
                     GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
@@ -171,7 +180,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                     async for item in inner_stream(request, context):
                         yield item
                 except BaseException as exc:
-                    code = grpc.StatusCode.UNKNOWN
+                    code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
                     GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
