@@ -1,0 +1,271 @@
+"""ReplayWorkItem: an explicit new attempt against the current active generation, or a reasoned
+refusal (fail closed); fenced against concurrent changes; AIP-155 request ids; lanes settled."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import psycopg
+import pytest
+
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import types_pb2
+
+from .conftest import REPLAY, VIEW_REPLAY, Admin, Seed, expect_error
+
+
+async def _replay(admin: Admin, work_id: int, request_id: str = "") -> pb.ReplayWorkItemResponse:
+    return await admin.stub.ReplayWorkItem(
+        pb.ReplayWorkItemRequest(work_id=work_id, request_id=request_id), metadata=Admin.md(REPLAY)
+    )
+
+
+async def _refused(admin: Admin, work_id: int, reason: str) -> None:
+    exc = await expect_error(
+        _replay(admin, work_id),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        reason,
+    )
+    assert exc.details()
+
+
+async def test_replay_is_a_new_attempt_on_the_active_generation(
+    admin: Admin, seed: Seed, db_url: str
+) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, generation=1)
+    await seed.generation(pack, 2, queue_class="fast", max_attempts=9)
+    cur = await seed.conn.execute(
+        "SELECT * FROM connector_event e WHERE e.event_id = (SELECT event_id"
+        " FROM connector_work_item WHERE work_id = %s)",
+        (work_id,),
+    )
+    event_before = await cur.fetchone()
+
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
+        await listener.execute("LISTEN connector_work")
+        response = await _replay(admin, work_id)
+        notes = [n async for n in listener.notifies(timeout=5.0, stop_after=1)]
+    assert [n.channel for n in notes] == ["connector_work"]
+
+    item = response.work_item
+    assert item.work_id == work_id
+    assert item.state == types_pb2.WORK_ITEM_STATE_PENDING
+    assert item.generation == 2
+    assert item.attempts == 0 and item.replay_count == 1
+    assert item.queue_class == "fast" and item.max_attempts == 9
+    assert item.outcome == "" and not item.HasField("finish_time") and item.lease_owner == ""
+    # The last failure stays readable until the next outcome overwrites it.
+    assert item.failure_class == "handler_error"
+    row = await seed.row(work_id)
+    assert row["state"] == "pending" and row["generation"] == 2 and row["finished_at"] is None
+    due = await seed.one("SELECT run_after <= now() FROM connector_work_item WHERE work_id = %s", (work_id,))
+    assert due is True
+    cur = await seed.conn.execute("SELECT * FROM connector_event WHERE event_id = %s", (row["event_id"],))
+    assert await cur.fetchone() == event_before  # the immutable fact is untouched
+
+
+@pytest.mark.parametrize("state", ["succeeded", "pending", "retry", "processing", "blocked"])
+async def test_only_dead_items_replay(admin: Admin, seed: Seed, state: str) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, state=state)
+    await _refused(admin, work_id, "NOT_DEAD")
+    assert await seed.state(work_id) == state
+
+
+async def test_legacy_terminal_and_fenced_items_are_never_reopened(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    reconciled = await seed.item(pack, state="reconciled_legacy_terminal")
+    awaiting = await seed.item(pack, state="awaiting_legacy_outcome")
+    before = await seed.row(reconciled)
+    await _refused(admin, reconciled, "LEGACY_RECONCILED")
+    await _refused(admin, awaiting, "LEGACY_OUTCOME_PENDING")
+    assert await seed.row(reconciled) == before
+    assert await seed.state(awaiting) == "awaiting_legacy_outcome"
+
+
+async def test_legacy_owned_event(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, execution_owner="legacy_event")
+    await _refused(admin, work_id, "LEGACY_OWNED")
+
+
+async def test_no_active_generation(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    await seed.conn.execute(
+        "UPDATE connector_installed_pack SET active_generation = NULL WHERE installed_pack_id = %s", (pack,)
+    )
+    await _refused(admin, work_id, "NO_ACTIVE_GENERATION")
+
+
+async def test_incarnation_changed(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, incarnation=1)
+    await seed.conn.execute(
+        "UPDATE connector_installed_pack SET incarnation = 2 WHERE installed_pack_id = %s", (pack,)
+    )
+    await _refused(admin, work_id, "INCARNATION_CHANGED")
+
+
+@pytest.mark.parametrize("claim_path", ["legacy_event", "none"])
+async def test_active_generation_not_work_item_owned(admin: Admin, seed: Seed, claim_path: str) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    await seed.generation(pack, 2, claim_path=claim_path)
+    await _refused(admin, work_id, "GENERATION_NOT_WORK_ITEM_OWNED")
+    assert await seed.state(work_id) == "dead"
+
+
+async def test_route_gone_and_work_type_gone(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack(routes={"orders": ["sync", "audit"], "refunds": ["sync"]})
+    sync_item = await seed.item(pack, work_type="sync")
+    audit_item = await seed.item(pack, work_type="audit")
+    refund_item = await seed.item(pack, route_key="refunds")
+    await seed.generation(pack, 2, routes={"orders": ["sync"]})
+    await _refused(admin, refund_item, "ROUTE_GONE")
+    await _refused(admin, audit_item, "WORK_TYPE_GONE")
+    assert (await _replay(admin, sync_item)).work_item.generation == 2
+
+
+async def test_payload_missing(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    # The schema already refuses a receipt without body and body_ref; drop that backstop in this
+    # throwaway database to prove the replay check does not rely on it.
+    await seed.conn.execute(
+        "ALTER TABLE connector_ingress_receipt DROP CONSTRAINT ck_connector_ingress_receipt_body_present"
+    )
+    await seed.conn.execute(
+        "UPDATE connector_ingress_receipt SET body = NULL, body_ref = NULL WHERE receipt_id ="
+        " (SELECT e.receipt_id FROM connector_event e JOIN connector_work_item w USING (event_id)"
+        " WHERE w.work_id = %s)",
+        (work_id,),
+    )
+    await _refused(admin, work_id, "PAYLOAD_MISSING")
+
+
+async def test_body_ref_is_enough(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, body=None, body_ref="s3://bucket/receipt-1")
+    assert (await _replay(admin, work_id)).work_item.state == types_pb2.WORK_ITEM_STATE_PENDING
+
+
+async def test_not_found_and_invalid(admin: Admin, seed: Seed) -> None:
+    await expect_error(_replay(admin, 987654), grpc.StatusCode.NOT_FOUND, "WORK_ITEM_NOT_FOUND")
+    await expect_error(_replay(admin, 0), grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_error(_replay(admin, 1, request_id="x" * 201), grpc.StatusCode.INVALID_ARGUMENT)
+
+
+async def test_second_replay_of_the_same_item_is_refused(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    await _replay(admin, work_id)
+    await _refused(admin, work_id, "NOT_DEAD")
+    assert (await seed.row(work_id))["replay_count"] == 1
+
+
+async def test_concurrent_change_between_check_and_update_is_aborted(
+    admin: Admin, seed: Seed, db_url: str
+) -> None:
+    """The UPDATE is fenced by state and replay_count: a concurrent transition that commits while
+    the replay waits for the row makes it match nothing, answered ABORTED (never a double replay)."""
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    async with await psycopg.AsyncConnection.connect(db_url) as other:
+        await other.execute("SELECT 1 FROM connector_work_item WHERE work_id = %s FOR UPDATE", (work_id,))
+        call = asyncio.ensure_future(_replay(admin, work_id))
+        # Signal, not sleep: wait until the replay's UPDATE is blocked on our row lock.
+        for _ in range(500):
+            blocked = await seed.one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE '%%UPDATE connector_work_item%%'"
+            )
+            if blocked:
+                break
+            await asyncio.sleep(0.01)
+        assert blocked, "the replay never reached its fenced UPDATE"
+        # Another replay won meanwhile (and the item died again): replay_count moved on.
+        await other.execute(
+            "UPDATE connector_work_item SET replay_count = replay_count + 1 WHERE work_id = %s", (work_id,)
+        )
+        await other.commit()
+    await expect_error(call, grpc.StatusCode.ABORTED, "CONCURRENT_CHANGE")
+    row = await seed.row(work_id)
+    assert row["state"] == "dead" and row["replay_count"] == 1
+
+
+async def test_request_id_returns_the_first_answer(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    first = await _replay(admin, work_id, request_id="req-1")
+    again = await _replay(admin, work_id, request_id="req-1")  # item is pending now; no NOT_DEAD
+    assert again == first
+    assert (await seed.row(work_id))["replay_count"] == 1
+    stored = await seed.one("SELECT method FROM connector_admin_request WHERE request_id = 'req-1'")
+    assert stored == "ReplayWorkItem"
+    await expect_error(
+        admin.stub.ReplayReceipt(
+            pb.ReplayReceiptRequest(receipt_id=1, request_id="req-1"), metadata=Admin.md(REPLAY)
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "REQUEST_ID_REUSED",
+    )
+
+
+async def test_refused_call_stores_no_answer(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack, state="pending")
+    await expect_error(_replay(admin, work_id, request_id="req-2"), grpc.StatusCode.FAILED_PRECONDITION)
+    assert await seed.one("SELECT count(*) FROM connector_admin_request") == 0
+
+
+async def test_concurrent_duplicates_with_one_request_id_replay_once(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    answers = await asyncio.gather(*(_replay(admin, work_id, request_id="req-3") for _ in range(5)))
+    assert all(a == answers[0] for a in answers)
+    assert (await seed.row(work_id))["replay_count"] == 1
+
+
+# --- lanes --------------------------------------------------------------------------------------
+
+
+async def test_replayed_dead_head_runs_first_and_its_lane_stays_ordered(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    head = await seed.item(pack, source_lane="order:1")
+    follower = await seed.item(pack, state="blocked", source_lane="order:1")
+    response = await _replay(admin, head)
+    assert response.work_item.state == types_pb2.WORK_ITEM_STATE_PENDING
+    assert await seed.state(follower) == "blocked"
+
+
+async def test_replayed_continue_head_takes_its_lane_back(admin: Admin, seed: Seed) -> None:
+    """A dead head whose policy let the lane continue is earlier than the members that moved on:
+    after replay it runs first and the not-yet-started later member waits again."""
+    pack = await seed.pack(dead_head="continue")
+    head = await seed.item(pack, target_lane="acct:9", dead_blocks=False)
+    later = await seed.item(pack, state="pending", target_lane="acct:9")
+    response = await _replay(admin, head)
+    assert response.work_item.state == types_pb2.WORK_ITEM_STATE_PENDING
+    assert await seed.state(later) == "blocked"
+    assert (await seed.row(head))["dead_blocks_lane"] is False  # policy of the active route
+
+
+async def test_replayed_member_waits_while_its_lane_is_busy(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack(dead_head="continue")
+    head = await seed.item(pack, source_lane="order:2", dead_blocks=False)
+    running = await seed.item(pack, state="processing", source_lane="order:2")
+    response = await _replay(admin, head)
+    assert response.work_item.state == types_pb2.WORK_ITEM_STATE_BLOCKED
+    assert await seed.state(running) == "processing"
+
+
+async def test_view_and_replay_token_can_replay(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    response = await admin.stub.ReplayWorkItem(
+        pb.ReplayWorkItemRequest(work_id=work_id), metadata=Admin.md(VIEW_REPLAY)
+    )
+    assert response.work_item.replay_count == 1
