@@ -66,11 +66,23 @@ class IngressSettings(PoolSettings):
     #: Largest accepted request body in bytes (413 above it).
     max_body_bytes: int = Field(default=1_048_576, ge=1)
     #: Group commit: the longest a delivery waits for companions before its batch commits.
-    group_commit_max_wait_ms: float = Field(default=2.0, ge=0)
+    group_commit_max_wait_ms: float = Field(default=0.0, ge=0)
     group_commit_max_batch: int = Field(default=256, ge=1)
+    #: Group commit: writer tasks committing batches in parallel (each holds one pooled connection).
+    group_commit_writers: int = Field(default=2, ge=1)
+    #: Deliveries waiting for a commit before new ones are refused at once (503 + Retry-After).
+    group_commit_max_queue: int = Field(default=8_192, ge=1)
     #: Per-namespace admission limit: deliveries in flight (not yet committed) before 429.
     namespace_max_inflight: int = Field(default=2_000, ge=1)
     retry_after_s: int = Field(default=5, ge=1)
+    #: Statement timeout of the ingress pool (ms); a receipt insert slower than this answers 503.
+    statement_timeout_ms: int = Field(default=5_000, ge=0)
+    #: Fallback refresh of the route table (it also refreshes on NOTIFY ``connector_packs``).
+    routes_refresh_s: float = Field(default=30.0, gt=0)
+    #: Public URL prefix providers call (``https://hooks.example.com``), for ``{uri}`` in signatures.
+    public_base_url: str | None = None
+    #: Seconds in-flight requests get to finish on shutdown.
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
 
 
 class MaterializerSettings(PoolSettings):

@@ -1,0 +1,270 @@
+"""Admission of one delivery, shared by HTTP and gRPC: every check happens before any write.
+
+Order (cheapest and least trusting first): route known → method → size → non-empty body →
+signature (over the raw bytes) → content type and JSON validity → envelope values (delivery id,
+event kind, correlation ids) → per-namespace admission limit → durable receipt (group commit). The
+answer is the route's success status only once the receipt's batch has committed.
+
+Outcomes carry a reason from a fixed vocabulary (metric label and the ``error`` of a refusal): no
+header value, body byte or secret ever appears in an outcome, a log line or a label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, Final
+
+from prometheus_client import Counter
+
+from connector.ingress import metrics, verify
+from connector.ingress.extract import MAX_VALUE_CHARS, scalar_text
+from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
+from connector.ingress.routes import CompiledRoute, RouteTable
+
+ACCEPTED: Final = "accepted"
+DUPLICATE: Final = "duplicate"
+REJECTED: Final = "rejected"
+UNAVAILABLE: Final = "unavailable"
+
+# Refusal reasons before any write, and their HTTP statuses.
+ROUTE_NOT_FOUND: Final = "route_not_found"
+METHOD_NOT_ALLOWED: Final = "method_not_allowed"
+BODY_TOO_LARGE: Final = "body_too_large"
+BODY_EMPTY: Final = "body_empty"
+INVALID_JSON: Final = "invalid_json"
+UNSUPPORTED_MEDIA_TYPE: Final = "unsupported_media_type"
+BAD_HEADER: Final = "bad_header"
+NAMESPACE_LIMIT: Final = "namespace_limit"
+
+REJECT_STATUS: Final[dict[str, int]] = {
+    ROUTE_NOT_FOUND: 404,
+    METHOD_NOT_ALLOWED: 405,
+    BODY_TOO_LARGE: 413,
+    BODY_EMPTY: 400,
+    INVALID_JSON: 400,
+    UNSUPPORTED_MEDIA_TYPE: 415,
+    BAD_HEADER: 400,
+    NAMESPACE_LIMIT: 429,
+}
+VERIFY_STATUS: Final = 401
+#: Failure status when no route is known (the route's own ``failure_status`` otherwise).
+DEFAULT_FAILURE_STATUS: Final = 503
+
+
+class Outcome:
+    """The answer to one delivery."""
+
+    __slots__ = ("allow", "outcome", "reason", "receipt_id", "retry_after", "status")
+
+    def __init__(
+        self,
+        status: int,
+        outcome: str,
+        reason: str,
+        *,
+        receipt_id: int | None = None,
+        retry_after: int | None = None,
+        allow: str | None = None,
+    ) -> None:
+        self.status = status
+        self.outcome = outcome
+        self.reason = reason
+        self.receipt_id = receipt_id
+        self.retry_after = retry_after
+        self.allow = allow
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (ACCEPTED, DUPLICATE)
+
+    @property
+    def duplicate(self) -> bool:
+        return self.outcome == DUPLICATE
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict RFC 8259 JSON: UTF-8, no BOM, no NaN/Infinity. Raises ``ValueError``."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError("not JSON") from exc
+
+
+def is_json_media_type(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # absent: the body decides
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def safe_header_value(value: str | None) -> str | None:
+    """A header value fit to store in the envelope (printable, bounded), else ``None``."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_VALUE_CHARS or not value.isprintable():
+        return None
+    return value
+
+
+class Admission:
+    def __init__(
+        self,
+        routes: RouteTable,
+        writer: ReceiptWriter,
+        *,
+        max_body_bytes: int,
+        namespace_max_inflight: int,
+        retry_after_s: int,
+    ) -> None:
+        self.routes = routes
+        self.writer = writer
+        self.max_body_bytes = max_body_bytes
+        self.namespace_max_inflight = namespace_max_inflight
+        self.retry_after_s = retry_after_s
+        self._inflight: dict[str, int] = {}
+        self.inflight_total = 0
+        self._counters: dict[tuple[str, str, str], Counter] = {}
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def count(self, transport: str, outcome: Outcome) -> Outcome:
+        key = (transport, outcome.outcome, outcome.reason)
+        child = self._counters.get(key)
+        if child is None:
+            child = self._counters[key] = metrics.DELIVERIES.labels(*key)
+        child.inc()
+        return outcome
+
+    def reject(self, reason: str, *, allow: str | None = None) -> Outcome:
+        return Outcome(REJECT_STATUS.get(reason, VERIFY_STATUS), REJECTED, reason, allow=allow)
+
+    def unavailable(self, route: CompiledRoute | None, reason: str) -> Outcome:
+        status = route.failure_status if route is not None else DEFAULT_FAILURE_STATUS
+        return Outcome(status, UNAVAILABLE, reason, retry_after=self.retry_after_s)
+
+    # -- the checks ----------------------------------------------------------------------------
+
+    def route_for(
+        self, namespace: str, route_key: str, method: str, content_length: int | None
+    ) -> CompiledRoute | Outcome:
+        """Checks that need no body: known route, method, declared size."""
+        route = self.routes.get(namespace, route_key)
+        if route is None:
+            return self.reject(ROUTE_NOT_FOUND)
+        if method != route.method:
+            return self.reject(METHOD_NOT_ALLOWED, allow=route.method)
+        if content_length is not None and content_length > self.max_body_bytes:
+            return self.reject(BODY_TOO_LARGE)
+        if route.unavailable is not None:
+            return self.unavailable(route, route.unavailable)
+        return route
+
+    async def admit(
+        self,
+        route: CompiledRoute,
+        *,
+        method: str,
+        headers: verify.Headers,
+        body: bytes,
+        uri: Callable[[], str],
+        received_at: float,
+    ) -> Outcome:
+        """Verify, then make the receipt durable. ``route_for`` has been passed already."""
+        if len(body) > self.max_body_bytes:
+            return self.reject(BODY_TOO_LARGE)
+        if not body:
+            return self.reject(BODY_EMPTY)
+        assert route.verifier is not None
+        try:
+            verification = route.verifier.verify(headers, body, method, uri, received_at)
+        except verify.Rejected as exc:
+            return Outcome(VERIFY_STATUS, REJECTED, exc.reason)
+        raw_content_type = headers.get("Content-Type")
+        doc: Any = None
+        if route.content_json:
+            if not is_json_media_type(raw_content_type):
+                return self.reject(UNSUPPORTED_MEDIA_TYPE)
+            try:
+                doc = parse_json(body)
+            except ValueError:
+                return self.reject(INVALID_JSON)
+        elif route.parse_body:
+            try:
+                doc = parse_json(body)
+            except ValueError:
+                doc = None
+        delivery_id: str | None = None
+        if route.idempotency_header is not None:
+            values = headers.getall(route.idempotency_header, ())
+            if len(values) > 1:
+                return self.reject(BAD_HEADER)
+            if values:
+                delivery_id = scalar_text(values[0].strip())
+                if delivery_id is None:
+                    return self.reject(BAD_HEADER)
+        event_kind: str | None = None
+        correlation = "{}"
+        if route.envelope is not None:
+            event_kind, extracted_id, ids = route.envelope(headers.get, doc)
+            if delivery_id is None:
+                delivery_id = extracted_id
+            if ids:
+                correlation = json.dumps(ids, separators=(",", ":"), sort_keys=True)
+        payload_sha256 = hashlib.sha256(body).digest()
+        if delivery_id is not None:
+            idempotency_key = f"{route.route_key}:id:{delivery_id}"
+        else:
+            idempotency_key = f"{route.route_key}:sha256:{payload_sha256.hex()}"
+
+        namespace = route.namespace
+        inflight = self._inflight.get(namespace, 0)
+        if inflight >= self.namespace_max_inflight:
+            return Outcome(
+                REJECT_STATUS[NAMESPACE_LIMIT], REJECTED, NAMESPACE_LIMIT, retry_after=self.retry_after_s
+            )
+        item = PendingReceipt(
+            namespace=namespace,
+            route_key=route.route_key,
+            route_id=route.route_id,
+            route_version=route.route_version,
+            provider_delivery_id=delivery_id,
+            idempotency_key=idempotency_key,
+            method=method,
+            content_type=safe_header_value(raw_content_type),
+            event_kind=event_kind,
+            received_at=received_at,
+            correlation_ids=correlation,
+            payload_sha256=payload_sha256,
+            body=body,
+            verification=verification,
+        )
+        try:
+            future = self.writer.submit(item)
+        except Unavailable as exc:
+            return self.unavailable(route, exc.reason)
+        self._inflight[namespace] = inflight + 1
+        self.inflight_total += 1
+        try:
+            result = await future
+        finally:
+            self.inflight_total -= 1
+            left = self._inflight[namespace] - 1
+            if left:
+                self._inflight[namespace] = left
+            else:
+                del self._inflight[namespace]
+        if result.failure is not None:
+            return self.unavailable(route, result.failure)
+        return Outcome(
+            route.success_status,
+            DUPLICATE if result.duplicate else ACCEPTED,
+            "none",
+            receipt_id=result.receipt_id,
+        )

@@ -1,0 +1,1 @@
+"""gRPC servicers of the ingress: proto <-> domain only, no SQL."""

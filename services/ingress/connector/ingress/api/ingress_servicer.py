@@ -1,0 +1,103 @@
+"""``connector.v1.IngressService``: the same admission as HTTP, for gateways holding the raw request.
+
+Mapping: accepted/duplicate → ``SubmitDeliveryResponse`` (with the HTTP status the route answers);
+refusals → canonical codes with an ``ErrorInfo`` reason (the admission reason, upper-cased) and
+``http_status`` (plus ``retry_after_s`` when set) in its metadata, so a gateway can answer the
+provider exactly as the HTTP endpoint would:
+
+    route_not_found → NOT_FOUND            signature/timestamp/id problems → UNAUTHENTICATED
+    namespace_limit → RESOURCE_EXHAUSTED   database unavailable / overloaded → UNAVAILABLE
+    every other refusal (method, size, empty, JSON, media type, header) → INVALID_ARGUMENT
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import grpc
+from multidict import CIMultiDict
+
+from connector.common.grpc_server import ServiceError
+from connector.ingress import admission as adm
+from connector.ingress.admission import Admission, Outcome
+from connector.v1 import ingress_service_pb2 as pb
+from connector.v1 import ingress_service_pb2_grpc as pb_grpc
+
+TRANSPORT = "grpc"
+_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+# Header values may hold visible characters, spaces and tabs (RFC 9110 field-value), nothing else.
+_BAD_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+_CODES = {
+    adm.ROUTE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    adm.NAMESPACE_LIMIT: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _code(outcome: Outcome) -> grpc.StatusCode:
+    if outcome.outcome == adm.UNAVAILABLE:
+        return grpc.StatusCode.UNAVAILABLE
+    if outcome.status == adm.VERIFY_STATUS:
+        return grpc.StatusCode.UNAUTHENTICATED
+    return _CODES.get(outcome.reason, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+class IngressServicer(pb_grpc.IngressServiceServicer):
+    def __init__(self, admission: Admission, *, public_base_url: str | None = None) -> None:
+        self._admission = admission
+        self._base = public_base_url.rstrip("/") if public_base_url else None
+
+    def _fail(self, outcome: Outcome) -> ServiceError:
+        metadata = {"http_status": str(outcome.status)}
+        if outcome.retry_after is not None:
+            metadata["retry_after_s"] = str(outcome.retry_after)
+        return ServiceError(
+            _code(outcome), outcome.reason.upper(), f"delivery refused: {outcome.reason}", metadata
+        )
+
+    async def SubmitDelivery(
+        self, request: pb.SubmitDeliveryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.SubmitDeliveryResponse:
+        admission = self._admission
+        received = (
+            request.receive_time.ToDatetime().timestamp() if request.HasField("receive_time") else time.time()
+        )
+        method = (request.method or "POST").upper()
+        body = bytes(request.body)
+        route = admission.route_for(request.namespace, request.route_key, method, len(body))
+        if isinstance(route, Outcome):
+            raise self._fail(admission.count(TRANSPORT, route))
+        headers: CIMultiDict[str] = CIMultiDict()
+        for name, value in request.headers.items():
+            if not _TOKEN_RE.match(name) or _BAD_VALUE_RE.search(value):
+                raise self._fail(admission.count(TRANSPORT, admission.reject(adm.BAD_HEADER)))
+            headers.add(name, value)
+        raw_uri = request.uri or "/"
+
+        def uri() -> str:
+            if raw_uri.startswith(("https://", "http://")):
+                return raw_uri
+            if self._base is not None:
+                return self._base + raw_uri
+            scheme = headers.get("X-Forwarded-Proto", "https").split(",")[0].strip()
+            host = headers.get("X-Forwarded-Host", headers.get("Host", "")).split(",")[0].strip()
+            return f"{scheme}://{host}{raw_uri}"
+
+        outcome = await admission.admit(
+            route, method=method, headers=headers, body=body, uri=uri, received_at=received
+        )
+        admission.count(TRANSPORT, outcome)
+        if not outcome.ok:
+            raise self._fail(outcome)
+        return pb.SubmitDeliveryResponse(
+            receipt_id=outcome.receipt_id or 0, duplicate=outcome.duplicate, http_status=outcome.status
+        )
+
+
+def register(servicer: IngressServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_IngressServiceServicer_to_server(servicer, server)
+
+
+FULL_NAME = pb.DESCRIPTOR.services_by_name["IngressService"].full_name

@@ -1,0 +1,372 @@
+"""Durable receipts with group commit: the only code that writes ``connector_ingress_receipt``.
+
+Verified deliveries are queued as ``PendingReceipt``; writer tasks (at most one per pooled
+connection) take everything waiting — up to ``max_batch`` — and write it with one statement,
+``receipt_insert_batch``: a multi-row ``INSERT … ON CONFLICT (namespace, idempotency_key) DO NOTHING
+RETURNING`` that also reads the receipt ids of earlier duplicates and calls
+``pg_notify('connector_receipts', '')`` once when it inserted anything. The connection is in
+autocommit, so that single statement is its own transaction: when it returns, the batch is
+committed (and flushed: ``synchronous_commit`` applies), and only then is each waiting request
+resolved. A delivery never gets a success answer for a row that is not committed.
+
+Failure semantics: when the pool cannot give a connection in time, the database is unreachable or
+the statement fails, every delivery of the batch is resolved *unavailable* (the route's failure
+status, 503 + Retry-After by default). An unknown commit outcome (connection lost while committing)
+is also answered unavailable: the provider retries and the retry is answered as a duplicate, which
+is the at-least-once contract. A delivery that waited in the queue longer than ``queue_timeout_s``
+is answered unavailable without being written, and a full queue refuses new deliveries at once:
+load shedding, not unbounded latency.
+
+Duplicates inside one batch insert once (the first in arrival order wins, later ones answer as
+duplicates of it). Rows are inserted in arrival order, so ``receipt_id`` is the delivery sequence.
+Two concurrent batches that carry the same two keys in opposite orders can deadlock; the loser is
+retried once (counted) — it takes the same delivery arriving twice at once, twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from connector.common import schema
+from connector.ingress import metrics
+
+log = logging.getLogger(__name__)
+
+# Reasons a delivery could not be made durable (HTTP: the route's failure status).
+POOL_TIMEOUT: Final = "pool_timeout"
+DB_UNAVAILABLE: Final = "db_unavailable"
+DB_TIMEOUT: Final = "db_timeout"
+DB_ERROR: Final = "db_error"
+OVERLOADED: Final = "overloaded"
+SHUTTING_DOWN: Final = "shutting_down"
+INTERNAL: Final = "internal"
+
+_COLUMNS = (
+    "namespace", "route_key", "route_id", "route_version", "provider_delivery_id", "idempotency_key",
+    "method", "content_type", "event_kind", "received_at", "correlation_ids", "payload_sha256", "body",
+    "verification",
+)  # fmt: skip
+_TYPES = (
+    "text", "text", "int8", "int4", "text", "text", "text", "text", "text", "float8", "text", "bytea",
+    "bytea", "text",
+)  # fmt: skip
+
+RECEIPT_INSERT_BATCH = f"""
+WITH input AS (
+  SELECT * FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in zip(_COLUMNS, _TYPES, strict=True))})
+    WITH ORDINALITY AS t({", ".join(_COLUMNS)}, ord)
+), inserted AS (
+  INSERT INTO connector_ingress_receipt ({", ".join(_COLUMNS)})
+  SELECT namespace, route_key, route_id, route_version, provider_delivery_id, idempotency_key, method,
+         content_type, event_kind, to_timestamp(received_at), correlation_ids::jsonb, payload_sha256,
+         body, verification
+  FROM input ORDER BY ord
+  ON CONFLICT (namespace, idempotency_key) DO NOTHING
+  RETURNING namespace, idempotency_key, receipt_id
+)
+SELECT namespace, idempotency_key, receipt_id, true AS inserted,
+       (SELECT 1 FROM pg_notify('{schema.CHANNEL_RECEIPTS}', '')) AS notified
+FROM inserted
+UNION ALL
+SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL
+FROM connector_ingress_receipt r
+JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace, idempotency_key)
+"""
+
+# Keys whose conflicting row committed after the batch statement's snapshot was taken.
+RECEIPT_GET_BY_KEYS = """
+SELECT r.namespace, r.idempotency_key, r.receipt_id
+FROM connector_ingress_receipt r
+JOIN unnest(%(namespace)s::text[], %(idempotency_key)s::text[]) AS k(namespace, idempotency_key)
+  USING (namespace, idempotency_key)
+"""
+
+
+class PendingReceipt:
+    """One verified delivery waiting for its group commit."""
+
+    __slots__ = (
+        "body",
+        "content_type",
+        "correlation_ids",
+        "enqueued",
+        "event_kind",
+        "future",
+        "idempotency_key",
+        "method",
+        "namespace",
+        "payload_sha256",
+        "provider_delivery_id",
+        "received_at",
+        "route_id",
+        "route_key",
+        "route_version",
+        "verification",
+    )
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        route_key: str,
+        route_id: int,
+        route_version: int,
+        provider_delivery_id: str | None,
+        idempotency_key: str,
+        method: str,
+        content_type: str | None,
+        event_kind: str | None,
+        received_at: float,
+        correlation_ids: str,
+        payload_sha256: bytes,
+        body: bytes,
+        verification: str,
+    ) -> None:
+        self.namespace = namespace
+        self.route_key = route_key
+        self.route_id = route_id
+        self.route_version = route_version
+        self.provider_delivery_id = provider_delivery_id
+        self.idempotency_key = idempotency_key
+        self.method = method
+        self.content_type = content_type
+        self.event_kind = event_kind
+        self.received_at = received_at
+        self.correlation_ids = correlation_ids
+        self.payload_sha256 = payload_sha256
+        self.body = body
+        self.verification = verification
+        self.enqueued = 0.0
+        self.future: asyncio.Future[CommitResult] | None = None
+
+
+class CommitResult:
+    """The answer to one delivery: committed (``receipt_id``, ``duplicate``) or ``failure``."""
+
+    __slots__ = ("duplicate", "failure", "receipt_id")
+
+    def __init__(self, receipt_id: int | None, duplicate: bool, failure: str | None) -> None:
+        self.receipt_id = receipt_id
+        self.duplicate = duplicate
+        self.failure = failure
+
+
+class Unavailable(Exception):
+    """The delivery was not queued (full queue, shutting down); ``reason`` is a metric label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _params(batch: Sequence[PendingReceipt]) -> dict[str, list[Any]]:
+    return {c: [getattr(item, c) for item in batch] for c in _COLUMNS}
+
+
+async def receipt_insert_batch(
+    conn: psycopg.AsyncConnection[Any], batch: Sequence[PendingReceipt]
+) -> list[CommitResult]:
+    """Insert a batch in one statement (one transaction, autocommit); results in batch order."""
+    cur = await conn.execute(RECEIPT_INSERT_BATCH, _params(batch))
+    inserted: dict[tuple[str, str], int] = {}
+    existing: dict[tuple[str, str], int] = {}
+    for namespace, key, receipt_id, was_inserted, _notified in await cur.fetchall():
+        (inserted if was_inserted else existing)[(namespace, key)] = receipt_id
+    missing = [
+        item
+        for item in batch
+        if (item.namespace, item.idempotency_key) not in inserted
+        and (item.namespace, item.idempotency_key) not in existing
+    ]
+    if missing:
+        existing.update(await receipt_get_by_keys(conn, missing))
+    results: list[CommitResult] = []
+    answered: set[tuple[str, str]] = set()
+    for item in batch:
+        key = (item.namespace, item.idempotency_key)
+        receipt_id = inserted.get(key)
+        if receipt_id is not None and key not in answered:
+            answered.add(key)
+            results.append(CommitResult(receipt_id, False, None))
+            continue
+        receipt_id = receipt_id if receipt_id is not None else existing.get(key)
+        if receipt_id is None:  # conflicting row vanished (deleted by retention): not durable here
+            results.append(CommitResult(None, False, DB_ERROR))
+        else:
+            results.append(CommitResult(receipt_id, True, None))
+    return results
+
+
+async def receipt_get_by_keys(
+    conn: psycopg.AsyncConnection[Any], items: Sequence[PendingReceipt]
+) -> dict[tuple[str, str], int]:
+    cur = await conn.execute(
+        RECEIPT_GET_BY_KEYS,
+        {
+            "namespace": [i.namespace for i in items],
+            "idempotency_key": [i.idempotency_key for i in items],
+        },
+    )
+    return {(ns, key): rid for ns, key, rid in await cur.fetchall()}
+
+
+def _failure_reason(exc: BaseException) -> str:
+    if isinstance(exc, PoolTimeout):
+        return POOL_TIMEOUT
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return DB_TIMEOUT
+    if isinstance(exc, psycopg.OperationalError | OSError):
+        return DB_UNAVAILABLE
+    if isinstance(exc, psycopg.Error):
+        return DB_ERROR
+    return INTERNAL
+
+
+class ReceiptWriter:
+    """Queue + writer tasks implementing group commit over the ingress pool."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        writers: int = 2,
+        max_batch: int = 256,
+        max_wait_s: float = 0.0,
+        max_queue: int = 8192,
+        queue_timeout_s: float = 2.0,
+        pool_timeout_s: float = 2.0,
+    ) -> None:
+        self._pool = pool
+        self._writers = max(1, writers)
+        self._max_batch = max_batch
+        self._max_wait = max_wait_s
+        self._max_queue = max_queue
+        self._queue_timeout = queue_timeout_s
+        self._pool_timeout = pool_timeout_s
+        self._pending: deque[PendingReceipt] = deque()
+        self._wakeup = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._closing = False
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"ingress-receipt-writer-{i}") for i in range(self._writers)
+        ]
+
+    async def stop(self) -> None:
+        """Commit what is queued, then stop the writers."""
+        self._closing = True
+        self._wakeup.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        # Anything left (writers crashed): answer it, never leave a request hanging.
+        while self._pending:
+            _resolve(self._pending.popleft(), CommitResult(None, False, SHUTTING_DOWN))
+
+    def submit(self, item: PendingReceipt) -> asyncio.Future[CommitResult]:
+        """Queue a delivery; the future resolves after its batch committed (or failed)."""
+        if self._closing:
+            raise Unavailable(SHUTTING_DOWN)
+        if len(self._pending) >= self._max_queue:
+            raise Unavailable(OVERLOADED)
+        future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
+        item.future = future
+        item.enqueued = time.monotonic()
+        self._pending.append(item)
+        if not self._wakeup.is_set():
+            self._wakeup.set()
+        return future
+
+    async def _run(self) -> None:
+        pending = self._pending
+        while True:
+            if not pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self._max_wait and len(pending) < self._max_batch and not self._closing:
+                await asyncio.sleep(self._max_wait)  # let companions join this commit
+                if not pending:
+                    continue
+            batch = [pending.popleft() for _ in range(min(len(pending), self._max_batch))]
+            metrics.QUEUE_DEPTH.set(len(pending))
+            try:
+                await self._commit(batch)
+            except Exception as exc:  # never lose a writer; never leave a request hanging
+                log.error("receipt writer failed", extra={"error_class": type(exc).__name__})
+                for item in batch:
+                    _resolve(item, CommitResult(None, False, INTERNAL))
+
+    async def _commit(self, batch: list[PendingReceipt]) -> None:
+        deadline = time.monotonic() - self._queue_timeout
+        live: list[PendingReceipt] = []
+        for item in batch:
+            if item.enqueued < deadline:
+                _resolve(item, CommitResult(None, False, OVERLOADED))
+            else:
+                live.append(item)
+        if not live:
+            return
+        results = await self._write(live)
+        for item, result in zip(live, results, strict=True):
+            _resolve(item, result)
+
+    async def _write(self, batch: list[PendingReceipt], *, split: bool = True) -> list[CommitResult]:
+        for attempt in (1, 2):
+            started = time.perf_counter()
+            try:
+                async with self._pool.connection(timeout=self._pool_timeout) as conn:
+                    results = await receipt_insert_batch(conn, batch)
+            except pg_errors.DeadlockDetected:
+                if attempt == 1:
+                    metrics.DEADLOCK_RETRIES.inc()
+                    continue
+                return self._failed(batch, DB_ERROR)
+            except (pg_errors.DataError, pg_errors.IntegrityError, UnicodeError) as exc:
+                # One delivery must not fail its companions: isolate it by writing one at a time.
+                if split and len(batch) > 1:
+                    out: list[CommitResult] = []
+                    for item in batch:
+                        out.extend(await self._write([item], split=False))
+                    return out
+                log.error("receipt rejected by the database", extra={"error_class": type(exc).__name__})
+                return self._failed(batch, DB_ERROR)
+            except Exception as exc:
+                reason = _failure_reason(exc)
+                if reason in (DB_ERROR, INTERNAL):
+                    log.error("receipt batch failed", extra={"error_class": type(exc).__name__})
+                return self._failed(batch, reason)
+            metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
+            metrics.BATCH_SIZE.observe(len(batch))
+            return results
+        return self._failed(batch, DB_ERROR)  # pragma: no cover - loop always returns
+
+    @staticmethod
+    def _failed(batch: list[PendingReceipt], reason: str) -> list[CommitResult]:
+        metrics.BATCH_FAILURES.labels(reason).inc()
+        return [CommitResult(None, False, reason) for _ in batch]
+
+
+def _resolve(item: PendingReceipt, result: CommitResult) -> None:
+    future = item.future
+    if future is not None and not future.done():
+        with contextlib.suppress(asyncio.InvalidStateError):
+            future.set_result(result)

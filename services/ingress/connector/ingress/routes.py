@@ -1,0 +1,238 @@
+"""The in-memory route table: active routes compiled once, refreshed on NOTIFY and periodically.
+
+Routes are read from ``connector_route`` joined to the *active* pack generation
+(``route_list_active``), compiled (verifier with its loaded keys, extractors, response statuses) and
+swapped in atomically, keyed by ``(namespace, route_key)``. A dedicated connection (not the ingress
+pool) LISTENs on ``connector_packs``; every notification triggers a refresh, and a periodic refresh
+is the fallback (it also re-reads file secrets, which is how a rotated secret file takes effect).
+
+A route whose config cannot be compiled, or whose secrets are all unreadable, stays in the table as
+*unavailable*: its deliveries get the route's failure status (retryable) instead of a 404 or 401
+that a provider might treat as final. The problem is logged once per refresh with the route id and
+the secret *reference* name, never a value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg.rows import dict_row
+from pydantic import ValidationError
+
+from connector.common import schema
+from connector.common.packs import RouteSpec
+from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
+from connector.ingress import extract, metrics
+from connector.ingress.verify import HmacVerifier, NoneVerifier, Verifier
+
+log = logging.getLogger(__name__)
+
+ROUTE_LIST_ACTIVE = """
+SELECT r.route_id, r.installed_pack_id, r.generation, r.namespace, r.route_key, r.route_version, r.config
+FROM connector_route r
+JOIN connector_pack_generation g USING (installed_pack_id, generation)
+WHERE g.status = 'active'
+ORDER BY r.namespace, r.route_key, r.generation
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    route_id: int
+    route_version: int
+    installed_pack_id: int
+    generation: int
+    namespace: str
+    route_key: str
+    method: str
+    #: ``content: json`` — the body must be valid JSON (415/400 otherwise).
+    content_json: bool
+    #: Whether the body must be parsed (JSON content or a pointer extraction).
+    parse_body: bool
+    verifier: Verifier | None
+    idempotency_header: str | None
+    #: Event kind, delivery id and correlation ids (``None`` when the route extracts none of them).
+    envelope: extract.Envelope | None
+    success_status: int
+    failure_status: int
+    #: Why the route cannot take deliveries right now (``None`` when it can); a metric label.
+    unavailable: str | None = None
+
+
+def compile_route(row: Mapping[str, Any]) -> CompiledRoute:
+    """Compile one ``connector_route`` row. Never raises: problems make the route unavailable."""
+    ident = _Ident(
+        route_id=int(row["route_id"]),
+        route_version=int(row["route_version"]),
+        installed_pack_id=int(row["installed_pack_id"]),
+        generation=int(row["generation"]),
+        namespace=str(row["namespace"]),
+        route_key=str(row["route_key"]),
+    )
+    config = row["config"]
+    try:
+        spec = RouteSpec.model_validate(config)
+    except ValidationError:
+        return _unavailable(ident, config, "route_invalid")
+    if check_spec(spec.verification):
+        return _unavailable(ident, config, "route_invalid")
+    cfg = resolve(spec.verification)
+    verifier: Verifier
+    unavailable: str | None = None
+    if cfg.get("scheme") == "none":
+        verifier = NoneVerifier()
+    else:
+        keys: list[SecretKey] = []
+        for ref in cfg["secrets"]:
+            try:
+                keys.append(load_secret(ref))
+            except SecretUnavailable as exc:
+                log.warning(
+                    "route secret unavailable", extra={"route_id": ident.route_id, "problem": str(exc)}
+                )
+        if keys:
+            verifier = HmacVerifier(cfg, keys)
+        else:
+            verifier = NoneVerifier()  # never used: the route is unavailable
+            unavailable = "secret_unavailable"
+    envelope = extract.Envelope(spec.extract, spec.correlation)
+    return CompiledRoute(
+        *ident,
+        method=spec.method,
+        content_json=spec.content == "json",
+        parse_body=spec.content == "json" or envelope.reads_body,
+        verifier=verifier,
+        idempotency_header=spec.idempotency_header,
+        envelope=None if envelope.empty else envelope,
+        success_status=spec.response.success_status,
+        failure_status=spec.response.failure_status,
+        unavailable=unavailable,
+    )
+
+
+class _Ident(NamedTuple):
+    route_id: int
+    route_version: int
+    installed_pack_id: int
+    generation: int
+    namespace: str
+    route_key: str
+
+
+def _unavailable(ident: _Ident, config: Any, reason: str) -> CompiledRoute:
+    log.warning("route config cannot be compiled", extra={"route_id": ident.route_id, "problem": reason})
+    cfg = config if isinstance(config, dict) else {}
+    response = cfg.get("response") if isinstance(cfg.get("response"), dict) else {}
+    failure = response.get("failure_status", 503) if isinstance(response, dict) else 503
+    method = cfg.get("method", "POST")
+    return CompiledRoute(
+        *ident,
+        method=method if isinstance(method, str) else "POST",
+        content_json=False,
+        parse_body=False,
+        verifier=None,
+        idempotency_header=None,
+        envelope=None,
+        success_status=200,
+        failure_status=failure if isinstance(failure, int) and 400 <= failure <= 599 else 503,
+        unavailable=reason,
+    )
+
+
+class RouteTable:
+    """Active routes by ``(namespace, route_key)``; ``get`` is a dict lookup on the hot path."""
+
+    def __init__(self, conninfo: str, *, refresh_s: float = 30.0, reconnect_s: float = 1.0) -> None:
+        self._conninfo = conninfo
+        self._refresh_s = refresh_s
+        self._reconnect_s = reconnect_s
+        self._routes: dict[tuple[str, str], CompiledRoute] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.loaded = False
+        #: Incremented after every successful refresh (tests await ``wait_refreshed``).
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    def get(self, namespace: str, route_key: str) -> CompiledRoute | None:
+        return self._routes.get((namespace, route_key))
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    async def start(self) -> None:
+        """Connect, LISTEN, load once (raises if the database does not answer), then keep watching."""
+        await self._connect()
+        await self._refresh()
+        self._task = asyncio.create_task(self._watch(), name="ingress-route-watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close()
+
+    async def wait_refreshed(self, after: int) -> int:
+        """Wait until a refresh newer than version ``after`` has completed (callers bound the wait)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.version > after)
+        return self.version
+
+    async def _connect(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        await conn.execute(f"LISTEN {schema.CHANNEL_PACKS}")
+        self._conn = conn
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _refresh(self) -> None:
+        assert self._conn is not None
+        async with self._conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(ROUTE_LIST_ACTIVE)
+            rows = await cur.fetchall()
+        table: dict[tuple[str, str], CompiledRoute] = {}
+        for row in rows:  # ordered by generation: a later active generation wins
+            route = compile_route(row)
+            table[(route.namespace, route.route_key)] = route
+        self._routes = table
+        self.loaded = True
+        metrics.ROUTES.set(len(table))
+        metrics.ROUTE_REFRESH.labels("ok").inc()
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                if self._conn is None:
+                    await self._connect()
+                    await self._refresh()  # notifications may have been missed while away
+                assert self._conn is not None
+                notified = False
+                async for _ in self._conn.notifies(timeout=self._refresh_s, stop_after=1):
+                    notified = True
+                if notified:
+                    # Coalesce a burst of notifications into one refresh.
+                    async for _ in self._conn.notifies(timeout=0.05):
+                        pass
+                await self._refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                metrics.ROUTE_REFRESH.labels("error").inc()
+                log.warning("route refresh failed; reconnecting", extra={"error_class": type(exc).__name__})
+                await self._close()
+                await asyncio.sleep(self._reconnect_s)

@@ -1,0 +1,206 @@
+"""Ingress service wiring: pool, route table, receipt writers, HTTP and gRPC servers, metrics.
+
+Use in-process (``connector up``, tests)::
+
+    svc = IngressService(DatabaseSettings(), IngressSettings(), url=None)
+    await svc.start()          # raises if the database does not answer
+    ... svc.http_port, svc.grpc_port, svc.metrics_port (bound ports; settings may ask for 0) ...
+    await svc.stop()
+
+``url`` overrides ``DatabaseSettings.url()`` (e.g. the embedded PostgreSQL of ``connector up``).
+Metrics are served on ``settings.metrics_port`` unless ``serve_metrics=False`` (when the host
+process serves the shared registry itself).
+
+Start order: pool → route table (first load) → writers → gRPC → HTTP (ready last).
+Stop order: gRPC health NOT_SERVING → HTTP stops accepting, in-flight requests finish (their
+batches commit) → gRPC stops → writers drain → route watcher → pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import REGISTRY, start_http_server
+from psycopg_pool import AsyncConnectionPool
+
+from connector.common import db as dbmod
+from connector.common import logs, runtime
+from connector.common.grpc_server import GrpcServer
+from connector.common.settings import DatabaseSettings, IngressSettings, load
+from connector.ingress import metrics
+from connector.ingress.admission import Admission
+from connector.ingress.api import ingress_servicer
+from connector.ingress.http import build_server
+from connector.ingress.receipts import ReceiptWriter
+from connector.ingress.routes import RouteTable
+
+log = logging.getLogger(__name__)
+
+SERVICE = "ingress"
+
+
+class IngressService:
+    name = SERVICE
+
+    def __init__(
+        self,
+        db: DatabaseSettings,
+        settings: IngressSettings,
+        url: str | None = None,
+        *,
+        serve_metrics: bool = True,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self._url = url
+        self._serve_metrics = serve_metrics
+        self.pool: AsyncConnectionPool | None = None
+        self.routes: RouteTable | None = None
+        self.writer: ReceiptWriter | None = None
+        self.admission: Admission | None = None
+        self._runner: web.ServerRunner | None = None
+        self._grpc: GrpcServer | None = None
+        self._metrics_server: Any = None
+        self._metrics_thread: threading.Thread | None = None
+        self.http_port = 0
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> None:
+        s = self.settings
+        url = self._url or self.db.url()
+        pool_db = self.db.model_copy(update={"statement_timeout_ms": s.statement_timeout_ms})
+        try:
+            self.pool = await dbmod.open_pool(SERVICE, pool_db, s, url=url)
+            self.routes = RouteTable(
+                dbmod.conninfo_with(url, application_name="connector-ingress-routes", statement_timeout_ms=0),
+                refresh_s=s.routes_refresh_s,
+            )
+            await self.routes.start()
+            self.writer = ReceiptWriter(
+                self.pool,
+                writers=min(s.group_commit_writers, s.pool_max_size),
+                max_batch=s.group_commit_max_batch,
+                max_wait_s=s.group_commit_max_wait_ms / 1000.0,
+                max_queue=s.group_commit_max_queue,
+                queue_timeout_s=s.pool_timeout_s,
+                pool_timeout_s=s.pool_timeout_s,
+            )
+            self.writer.start()
+            admission = self.admission = Admission(
+                self.routes,
+                self.writer,
+                max_body_bytes=s.max_body_bytes,
+                namespace_max_inflight=s.namespace_max_inflight,
+                retry_after_s=s.retry_after_s,
+            )
+            writer = self.writer
+            metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
+            metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
+
+            self._grpc = GrpcServer(host=s.grpc_host, port=s.grpc_port)
+            self._grpc.add(
+                ingress_servicer.register,
+                ingress_servicer.IngressServicer(admission, public_base_url=s.public_base_url),
+                ingress_servicer.FULL_NAME,
+            )
+            await self._grpc.start()
+            self.grpc_port = self._grpc.port
+
+            server = build_server(admission, ready=self.ready, public_base_url=s.public_base_url)
+            self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=1024)
+            await site.start()
+            self.http_port = int(self._runner.addresses[0][1])
+
+            if self._serve_metrics:
+                metrics_server, thread = start_http_server(
+                    s.metrics_port, addr=s.http_host, registry=REGISTRY
+                )
+                self._metrics_server, self._metrics_thread = metrics_server, thread
+                self.metrics_port = int(metrics_server.server_address[1])
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "ingress started",
+            extra={
+                "http_port": self.http_port,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+                "routes": len(self.routes),
+            },
+        )
+
+    async def ready(self) -> bool:
+        """Ready when the route table is loaded and the database answers through our pool."""
+        if self.routes is None or not self.routes.loaded or self.pool is None:
+            return False
+        try:
+            async with self.pool.connection(timeout=min(1.0, self.settings.pool_timeout_s)) as conn:
+                await conn.execute("SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        grace = self.settings.shutdown_grace_s
+        if self._grpc is not None:
+            await self._grpc.health.enter_graceful_shutdown()
+        if self._runner is not None:
+            await self._runner.cleanup()  # stop accepting; in-flight handlers finish within the grace
+            self._runner = None
+        if self._grpc is not None:
+            await self._grpc.server.stop(grace)
+            self._grpc = None
+        if self.writer is not None:
+            await self.writer.stop()
+            self.writer = None
+        if self.routes is not None:
+            await self.routes.stop()
+        if self.pool is not None:
+            pool, self.pool = self.pool, None
+            # The shared pool registry is keyed by service name: close ours, leave another's alone.
+            if dbmod._POOLS.get(SERVICE) is pool:
+                await dbmod.close_pool(SERVICE)
+            else:
+                await pool.close()
+        if self._metrics_server is not None:
+            server, self._metrics_server = self._metrics_server, None
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+        log.info("ingress stopped")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http-host", help="HTTP bind address (CONNECTOR_INGRESS_HTTP_HOST)")
+    parser.add_argument("--http-port", type=int, help="HTTP port (CONNECTOR_INGRESS_HTTP_PORT)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (CONNECTOR_INGRESS_GRPC_PORT)")
+    parser.add_argument("--metrics-port", type=int, help="metrics port (CONNECTOR_INGRESS_METRICS_PORT)")
+
+
+def cli(args: argparse.Namespace) -> int:
+    """``connector ingress``: run until SIGTERM/SIGINT."""
+    logs.setup(SERVICE)
+    db = load(DatabaseSettings)
+    settings = load(IngressSettings)
+    overrides = {
+        key: value
+        for key in ("http_host", "http_port", "grpc_port", "metrics_port")
+        if (value := getattr(args, key, None)) is not None
+    }
+    if overrides:
+        settings = settings.model_copy(update=overrides)
+    db.url()  # fail fast with a clear message when the URL is missing
+
+    async def main() -> None:
+        await runtime.run_until_signal([IngressService(db, settings)])
+
+    runtime.run(main)
+    return 0

@@ -1,0 +1,239 @@
+"""The generic signature verifier: one HMAC verifier configured per route, compiled once.
+
+A route's ``VerificationSpec`` is resolved (``connector.common.verification.resolve``) into a flat
+config and compiled here into a ``HmacVerifier`` (or ``NoneVerifier`` when ``scheme: none`` is
+explicit). Compilation does the work once per route load: header names, the signed-content
+template, the decoder and the loaded keys. Verifying a delivery then costs one HMAC per active
+secret over the raw bytes and a constant-time comparison against every signature the sender put
+in the header.
+
+Nothing here branches on a provider. Every failure raises ``Rejected`` with a reason from a fixed
+vocabulary (safe as a metric label); a malformed header is a rejection, never an exception of
+another kind.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import hmac
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from multidict import MultiMapping
+
+from connector.common.verification import DEFAULT_TOLERANCE_S, SecretKey
+
+# Rejection reasons of the verifier (HTTP 401).
+SIGNATURE_MISSING: Final = "signature_missing"
+SIGNATURE_MALFORMED: Final = "signature_malformed"
+SIGNATURE_MISMATCH: Final = "signature_mismatch"
+TIMESTAMP_MISSING: Final = "timestamp_missing"
+TIMESTAMP_MALFORMED: Final = "timestamp_malformed"
+TIMESTAMP_STALE: Final = "timestamp_stale"
+TIMESTAMP_FUTURE: Final = "timestamp_future"
+ID_MISSING: Final = "id_missing"
+ID_MALFORMED: Final = "id_malformed"
+
+#: Bounds on attacker-controlled header content (a longer header is malformed, not parsed).
+MAX_SIGNATURE_HEADER = 4096
+MAX_SIGNATURES = 16
+MAX_ID_LENGTH = 256
+MAX_TIMESTAMP_DIGITS = 16
+
+_DIGITS = re.compile(r"^[0-9]{1,16}$")
+
+
+class Rejected(Exception):
+    """The delivery is refused before any write; ``reason`` is a fixed-vocabulary label."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+#: Case-insensitive headers (aiohttp's ``CIMultiDictProxy``, multidict's ``CIMultiDict``).
+Headers = MultiMapping[str]
+
+
+class Verifier(Protocol):
+    #: ``hmac-sha256`` / ``none``: stored (with the matching secret's reference name) on the receipt.
+    scheme: str
+
+    def verify(self, headers: Headers, body: bytes, method: str, uri: Callable[[], str], now: float) -> str:
+        """Return the verification label (``hmac-sha256:env:NAME``) or raise ``Rejected``."""
+        ...
+
+
+class NoneVerifier:
+    """``scheme: none``, only when a route sets it explicitly."""
+
+    scheme = "none"
+
+    def verify(self, headers: Headers, body: bytes, method: str, uri: Callable[[], str], now: float) -> str:
+        return "none"
+
+
+def single_header(headers: Headers, name: str) -> str | None:
+    """The value of a header that must appear at most once (a repeated one is ambiguous)."""
+    values = headers.getall(name, ())
+    if not values:
+        return None
+    if len(values) > 1:
+        raise Rejected(SIGNATURE_MALFORMED)
+    return str(values[0])
+
+
+# A compiled template part: literal bytes, or the index of a dynamic value.
+_BODY, _TIMESTAMP, _ID, _METHOD, _URI = range(5)
+_SLOTS = {"body": _BODY, "timestamp": _TIMESTAMP, "id": _ID, "method": _METHOD, "uri": _URI}
+
+
+def compile_template(template: str) -> tuple[bytes | int, ...]:
+    parts: list[bytes | int] = []
+    pos = 0
+    for match in re.finditer(r"\{(body|timestamp|id|method|uri)\}", template):
+        if match.start() > pos:
+            parts.append(template[pos : match.start()].encode())
+        parts.append(_SLOTS[match.group(1)])
+        pos = match.end()
+    if pos < len(template):
+        parts.append(template[pos:].encode())
+    return tuple(parts)
+
+
+class HmacVerifier:
+    """HMAC over a templated string, signatures in a header (plain, ``k=v`` list or spaced list)."""
+
+    def __init__(self, cfg: Mapping[str, Any], keys: Sequence[SecretKey]) -> None:
+        if not keys:
+            raise ValueError("an HMAC verifier needs at least one key")
+        algorithm = cfg["algorithm"]
+        if algorithm not in ("sha256", "sha1"):
+            raise ValueError(f"unsupported algorithm {algorithm!r}")
+        self.scheme = f"hmac-{algorithm}"
+        self._digest = getattr(hashlib, algorithm)
+        self._digest_size = int(self._digest().digest_size)
+        self._keys = tuple((k.key, f"{self.scheme}:{k.name}") for k in keys)
+        self._base64 = cfg["encoding"] == "base64"
+        self._header = str(cfg["signature_header"])
+        self._prefix = str(cfg.get("signature_prefix") or "")
+        self._format = str(cfg.get("signature_format") or "plain")
+        self._sig_key = str(cfg.get("kv_signature_key") or "v1")
+        self._kv_ts_key = cfg.get("kv_timestamp_key") if self._format == "kv" else None
+        self._ts_header = cfg.get("timestamp_header")
+        self._ts_divisor = 1000 if cfg.get("timestamp_unit") == "ms" else 1
+        self._id_header = cfg.get("id_header")
+        template = str(cfg["signed_content"])
+        self._parts = compile_template(template)
+        self._body_only = self._parts == (_BODY,)
+        self._uses = {p for p in self._parts if isinstance(p, int)}
+        self._has_timestamp = bool(self._ts_header or self._kv_ts_key)
+        tolerance = cfg.get("tolerance_s")
+        self._tolerance = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE_S)
+
+    # -- header parsing ------------------------------------------------------------------------
+
+    def _decode(self, text: str) -> bytes | None:
+        try:
+            raw = binascii.a2b_base64(text, strict_mode=True) if self._base64 else bytes.fromhex(text)
+        except (binascii.Error, ValueError):
+            return None
+        return raw if len(raw) == self._digest_size else None
+
+    def _signatures(self, value: str) -> tuple[list[bytes], str | None]:
+        """Decoded candidate signatures and the ``kv`` timestamp (if the format carries one)."""
+        if len(value) > MAX_SIGNATURE_HEADER or not value.isascii():
+            raise Rejected(SIGNATURE_MALFORMED)
+        raw: list[str] = []
+        timestamp: str | None = None
+        if self._format == "plain":
+            value = value.strip()
+            if self._prefix:
+                if not value.startswith(self._prefix):
+                    raise Rejected(SIGNATURE_MALFORMED)
+                value = value[len(self._prefix) :]
+            raw.append(value)
+        elif self._format == "kv":
+            for item in value.split(","):
+                key, sep, val = item.strip().partition("=")
+                if not sep:
+                    raise Rejected(SIGNATURE_MALFORMED)
+                if key == self._kv_ts_key:
+                    if timestamp is not None:
+                        raise Rejected(SIGNATURE_MALFORMED)
+                    timestamp = val
+                elif key == self._sig_key:
+                    raw.append(val)
+        else:  # list: "v1,<sig> v1,<sig>" (other versions, e.g. asymmetric v1a, are skipped)
+            for item in value.split():
+                version, sep, val = item.partition(",")
+                if not sep:
+                    raise Rejected(SIGNATURE_MALFORMED)
+                if version == self._sig_key:
+                    raw.append(val)
+        if not raw or len(raw) > MAX_SIGNATURES:
+            raise Rejected(SIGNATURE_MALFORMED)
+        decoded = [d for d in map(self._decode, raw) if d is not None]
+        if not decoded:
+            raise Rejected(SIGNATURE_MALFORMED)
+        return decoded, timestamp
+
+    def _check_timestamp(self, value: str | None, now: float) -> str:
+        if value is None:
+            raise Rejected(TIMESTAMP_MISSING)
+        value = value.strip()
+        if not _DIGITS.match(value):
+            raise Rejected(TIMESTAMP_MALFORMED)
+        seconds = int(value) / self._ts_divisor
+        if now - seconds > self._tolerance:
+            raise Rejected(TIMESTAMP_STALE)
+        if seconds - now > self._tolerance:
+            raise Rejected(TIMESTAMP_FUTURE)
+        return value
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def verify(self, headers: Headers, body: bytes, method: str, uri: Callable[[], str], now: float) -> str:
+        header = single_header(headers, self._header)
+        if header is None:
+            raise Rejected(SIGNATURE_MISSING)
+        signatures, kv_timestamp = self._signatures(header)
+        timestamp = ""
+        if self._has_timestamp:
+            raw_ts = kv_timestamp if self._kv_ts_key else single_header(headers, str(self._ts_header))
+            timestamp = self._check_timestamp(raw_ts, now)
+        if self._body_only:
+            message = body
+        else:
+            message = self._message(headers, body, method, uri, timestamp)
+        digest = self._digest
+        for key, label in self._keys:
+            expected = hmac.digest(key, message, digest)
+            matched = False
+            # Compare against every candidate (no early exit on the first mismatch).
+            for candidate in signatures:
+                matched |= hmac.compare_digest(expected, candidate)
+            if matched:
+                return label
+        raise Rejected(SIGNATURE_MISMATCH)
+
+    def _message(
+        self, headers: Headers, body: bytes, method: str, uri: Callable[[], str], timestamp: str
+    ) -> bytes:
+        values: dict[int, bytes] = {_BODY: body, _TIMESTAMP: timestamp.encode()}
+        if _ID in self._uses:
+            ident = single_header(headers, str(self._id_header))
+            if ident is None:
+                raise Rejected(ID_MISSING)
+            if len(ident) > MAX_ID_LENGTH or not ident.isascii() or not ident.isprintable():
+                raise Rejected(ID_MALFORMED)
+            values[_ID] = ident.encode()
+        if _METHOD in self._uses:
+            values[_METHOD] = method.encode()
+        if _URI in self._uses:
+            values[_URI] = uri().encode()
+        return b"".join(p if isinstance(p, bytes) else values[p] for p in self._parts)
