@@ -113,11 +113,12 @@ class Seed:
             "SELECT name, namespace FROM connector_installed_pack WHERE installed_pack_id = %s", (pack_id,)
         )
         doc = manifest(name or row[0], row[1], routes, **manifest_kw)
-        await self.conn.execute(
-            "UPDATE connector_pack_generation SET status = 'retired' WHERE installed_pack_id = %s"
-            " AND status = 'active'",
-            (pack_id,),
-        )
+        if activate:
+            await self.conn.execute(
+                "UPDATE connector_pack_generation SET status = 'retired' WHERE installed_pack_id = %s"
+                " AND status = 'active'",
+                (pack_id,),
+            )
         await self.conn.execute(
             "INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,"
             " manifest_sha256, activated_at) VALUES (%s, %s, %s, %s, %s, now())",

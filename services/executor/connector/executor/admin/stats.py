@@ -266,7 +266,8 @@ WITH cand AS (
     WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
       AND w.state = s.state
       AND (w.source_lane_key IS NOT NULL OR w.target_mutation_lane_key IS NOT NULL)
-      AND (w.state <> 'dead' OR w.dead_blocks_lane)) w
+      AND (w.state <> 'dead' OR w.dead_blocks_lane)
+    OFFSET 0) w  -- a fence: keep the per-(pack, generation, state) index range (no hash join)
   WHERE {_pack_filter("g", pack)}
 ), lanes AS ({_lane_branch("s", "source_lane_key")}
   UNION ALL{_lane_branch("t", "target_mutation_lane_key")}
