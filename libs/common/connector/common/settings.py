@@ -118,6 +118,21 @@ class ExecutorSettings(PoolSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     #: Claim path of this process: ``work_item`` (default) or ``event`` (legacy compatibility mode).
     claim_path: str = "work_item"
+    #: Items claimed ahead of free workers (admission window = workers + prefetch); -1 = claim_batch.
+    prefetch: int = Field(default=-1, ge=-1)
+    #: How often each executor looks for expired leases (with +-20% jitter).
+    reclaim_interval_s: float = Field(default=5.0, gt=0)
+    #: Weighted fair sharing: ``queue_class=weight,...`` and ``pack_name_or_id=weight,...`` (default 1).
+    queue_class_weights: str = ""
+    pack_weights: str = ""
+    #: Per-pack admission budget (claimed items held at once; 0 = the whole window) and overrides
+    #: ``pack_name_or_id=n,...``.
+    pack_max_inflight: int = Field(default=0, ge=0)
+    pack_budgets: str = ""
+    #: Threads for synchronous python handlers (0 = workers).
+    handler_threads: int = Field(default=0, ge=0)
+    #: Queue depth / oldest-ready / blocked-lane sampling for metrics (0 disables).
+    stats_interval_s: float = Field(default=15.0, ge=0)
 
 
 class AdminSettings(BaseSettings):
