@@ -1,0 +1,482 @@
+"""Every statement of the WorkItem claim path: claim, renew, finalize, release, reclaim (ADR 005).
+
+The WorkItem row is the sole distributed execution authority. Rules every statement here follows:
+
+* **Claim** is one statement: per (pack, queue class) group a candidate read of the partial ready
+  index ``ORDER BY run_after, work_id LIMIT n FOR UPDATE SKIP LOCKED`` (never waits on a row), then a
+  primary-key update of exactly those rows that sets ``processing``, ``lease_token + 1`` (strictly
+  increasing per row), the owner and ``lease_until`` from the *database* clock. The statement joins
+  ``connector_claim_authority`` and locks the authority rows ``FOR SHARE``: it claims only where the
+  WorkItem path is the active owner with a cutover receipt, and an authority change (an ``UPDATE`` of
+  that row) waits for claim transactions in flight, so every later claim sees the new phase. Anything
+  else fails closed (no rows).
+* **Renew, complete, retry, dead, release** are batched and fenced row by row: ``work_id = id AND
+  lease_token = token AND state = 'processing'``. A stale holder's write matches zero rows; the
+  caller counts it and abandons the item. Arrays are passed sorted by ``work_id`` so batched
+  finalizes lock rows in one global order (DESIGN §8 trap 1).
+* **Reclaim** of an expired lease re-checks state, token and expiry (``lease_until <
+  clock_timestamp()``) in the same statement that moves the row to ``retry`` or, when attempts are
+  exhausted, ``dead`` — a row that was finished or re-claimed in between is left alone.
+* Lane members (source or target lane key) are finalized, released and reclaimed inside one
+  transaction that first takes the lanes' advisory locks (``lane_lock_batch``) and finally settles
+  them (``lane_settle_batch``), per ADR 003. Lanes never appear in the claim statement.
+* State lists are inlined literals and ``now()`` (statement start) is used in candidate reads, while
+  leases use ``clock_timestamp()`` (DESIGN §8 trap 5). Statements are prepared (``prepare=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from connector.common.lanes import Lane, lane_lock_batch, lane_settle_batch
+from connector.common.schema import CHANNEL_WORK
+
+Conn = AsyncConnection[Any]
+
+# Authority rows admitting WorkItem claims, locked FOR SHARE for the statement's transaction.
+_AUTHORITY = """
+  SELECT a.installed_pack_id, a.generation FROM connector_claim_authority a
+  WHERE a.installed_pack_id = ANY(%(packs)s::bigint[])
+    AND a.claim_path = 'work_item' AND a.phase = 'work_item_active' AND a.cutover_receipt_id IS NOT NULL
+  FOR SHARE
+"""
+
+# Columns the executor keeps per claimed item, in this order (see engine.Item).
+CLAIM_COLUMNS = (
+    "work_id",
+    "lease_token",
+    "installed_pack_id",
+    "generation",
+    "queue_class",
+    "work_type",
+    "event_id",
+    "attempts",
+    "max_attempts",
+    "source_lane_key",
+    "target_mutation_lane_key",
+)
+
+WORK_ITEM_CLAIM_BATCH = f"""
+WITH auth AS MATERIALIZED ({_AUTHORITY}
+), cand AS (
+  SELECT c.work_id
+  FROM unnest(%(packs)s::bigint[], %(queue_classes)s::text[], %(limits)s::int[]) AS g(pack, qc, n)
+  CROSS JOIN LATERAL (
+    SELECT w.work_id FROM connector_work_item w
+    WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
+      AND w.state IN ('pending', 'retry') AND w.run_after <= now()
+      AND w.generation = ANY (ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack))
+    ORDER BY w.run_after, w.work_id
+    LIMIT g.n
+    FOR UPDATE OF w SKIP LOCKED
+  ) c
+)
+UPDATE connector_work_item w
+SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+    lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+    attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE w.work_id = ANY (ARRAY(SELECT cand.work_id FROM cand))
+  AND w.state IN ('pending', 'retry') AND w.run_after <= now()
+RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+"""
+
+WORK_ITEM_RENEW_LEASE_BATCH = """
+UPDATE connector_work_item w
+SET lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+RETURNING w.work_id
+"""
+
+WORK_ITEM_COMPLETE_BATCH = """
+UPDATE connector_work_item w
+SET state = 'succeeded', outcome = 'succeeded', lease_owner = NULL, lease_until = NULL,
+    failure_class = NULL, failure_summary = NULL,
+    finished_at = clock_timestamp(), updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+RETURNING w.work_id
+"""
+
+# retry / dead / release in one sorted pass (ops: 'r' retry, 'd' dead, 'l' release). A retry whose
+# attempts are exhausted becomes dead. A release returns the row to the ready set at once (its
+# run_after is unchanged, so it keeps its place); ``unstarted`` gives back the attempt of an item whose
+# handler never started.
+WORK_ITEM_FAIL_BATCH = """
+WITH f AS (
+  SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(ops)s::text[], %(delays)s::float8[],
+                       %(unstarted)s::int[], %(classes)s::text[], %(summaries)s::text[])
+    AS f(id, token, op, delay, unstarted, fclass, summary)
+)
+UPDATE connector_work_item w
+SET state = CASE
+      WHEN f.op = 'd' OR (f.op = 'r' AND w.attempts >= w.max_attempts) THEN 'dead'
+      WHEN f.op = 'r' THEN 'retry'
+      WHEN w.attempts - f.unstarted > 0 THEN 'retry'
+      ELSE 'pending' END,
+    attempts = w.attempts - f.unstarted,
+    run_after = CASE WHEN f.op = 'r' AND w.attempts < w.max_attempts
+      THEN clock_timestamp() + make_interval(secs => f.delay) ELSE w.run_after END,
+    outcome = CASE WHEN f.op = 'd' OR (f.op = 'r' AND w.attempts >= w.max_attempts)
+      THEN 'failed' ELSE NULL END,
+    failure_class = CASE WHEN f.op = 'l' THEN w.failure_class ELSE f.fclass END,
+    failure_summary = CASE
+      WHEN f.op = 'l' THEN w.failure_summary
+      WHEN f.op = 'r' AND w.attempts >= w.max_attempts
+        THEN left('gave up after ' || w.attempts || ' attempts: ' || f.summary, 512)
+      ELSE f.summary END,
+    finished_at = CASE WHEN f.op = 'd' OR (f.op = 'r' AND w.attempts >= w.max_attempts)
+      THEN clock_timestamp() ELSE NULL END,
+    lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
+FROM f
+WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+RETURNING w.work_id, w.state
+"""
+
+# Expired leases: a small set read from the processing index (slots x processes rows at most).
+WORK_ITEM_RECLAIM_CANDIDATES = """
+SELECT w.work_id, w.lease_token, w.installed_pack_id, w.source_lane_key, w.target_mutation_lane_key
+FROM connector_work_item w
+WHERE w.state = 'processing' AND w.lease_until < now()
+ORDER BY w.installed_pack_id, w.work_id
+LIMIT %(limit)s
+"""
+
+WORK_ITEM_RECLAIM_EXPIRED = f"""
+WITH auth AS MATERIALIZED ({_AUTHORITY}
+)
+UPDATE connector_work_item w
+SET state = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
+    run_after = clock_timestamp(),
+    outcome = CASE WHEN w.attempts >= w.max_attempts THEN 'failed' ELSE NULL END,
+    failure_class = 'lease_expired',
+    failure_summary = 'the lease expired before its holder finished (holder presumed dead or paused)',
+    finished_at = CASE WHEN w.attempts >= w.max_attempts THEN clock_timestamp() ELSE NULL END,
+    lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE w.work_id = f.id AND w.lease_token = f.token
+  AND w.state = 'processing' AND w.lease_until < clock_timestamp()
+  AND EXISTS (SELECT 1 FROM auth a
+              WHERE a.installed_pack_id = w.installed_pack_id AND a.generation = w.generation)
+RETURNING w.work_id, w.state, w.installed_pack_id
+"""
+
+# Which (pack, queue class) groups have ready rows, and when their first row is due (seconds from
+# the database's now; <= 0 means due). A skip scan: one index descent per group.
+WORK_ITEM_READY_GROUPS = """
+WITH RECURSIVE g AS (
+  (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
+   FROM connector_work_item w WHERE w.state IN ('pending', 'retry')
+   ORDER BY w.installed_pack_id, w.queue_class, w.run_after, w.work_id LIMIT 1)
+  UNION ALL
+  SELECT n.pack, n.qc, n.run_after FROM g CROSS JOIN LATERAL (
+    SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
+    FROM connector_work_item w
+    WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
+    ORDER BY w.installed_pack_id, w.queue_class, w.run_after, w.work_id LIMIT 1) n
+)
+SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8 FROM g
+"""
+
+# Event facts and payloads of a claimed batch: primary-key lookups only.
+WORK_ITEM_EVENT_BATCH = """
+SELECT e.event_id, e.receipt_id, e.event_index, e.installed_pack_id, e.generation, e.incarnation,
+       e.route_id, e.route_version, e.namespace, e.event_kind, e.source_object_kind,
+       e.source_object_id, e.idempotency_key, e.delivery_seq, e.payload_sha256, e.parse_outcome,
+       e.companion, e.correlation_ids, e.created_at, r.body, r.body_ref, r.content_type
+FROM connector_event e JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE e.event_id = ANY(%(ids)s::bigint[])
+"""
+
+PACK_GENERATION_MANIFEST = """
+SELECT g.manifest, p.name FROM connector_pack_generation g
+JOIN connector_installed_pack p ON p.installed_pack_id = g.installed_pack_id
+WHERE g.installed_pack_id = %(pack)s AND g.generation = %(generation)s
+"""
+
+PACK_NAMES = "SELECT installed_pack_id, name FROM connector_installed_pack"
+
+NOTIFY_WORK = f"SELECT pg_notify('{CHANNEL_WORK}', %(hint)s)"
+
+
+# ------------------------------------------------------------------------------------------------
+# Claim
+# ------------------------------------------------------------------------------------------------
+
+
+async def work_item_claim_batch(
+    conn: Conn,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    *,
+    owner: str,
+    lease_s: float,
+) -> list[tuple[Any, ...]]:
+    """Claim up to ``limits[i]`` due items of each group ``(packs[i], queue_classes[i])``."""
+    cur = await conn.execute(
+        WORK_ITEM_CLAIM_BATCH,
+        {
+            "packs": list(packs),
+            "queue_classes": list(queue_classes),
+            "limits": list(limits),
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+        prepare=True,
+    )
+    return await cur.fetchall()
+
+
+async def work_item_ready_groups(conn: Conn) -> list[tuple[int, str, float]]:
+    cur = await conn.execute(WORK_ITEM_READY_GROUPS, prepare=True)
+    return [(int(r[0]), str(r[1]), float(r[2])) for r in await cur.fetchall()]
+
+
+# ------------------------------------------------------------------------------------------------
+# Renew and finalize (fenced by token, batched, sorted)
+# ------------------------------------------------------------------------------------------------
+
+
+async def work_item_renew_lease_batch(
+    conn: Conn, ids: Sequence[int], tokens: Sequence[int], *, lease_s: float
+) -> set[int]:
+    """Extend the leases still held; returns the ids renewed (the others are lost)."""
+    if not ids:
+        return set()
+    cur = await conn.execute(
+        WORK_ITEM_RENEW_LEASE_BATCH,
+        {"ids": list(ids), "tokens": list(tokens), "lease_s": float(lease_s)},
+        prepare=True,
+    )
+    return {int(r[0]) for r in await cur.fetchall()}
+
+
+async def work_item_complete_batch(conn: Conn, ids: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    """Mark held items succeeded; returns the ids that matched (the others were stale)."""
+    if not ids:
+        return []
+    cur = await conn.execute(WORK_ITEM_COMPLETE_BATCH, {"ids": ids, "tokens": tokens}, prepare=True)
+    return [r[0] for r in await cur.fetchall()]
+
+
+@dataclass(slots=True)
+class FailBatch:
+    """Non-success transitions of one flush, each row with its own token."""
+
+    ids: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    delays: list[float] = field(default_factory=list)
+    unstarted: list[int] = field(default_factory=list)
+    classes: list[str | None] = field(default_factory=list)
+    summaries: list[str | None] = field(default_factory=list)
+
+    def add(
+        self,
+        work_id: int,
+        token: int,
+        op: str,
+        *,
+        delay: float = 0.0,
+        unstarted: bool = False,
+        failure_class: str | None = None,
+        summary: str | None = None,
+    ) -> None:
+        self.ids.append(work_id)
+        self.tokens.append(token)
+        self.ops.append(op)
+        self.delays.append(delay)
+        self.unstarted.append(1 if unstarted else 0)
+        self.classes.append(failure_class)
+        self.summaries.append(summary)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def sorted_params(self) -> dict[str, list[Any]]:
+        order = sorted(range(len(self.ids)), key=self.ids.__getitem__)
+        return {
+            "ids": [self.ids[i] for i in order],
+            "tokens": [self.tokens[i] for i in order],
+            "ops": [self.ops[i] for i in order],
+            "delays": [self.delays[i] for i in order],
+            "unstarted": [self.unstarted[i] for i in order],
+            "classes": [self.classes[i] for i in order],
+            "summaries": [self.summaries[i] for i in order],
+        }
+
+
+async def work_item_fail_batch(conn: Conn, batch: FailBatch) -> list[tuple[int, str]]:
+    """Retry / dead / release transitions; returns ``(work_id, new_state)`` of rows that matched."""
+    if not batch.ids:
+        return []
+    cur = await conn.execute(WORK_ITEM_FAIL_BATCH, batch.sorted_params(), prepare=True)
+    return [(int(r[0]), str(r[1])) for r in await cur.fetchall()]
+
+
+async def work_item_retry_batch(
+    conn: Conn,
+    ids: Sequence[int],
+    tokens: Sequence[int],
+    delays: Sequence[float],
+    failure_classes: Sequence[str],
+    summaries: Sequence[str],
+) -> list[tuple[int, str]]:
+    """Retry held items after ``delays[i]`` seconds of database time (dead when attempts are
+    exhausted). Lane members must go through ``work_item_finalize`` (it locks and settles lanes)."""
+    batch = FailBatch()
+    for i, work_id in enumerate(ids):
+        batch.add(
+            work_id, tokens[i], "r", delay=delays[i], failure_class=failure_classes[i], summary=summaries[i]
+        )
+    return await work_item_fail_batch(conn, batch)
+
+
+async def work_item_dead_batch(
+    conn: Conn,
+    ids: Sequence[int],
+    tokens: Sequence[int],
+    failure_classes: Sequence[str],
+    summaries: Sequence[str],
+) -> list[tuple[int, str]]:
+    """Dead-letter held items (terminal, with a sanitized failure class and summary)."""
+    batch = FailBatch()
+    for i, work_id in enumerate(ids):
+        batch.add(work_id, tokens[i], "d", failure_class=failure_classes[i], summary=summaries[i])
+    return await work_item_fail_batch(conn, batch)
+
+
+async def work_item_release_batch(
+    conn: Conn, ids: Sequence[int], tokens: Sequence[int], unstarted: Sequence[bool]
+) -> list[tuple[int, str]]:
+    """Give held items back, immediately claimable elsewhere (shutdown drain)."""
+    batch = FailBatch()
+    for i, work_id in enumerate(ids):
+        batch.add(work_id, tokens[i], "l", unstarted=unstarted[i])
+    return await work_item_fail_batch(conn, batch)
+
+
+@dataclass(slots=True)
+class FinalizeResult:
+    completed: list[int] = field(default_factory=list)
+    complete_stale: int = 0
+    transitions: list[tuple[int, str]] = field(default_factory=list)
+    fail_stale: int = 0
+    promoted: int = 0
+
+
+def _sorted_pairs(ids: list[int], tokens: list[int]) -> tuple[list[int], list[int]]:
+    if len(ids) < 2:
+        return ids, tokens
+    pairs = sorted(zip(ids, tokens, strict=True))
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+async def work_item_finalize(
+    conn: Conn,
+    complete_ids: list[int],
+    complete_tokens: list[int],
+    fail: FailBatch,
+    lanes: Iterable[Lane] = (),
+) -> FinalizeResult:
+    """Apply one flush of finalizes. Without lanes: at most two autocommit statements. With lanes:
+    one transaction ``lane_lock_batch`` → fenced updates → ``lane_settle_batch`` (+ a NOTIFY when a
+    lane member was promoted, so idle claimers everywhere look again)."""
+    result = FinalizeResult()
+    ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
+    lane_list = list(lanes)
+    if not lane_list:
+        if ids:
+            result.completed = await work_item_complete_batch(conn, ids, tokens)
+            result.complete_stale = len(ids) - len(result.completed)
+        if len(fail):
+            result.transitions = await work_item_fail_batch(conn, fail)
+            result.fail_stale = len(fail) - len(result.transitions)
+        return result
+    async with conn.transaction():
+        locked = await lane_lock_batch(conn, lane_list)
+        if ids:
+            result.completed = await work_item_complete_batch(conn, ids, tokens)
+            result.complete_stale = len(ids) - len(result.completed)
+        if len(fail):
+            result.transitions = await work_item_fail_batch(conn, fail)
+            result.fail_stale = len(fail) - len(result.transitions)
+        settled = await lane_settle_batch(conn, locked)
+        result.promoted = settled.promoted
+        if settled.promoted:
+            await conn.execute(NOTIFY_WORK, {"hint": "lanes"}, prepare=True)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# Reclaim
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    work_id: int
+    state: str  # 'retry' or 'dead'
+    installed_pack_id: int
+
+
+async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Reclaimed]:
+    """Move expired leases to retry (or dead when attempts are exhausted). Safe under any number of
+    concurrent reclaimers: each row is re-checked (state, token, expiry) by the updating statement."""
+    cur = await conn.execute(WORK_ITEM_RECLAIM_CANDIDATES, {"limit": limit}, prepare=True)
+    cands = await cur.fetchall()
+    if not cands:
+        return []
+    cands.sort(key=lambda r: r[0])
+    packs = sorted({int(r[2]) for r in cands})
+    lanes: set[Lane] = set()
+    for r in cands:
+        if r[3] is not None:
+            lanes.add((int(r[2]), "s", str(r[3])))
+        if r[4] is not None:
+            lanes.add((int(r[2]), "t", str(r[4])))
+    params = {"ids": [int(r[0]) for r in cands], "tokens": [int(r[1]) for r in cands], "packs": packs}
+    if not lanes:
+        cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=True)
+        rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+        if rows:
+            await conn.execute(NOTIFY_WORK, {"hint": "reclaim"}, prepare=True)
+        return rows
+    async with conn.transaction():
+        locked = await lane_lock_batch(conn, lanes)
+        cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=True)
+        rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+        settled = await lane_settle_batch(conn, locked)
+        if rows or settled.promoted:
+            await conn.execute(NOTIFY_WORK, {"hint": "reclaim"}, prepare=True)
+    return rows
+
+
+async def notify_work(conn: Conn, hint: str = "") -> None:
+    await conn.execute(NOTIFY_WORK, {"hint": hint}, prepare=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Handler context reads
+# ------------------------------------------------------------------------------------------------
+
+
+async def work_item_event_batch(conn: Conn, event_ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(WORK_ITEM_EVENT_BATCH, {"ids": list(event_ids)}, prepare=True)
+    return await cur.fetchall()
+
+
+async def pack_generation_manifest(conn: Conn, pack: int, generation: int) -> tuple[Any, str] | None:
+    cur = await conn.execute(PACK_GENERATION_MANIFEST, {"pack": pack, "generation": generation})
+    row = await cur.fetchone()
+    return None if row is None else (row[0], str(row[1]))
+
+
+async def pack_names(conn: Conn) -> dict[int, str]:
+    cur = await conn.execute(PACK_NAMES)
+    return {int(r[0]): str(r[1]) for r in await cur.fetchall()}

@@ -1,0 +1,266 @@
+"""Executor service wiring: pool, process registration, the claim engine, gRPC (+ admin API), metrics.
+
+Use in-process (``connector up``, tests)::
+
+    svc = ExecutorService(DatabaseSettings(), ExecutorSettings(), url=None)
+    await svc.start()      # svc.grpc_port, svc.metrics_port are the bound ports
+    ...
+    await svc.stop()       # drains: stop claiming, finish or release in-flight items, deregister
+
+Start order: pool → process row (claim capability ``work_item``) → gRPC server (admin API mounted
+unless ``mount_admin=False``; more servicers through ``add_servicer`` before ``start``) → engine.
+Stop order (STYLE.md): gRPC health NOT_SERVING and stop accepting → engine drain (stop claiming,
+prefetched items released at once, running handlers get ``shutdown_grace_s``, the rest released,
+every finalize flushed) → deregister → stats → pools → metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import REGISTRY, start_http_server
+from psycopg_pool import AsyncConnectionPool
+
+from connector.common import db as dbmod
+from connector.common import logs, runtime
+from connector.common.grpc_server import Authenticator, GrpcServer
+from connector.common.process_registry import ProcessRegistration
+from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
+from connector.executor import stats
+from connector.executor.engine import Engine, engine_config_from_settings
+
+log = logging.getLogger(__name__)
+
+SERVICE = "executor"
+CLAIM_PATHS = ("work_item", "event")
+
+
+class ClaimPathNotSupported(SystemExit):
+    pass
+
+
+class ExecutorService:
+    name = SERVICE
+
+    def __init__(
+        self,
+        db: DatabaseSettings,
+        cfg: ExecutorSettings,
+        url: str | None = None,
+        *,
+        authenticate: Authenticator | None = None,
+        protected_prefixes: tuple[str, ...] = (),
+        credentials: Any = None,
+        mount_admin: bool = True,
+        admin_settings: AdminSettings | None = None,
+        serve_metrics: bool = True,
+        heartbeat_s: float = 5.0,
+        fair: bool = True,
+    ) -> None:
+        if cfg.claim_path not in CLAIM_PATHS:
+            raise ClaimPathNotSupported(f"unknown claim path {cfg.claim_path!r} (work_item or event)")
+        if cfg.claim_path == "event":
+            raise ClaimPathNotSupported(
+                "the legacy Event claim path (--claim-path event) is not supported yet: this executor "
+                "claims WorkItems only"
+            )
+        self.db = db
+        self.cfg = cfg
+        self._url = url
+        self._authenticate = authenticate
+        self._protected = protected_prefixes
+        self._credentials = credentials
+        self._mount_admin = mount_admin
+        self._admin_settings = admin_settings
+        self._serve_metrics = serve_metrics
+        self._heartbeat_s = heartbeat_s
+        self._fair = fair
+        self._servicers: list[tuple[Callable[[Any, Any], None], Any, str]] = []
+        self.pool: AsyncConnectionPool | None = None
+        self.admin_pool: AsyncConnectionPool | None = None
+        self.registration: ProcessRegistration | None = None
+        self.engine: Engine | None = None
+        self.grpc: GrpcServer | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._metrics_server: Any = None
+        self._stats_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    def add_servicer(self, register: Callable[[Any, Any], None], servicer: Any, full_name: str) -> None:
+        """Mount another gRPC servicer on this process's server (before ``start``)."""
+        if self._started:
+            raise RuntimeError("add_servicer must be called before start()")
+        self._servicers.append((register, servicer, full_name))
+
+    @property
+    def process_id(self) -> str | None:
+        return self.registration.process_id if self.registration else None
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        url = self._url or self.db.url()
+        self.pool = await dbmod.open_pool(
+            SERVICE,
+            self.db,
+            PoolSettings(
+                pool_min_size=min(4, cfg.pool_max_size),
+                pool_max_size=max(cfg.pool_max_size, 6),
+                pool_timeout_s=cfg.pool_timeout_s,
+            ),
+            url=url,
+        )
+        try:
+            self.registration = ProcessRegistration(
+                self.pool, service=SERVICE, capability="work_item", interval_s=self._heartbeat_s
+            )
+            await self.registration.start()
+            owner = self.registration.process_id
+            await self._start_grpc(url)
+            self.engine = Engine(self.pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
+            await self.engine.start()
+            if cfg.stats_interval_s > 0:
+                self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
+            if self._serve_metrics:
+                server, _thread = start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=REGISTRY)
+                self._metrics_server = server
+                self.metrics_port = int(server.server_address[1])
+        except BaseException:
+            await self.stop()
+            raise
+        self._started = True
+        log.info(
+            "executor started",
+            extra={
+                "process_id": owner,
+                "workers": cfg.workers,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+            },
+        )
+
+    async def _start_grpc(self, url: str) -> None:
+        authenticate = self._authenticate
+        protected = self._protected
+        credentials = self._credentials
+        admin_api: Any = None
+        if self._mount_admin:
+            from connector.executor import admin
+
+            settings = self._admin_settings or load(AdminSettings)
+            self.admin_pool = await dbmod.open_pool(
+                f"{SERVICE}-admin",
+                self.db,
+                PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=self.cfg.pool_timeout_s),
+                url=url,
+            )
+            admin_api = admin.build_admin(self.admin_pool, settings)
+            authenticate = authenticate or admin_api.authenticate
+            protected = protected or admin.PROTECTED_PREFIXES
+            credentials = credentials or admin.server_credentials(settings)
+        self.grpc = GrpcServer(
+            port=self.cfg.grpc_port,
+            authenticate=authenticate,
+            protected_prefixes=protected,
+            credentials=credentials,
+        )
+        if admin_api is not None:
+            from connector.executor import admin
+
+            admin.register(self.grpc, admin_api.servicer)
+        for register, servicer, full_name in self._servicers:
+            self.grpc.add(register, servicer, full_name)
+        await self.grpc.start()
+        self.grpc_port = self.grpc.port
+
+    async def _stats_loop(self) -> None:
+        assert self.pool is not None
+        while True:
+            try:
+                async with self.pool.connection() as conn:
+                    await stats.sample_once(conn, self._heartbeat_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("stats sampling failed", extra={"exc_type": type(exc).__name__})
+            await asyncio.sleep(self.cfg.stats_interval_s)
+
+    async def stop(self) -> None:
+        grpc = self.grpc
+        if grpc is not None:
+            await grpc.health.enter_graceful_shutdown()
+            await grpc.server.stop(min(5.0, self.cfg.shutdown_grace_s))
+            self.grpc = None
+        if self.engine is not None:
+            await self.engine.stop()
+            self.engine = None
+        if self.registration is not None:
+            await self.registration.stop()
+            self.registration = None
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
+            self._stats_task = None
+        for name, attr in ((f"{SERVICE}-admin", "admin_pool"), (SERVICE, "pool")):
+            pool = getattr(self, attr)
+            if pool is not None:
+                setattr(self, attr, None)
+                if dbmod._POOLS.get(name) is pool:
+                    await dbmod.close_pool(name)
+                else:
+                    await pool.close()
+        if self._metrics_server is not None:
+            server, self._metrics_server = self._metrics_server, None
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+        if self._started:
+            log.info("executor stopped")
+        self._started = False
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: connector executor
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--claim-path",
+        choices=CLAIM_PATHS,
+        help="work_item (default) or event (legacy compatibility mode; not supported yet)",
+    )
+    parser.add_argument("--workers", type=int, help="executor slots (CONNECTOR_EXECUTOR_WORKERS)")
+    parser.add_argument("--claim-batch", type=int, help="items per claim (CONNECTOR_EXECUTOR_CLAIM_BATCH)")
+    parser.add_argument("--lease-s", type=float, help="lease seconds (CONNECTOR_EXECUTOR_LEASE_S)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (CONNECTOR_EXECUTOR_GRPC_PORT)")
+    parser.add_argument("--metrics-port", type=int, help="metrics port (CONNECTOR_EXECUTOR_METRICS_PORT)")
+    parser.add_argument("--no-admin", action="store_true", help="do not mount the admin API")
+
+
+def cli(args: argparse.Namespace) -> int:
+    """``connector executor``: run until SIGTERM/SIGINT, then drain."""
+    logs.setup(SERVICE)
+    db = load(DatabaseSettings)
+    cfg = load(ExecutorSettings)
+    updates = {
+        key: getattr(args, key)
+        for key in ("claim_path", "workers", "claim_batch", "lease_s", "grpc_port", "metrics_port")
+        if getattr(args, key, None) is not None
+    }
+    if updates:
+        cfg = cfg.model_copy(update=updates)
+    try:
+        service = ExecutorService(db, cfg, mount_admin=not getattr(args, "no_admin", False))
+    except ClaimPathNotSupported as exc:
+        print(f"connector executor: {exc}", file=sys.stderr)
+        return 2
+    db.url()  # fail fast without a database URL
+    runtime.run(lambda: runtime.run_until_signal([service]))
+    return 0
