@@ -1,0 +1,1 @@
+"""Benchmark suite (issue 7): ``python -m benchmarks.run``; see docs/benchmarks.md."""
