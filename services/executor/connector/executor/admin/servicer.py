@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.grpc_server import current_principal
-from connector.executor.admin import convert, pagination, reads, replay, requests, stats
+from connector.executor.admin import convert, packs, pagination, reads, replay, requests, stats
 from connector.executor.admin.auth import Principal
 from connector.executor.admin.errors import (
     Reason,
@@ -383,20 +383,16 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     # -- packs (connector.common.pack_store) ------------------------------------------------------
 
     async def ApplyPack(self, request: pb.ApplyPackRequest, context: Any) -> pb.ApplyPackResponse:
-        return await self._pack_call("ApplyPack", request)
+        return await packs.apply_pack(self, request)
 
     async def ListPacks(self, request: pb.ListPacksRequest, context: Any) -> pb.ListPacksResponse:
-        return await self._pack_call("ListPacks", request)
+        async with connection(self._pool) as conn:
+            return await packs.list_packs(conn, request)
 
     async def ActivateGeneration(
         self, request: pb.ActivateGenerationRequest, context: Any
     ) -> pb.ActivateGenerationResponse:
-        return await self._pack_call("ActivateGeneration", request)
-
-    async def _pack_call(self, method: str, request: Any) -> Any:
-        from connector.executor.admin import packs
-
-        return await packs.dispatch(self, method, request)
+        return await packs.activate_generation(self, request)
 
     # Used by the packs module.
     @property
