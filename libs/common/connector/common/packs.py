@@ -1,20 +1,40 @@
 """Pack manifests: the declarative description of routes, extraction, fan-out and policies.
 
-A manifest (YAML or JSON; see docs/packs.md) is validated in full — every error is listed, nothing
-is installed when any is found. ``store`` functions install it as a new generation with versioned
-routes, and activation is a separate, atomic step. Nothing here branches on a provider: presets are
-just named verification configs.
+A manifest (YAML or JSON; see docs/packs.md) is validated in full: ``parse_manifest`` reports field
+errors, cross-reference errors and verification errors *together*, every one as ``path: message``,
+and nothing is installed when any is found (``connector.common.pack_store`` installs it as a new
+generation with versioned routes; activation is a separate, atomic step). Nothing here branches on a
+provider: presets are just named verification configs.
+
+Where extracted values come from (docs/packs.md, "Extraction"):
+
+* ``pointer`` / ``const`` / ``template`` over the body are evaluated by the materializer against the
+  *active* route when the receipt is routed;
+* ``header`` values (and ``{header:Name}`` in templates) exist only while the ingress handles the
+  request. The ingress keeps exactly three such facts on the receipt: the event kind, the provider
+  delivery id and the correlation ids. Header specs are therefore accepted for ``extract.event_kind``,
+  ``extract.delivery_id`` and ``correlation.*`` only, and the materializer reads those values from the
+  receipt; anything it routes on (object kind/id, target lane key, lane keys) must come from the body.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 EXTRACTABLE = (
@@ -24,6 +44,16 @@ EXTRACTABLE = (
     "source_object_id",
     "target_lane_key",
 )
+#: Extracted fields whose value may come from a request header: the ingress stores these on the
+#: receipt (``event_kind``, ``provider_delivery_id``); correlation ids are stored too.
+HEADER_FIELDS = ("event_kind", "delivery_id")
+#: Default source lane key template (``LanePolicy.source_lane_key``).
+DEFAULT_SOURCE_LANE_KEY = "{work_type}:{source_object_kind}:{source_object_id}"
+CORRELATION_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$"
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_CORRELATION_RE = re.compile(CORRELATION_NAME_PATTERN)
+_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 
 
 class _Model(BaseModel):
@@ -31,9 +61,9 @@ class _Model(BaseModel):
 
 
 class ValueSpec(_Model):
-    """Where a value comes from: exactly one of a JSON pointer into the body, a request header, a
-    constant, or a template over other values (``{event_kind}``, ``{/json/pointer}``,
-    ``{header:X-Name}``)."""
+    """Where a value comes from: exactly one of a JSON pointer into the body (RFC 6901), a request
+    header, a constant, or a template over other values (``{event_kind}`` — another extracted
+    field —, ``{/json/pointer}``, ``{header:X-Name}``; ``{{`` and ``}}`` are literal braces)."""
 
     pointer: str | None = None
     header: str | None = None
@@ -47,7 +77,18 @@ class ValueSpec(_Model):
             raise ValueError("give exactly one of pointer, header, const, template")
         if self.pointer is not None and self.pointer and not self.pointer.startswith("/"):
             raise ValueError("a JSON pointer starts with '/'")
+        if self.template is not None:
+            problems = template_syntax_errors(self.template)
+            if problems:
+                raise ValueError("\n".join(problems))
         return self
+
+    def uses_header(self) -> bool:
+        if self.header is not None:
+            return True
+        return self.template is not None and any(
+            ref.startswith("header:") for ref in template_references(self.template)
+        )
 
 
 class SecretRef(_Model):
@@ -103,6 +144,12 @@ class RetryPolicy(_Model):
     #: Fraction of the delay drawn at random (0 = none, 1 = full jitter).
     jitter: float = Field(default=0.2, ge=0, le=1)
 
+    @model_validator(mode="after")
+    def _cap(self) -> RetryPolicy:
+        if self.backoff_cap_s < self.backoff_base_s:
+            raise ValueError("backoff_cap_s must be >= backoff_base_s")
+        return self
+
 
 class LanePolicy(_Model):
     #: Source lane: members run one at a time in delivery order.
@@ -113,6 +160,15 @@ class LanePolicy(_Model):
     target_serialization: bool = False
     #: What a dead lane head does: hold its lanes (``block``) or let the next member run.
     dead_head: Literal["block", "continue"] = "block"
+
+    @field_validator("source_lane_key")
+    @classmethod
+    def _template(cls, v: str | None) -> str | None:
+        if v is not None:
+            problems = template_syntax_errors(v)
+            if problems:
+                raise ValueError("\n".join(problems))
+        return v
 
 
 class HandlerSpec(_Model):
@@ -133,7 +189,7 @@ class WorkTypeSpec(_Model):
 
 class FanOut(_Model):
     work_type: str
-    #: Per-route overrides of the work type's lane policy.
+    #: Per-route overrides of the work type's lane policy (replaces it as a whole).
     lanes: LanePolicy | None = None
 
 
@@ -175,35 +231,14 @@ class Manifest(_Model):
     routes: tuple[RouteSpec, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _references(self) -> Manifest:
-        problems: list[str] = []
-        seen: set[str] = set()
-        for route in self.routes:
-            if route.key in seen:
-                problems.append(f"routes.{route.key}: duplicate route key")
-            seen.add(route.key)
-            work_types = [f.work_type for f in route.fan_out]
-            if len(set(work_types)) != len(work_types):
-                problems.append(f"routes.{route.key}.fan_out: a work type appears twice")
-            for fan in route.fan_out:
-                spec = self.work_types.get(fan.work_type)
-                if spec is None:
-                    problems.append(f"routes.{route.key}.fan_out: unknown work type {fan.work_type!r}")
-                    continue
-                lanes = fan.lanes or spec.lanes
-                if lanes.target_serialization and "target_lane_key" not in route.extract:
-                    problems.append(
-                        f"routes.{route.key}.fan_out.{fan.work_type}: target_serialization needs "
-                        "extract.target_lane_key"
-                    )
-            for req in route.required:
-                if req not in route.extract:
-                    problems.append(f"routes.{route.key}.required: {req!r} is not extracted")
-        for name in self.work_types:
-            if not _valid_name(name):
-                problems.append(f"work_types.{name}: invalid name (lowercase, digits, _.-)")
+    def _references(self, info: ValidationInfo) -> Manifest:
+        # parse_manifest runs the same checks on the raw document (so they are reported together with
+        # field errors) and asks the model not to repeat them.
+        if info.context and info.context.get("skip_reference_checks"):
+            return self
+        problems = reference_errors(self.model_dump(mode="json"))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))
         return self
 
     def route(self, key: str) -> RouteSpec | None:
@@ -212,11 +247,218 @@ class Manifest(_Model):
                 return r
         return None
 
+    def lanes_for(self, fan: FanOut) -> LanePolicy:
+        """The effective lane policy of one fan-out entry (route override or the work type's)."""
+        return fan.lanes or self.work_types[fan.work_type].lanes
 
-def _valid_name(name: str) -> bool:
-    import re
 
-    return re.match(NAME_PATTERN, name) is not None
+# --------------------------------------------------------------------------------------------------
+# Templates
+# --------------------------------------------------------------------------------------------------
+
+
+def template_references(template: str) -> list[str]:
+    """The ``{...}`` references of a template, in order (``{{``/``}}`` escapes excluded)."""
+    return _PLACEHOLDER_RE.findall(template.replace("{{", "").replace("}}", ""))
+
+
+def template_syntax_errors(template: str) -> list[str]:
+    problems: list[str] = []
+    stripped = _PLACEHOLDER_RE.sub("", template.replace("{{", "").replace("}}", ""))
+    if "{" in stripped or "}" in stripped:
+        problems.append(f"template {template!r} has an unbalanced brace (write {{{{ or }}}} for a literal)")
+    for ref in template_references(template):
+        if not ref:
+            problems.append(f"template {template!r} has an empty {{}}")
+        elif ref.startswith("/") or ref.startswith("header:"):
+            if ref.startswith("header:") and not ref[len("header:") :]:
+                problems.append(f"template {template!r}: {{header:}} needs a header name")
+        elif not _NAME_RE.match(ref):
+            problems.append(
+                f"template {template!r}: {{{ref}}} is not a field name, a /json/pointer or header:Name"
+            )
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-reference checks, on the raw document (tolerant of parts that failed field validation)
+# --------------------------------------------------------------------------------------------------
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _route_label(index: int, route: Mapping[str, Any]) -> str:
+    key = route.get("key")
+    return f"routes[{index}:{key}]" if isinstance(key, str) else f"routes[{index}]"
+
+
+def _spec_kind(spec: Any) -> tuple[str | None, str | None]:
+    """(kind, value) of a raw ValueSpec dict, when it has exactly one recognisable kind."""
+    if not isinstance(spec, dict):
+        return None, None
+    given = [(k, spec[k]) for k in ("pointer", "header", "const", "template") if spec.get(k) is not None]
+    if len(given) != 1 or not isinstance(given[0][1], str):
+        return None, None
+    return given[0][0], given[0][1]
+
+
+def _spec_uses_header(spec: Any) -> bool:
+    kind, value = _spec_kind(spec)
+    if kind == "header":
+        return True
+    return (
+        kind == "template"
+        and value is not None
+        and any(r.startswith("header:") for r in template_references(value))
+    )
+
+
+def reference_errors(data: Mapping[str, Any]) -> list[str]:
+    """Every cross-reference problem of a manifest document (work types, fields, templates, lanes).
+
+    Works on the raw document so it can run even when some fields failed validation; a part that is
+    malformed is skipped here (its field error is reported by the model)."""
+    problems: list[str] = []
+    work_types = _as_dict(data.get("work_types"))
+    for name in work_types:
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            problems.append(f"work_types.{name}: invalid name (lowercase letters, digits, _.- ; 63 max)")
+    routes = data.get("routes")
+    if not isinstance(routes, list | tuple):
+        return problems
+    seen: dict[str, int] = {}
+    for index, route in enumerate(routes):
+        if not isinstance(route, dict):
+            continue
+        label = _route_label(index, route)
+        key = route.get("key")
+        if isinstance(key, str):
+            if key in seen:
+                problems.append(f"{label}: duplicate route key (also routes[{seen[key]}])")
+            else:
+                seen[key] = index
+        extract = _as_dict(route.get("extract"))
+        problems.extend(_extract_errors(label, extract))
+        correlation = _as_dict(route.get("correlation"))
+        for cname, spec in correlation.items():
+            if not isinstance(cname, str) or not _CORRELATION_RE.match(cname):
+                problems.append(f"{label}.correlation.{cname}: invalid name ({CORRELATION_NAME_PATTERN})")
+            problems.extend(_template_ref_errors(f"{label}.correlation.{cname}", spec, extract, ()))
+        required = route.get("required")
+        if isinstance(required, list | tuple):
+            for req in required:
+                if req not in extract:
+                    problems.append(f"{label}.required: {req!r} is not extracted")
+        fan_out = route.get("fan_out")
+        if not isinstance(fan_out, list | tuple):
+            continue
+        names = [f.get("work_type") for f in fan_out if isinstance(f, dict)]
+        for dup in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
+            problems.append(f"{label}.fan_out: work type {dup!r} appears twice")
+        for findex, fan in enumerate(fan_out):
+            if not isinstance(fan, dict) or not isinstance(fan.get("work_type"), str):
+                continue
+            wt_name = fan["work_type"]
+            flabel = f"{label}.fan_out[{findex}:{wt_name}]"
+            if wt_name not in work_types:
+                problems.append(f"{flabel}: unknown work type {wt_name!r}; known: {sorted(work_types)}")
+                continue
+            lanes = fan.get("lanes")
+            if lanes is None:
+                lanes = _as_dict(work_types[wt_name]).get("lanes")
+            problems.extend(_lane_errors(flabel, _as_dict(lanes), extract))
+    return problems
+
+
+def _extract_errors(label: str, extract: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    for field, spec in extract.items():
+        if field not in EXTRACTABLE:
+            continue  # reported by the field validator
+        flabel = f"{label}.extract.{field}"
+        if field not in HEADER_FIELDS and _spec_uses_header(spec):
+            problems.append(
+                f"{flabel}: header values are not kept on the receipt (only {list(HEADER_FIELDS)} and "
+                "correlation ids are); take it from the body (pointer or template)"
+            )
+        problems.extend(_template_ref_errors(flabel, spec, extract, ()))
+    # Templates referring to templates: no cycles.
+    graph: dict[str, list[str]] = {}
+    for field, spec in extract.items():
+        kind, value = _spec_kind(spec)
+        if kind == "template" and value is not None:
+            graph[field] = [r for r in template_references(value) if r in extract]
+    for cycle_field in _cyclic(graph):
+        problems.append(
+            f"{label}.extract.{cycle_field}: template refers to itself (through {graph[cycle_field]})"
+        )
+    return problems
+
+
+def _template_ref_errors(
+    label: str, spec: Any, extract: Mapping[str, Any], extra_names: Iterable[str]
+) -> list[str]:
+    kind, value = _spec_kind(spec)
+    if kind != "template" or value is None:
+        return []
+    return _refs_errors(label, value, extract, extra_names)
+
+
+def _refs_errors(
+    label: str, template: str, extract: Mapping[str, Any], extra_names: Iterable[str]
+) -> list[str]:
+    problems: list[str] = []
+    allowed = set(extra_names)
+    for ref in template_references(template):
+        if not ref or ref.startswith("/") or ref.startswith("header:"):
+            continue
+        if ref in allowed:
+            continue
+        if ref not in EXTRACTABLE:
+            problems.append(f"{label}: {{{ref}}} is not a known field; known: {list(EXTRACTABLE)}")
+        elif ref not in extract:
+            problems.append(f"{label}: {{{ref}}} is not extracted by this route")
+    return problems
+
+
+def _lane_errors(label: str, lanes: Mapping[str, Any], extract: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    if lanes.get("target_serialization") and "target_lane_key" not in extract:
+        problems.append(f"{label}: target_serialization needs extract.target_lane_key")
+    if lanes.get("source_fifo"):
+        template = lanes.get("source_lane_key") or DEFAULT_SOURCE_LANE_KEY
+        if isinstance(template, str):
+            if any(r.startswith("header:") for r in template_references(template)):
+                problems.append(f"{label}: source_lane_key cannot use headers (not kept on the receipt)")
+            problems.extend(
+                f"{p} (source_lane_key {template!r})"
+                for p in _refs_errors(label, template, extract, ("work_type",))
+            )
+    return problems
+
+
+def _cyclic(graph: Mapping[str, list[str]]) -> list[str]:
+    """Nodes on a cycle of ``graph``."""
+    out: list[str] = []
+    for start in graph:
+        stack, seen = list(graph.get(start, ())), set()
+        while stack:
+            node = stack.pop()
+            if node == start:
+                out.append(start)
+                break
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.extend(graph.get(node, ()))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------------
 
 
 class ManifestError(ValueError):
@@ -227,38 +469,118 @@ class ManifestError(ValueError):
         self.errors = errors
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(
+    loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_document(text: str | bytes) -> Any:
+    """Parse YAML or JSON text (duplicate keys are an error)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ManifestError([f"not valid YAML/JSON: {exc}"]) from None
+
+
+def _format_loc(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
+    parts: list[str] = []
+    node: Any = data
+    for part in loc:
+        if isinstance(part, int):
+            label = f"[{part}]"
+            if isinstance(node, list | tuple) and 0 <= part < len(node):
+                node = node[part]
+                key = node.get("key") if isinstance(node, dict) else None
+                key = key or (node.get("work_type") if isinstance(node, dict) else None)
+                if isinstance(key, str):
+                    label = f"[{part}:{key}]"
+            else:
+                node = None
+            if parts:
+                parts[-1] += label
+            else:
+                parts.append(label)
+        else:
+            # pydantic tags union/function validators with their names; they are not paths.
+            if part.startswith("function-") or part in ("str", "int", "dict[str,...]"):
+                continue
+            parts.append(str(part))
+            node = node.get(part) if isinstance(node, dict) else None
+    return ".".join(parts) or "(manifest)"
+
+
+def _raw_at(data: Any, loc: tuple[int | str, ...]) -> Any:
+    node = data
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, list | tuple) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
+    return node
+
+
 def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
-    """Parse and validate a manifest document (YAML or JSON), listing every error."""
-    if isinstance(text, Mapping):
-        data: Any = dict(text)
-    else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ManifestError([f"not valid YAML/JSON: {exc}"]) from None
+    """Parse and validate a manifest document (YAML or JSON), listing every error: field errors,
+    cross-reference errors and verification errors are reported together."""
+    data: Any = dict(text) if isinstance(text, Mapping) else load_document(text)
     if not isinstance(data, dict):
         raise ManifestError(["the document must be a mapping with name, namespace, work_types, routes"])
+    errors: list[str] = []
+    manifest: Manifest | None = None
     try:
-        manifest = Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data, context={"skip_reference_checks": True})
     except ValidationError as exc:
-        errors: list[str] = []
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(manifest)"
+            if err["type"] == "too_short" and _raw_at(data, tuple(err["loc"])):
+                continue  # pydantic repeats a failed item's error as the non-empty list being "short"
+            loc = _format_loc(tuple(err["loc"]), data)
             msg = err["msg"].removeprefix("Value error, ")
-            errors.extend(f"{loc}: {part}" for part in msg.split("; "))
-        raise ManifestError(errors) from None
+            errors.extend(f"{loc}: {part}" for part in msg.split("\n"))
+    errors.extend(reference_errors(data))
+    errors.extend(_verification_errors(data))
+    if errors:
+        raise ManifestError(list(dict.fromkeys(errors)))
+    assert manifest is not None
+    return manifest
+
+
+def _verification_errors(data: Mapping[str, Any]) -> list[str]:
     # Verification specs are interpreted by the ingress verifier; check them now so a bad preset or
     # an impossible combination is refused at apply time, not at the first delivery.
     from connector.common import verification
 
-    errors = []
-    for route in manifest.routes:
-        errors.extend(
-            f"routes.{route.key}.verification: {e}" for e in verification.check_spec(route.verification)
-        )
-    if errors:
-        raise ManifestError(errors)
-    return manifest
+    errors: list[str] = []
+    routes = data.get("routes")
+    if not isinstance(routes, list | tuple):
+        return errors
+    for index, route in enumerate(routes):
+        if not isinstance(route, dict):
+            continue
+        try:
+            spec = VerificationSpec.model_validate(route.get("verification"))
+        except ValidationError:
+            continue  # reported as field errors
+        label = _route_label(index, route)
+        errors.extend(f"{label}.verification: {e}" for e in verification.check_spec(spec))
+    return errors
 
 
 def canonical_json(value: Any) -> str:
@@ -267,3 +589,17 @@ def canonical_json(value: Any) -> str:
 
 def sha256_hex(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def route_effective_config(manifest: Manifest, route: RouteSpec) -> dict[str, Any]:
+    """Everything the materializer uses to turn a receipt of ``route`` into an event and WorkItems:
+    the route config plus the specs of the work types it fans out to. Its hash decides the route
+    version (docs/adr/004-materializer.md)."""
+    return {
+        "route": route.model_dump(mode="json"),
+        "work_types": {
+            f.work_type: manifest.work_types[f.work_type].model_dump(mode="json")
+            for f in route.fan_out
+            if f.work_type in manifest.work_types
+        },
+    }

@@ -99,6 +99,14 @@ class MaterializerSettings(PoolSettings):
     max_attempts: int = Field(default=10, ge=1)
     backoff_base_s: float = Field(default=1.0, gt=0)
     backoff_cap_s: float = Field(default=300.0, gt=0)
+    #: Routing workers in this process (each claims and writes its own batches).
+    concurrency: int = Field(default=2, ge=1, le=64)
+    #: Longest a fresh receipt waits for the commit horizon (earlier receipt ids still committing).
+    horizon_wait_s: float = Field(default=5.0, ge=0)
+    #: Longest a lane receipt waits for an earlier receipt of its namespace routed by another batch.
+    order_wait_max_s: float = Field(default=5.0, ge=0)
+    #: Fallback reload of the route cache (it also reloads on NOTIFY ``connector_packs``).
+    routes_refresh_s: float = Field(default=30.0, gt=0)
 
 
 class ExecutorSettings(PoolSettings):

@@ -1,0 +1,568 @@
+"""The pack store: install manifests as generations, activate them, list them, and read active routes.
+
+Shared by the materializer, the admin API and the CLI (async psycopg; every function takes a
+connection and runs its own transaction, or a savepoint when the caller already opened one).
+
+* ``pack_apply`` installs a validated ``Manifest`` as a *new generation* of its pack (the pack row is
+  locked, so concurrent applies of one pack serialize and never produce duplicate generations), with
+  one ``connector_route`` row per route. A route's ``route_version`` is kept when its effective
+  config (the route plus the work types it fans out to, ``packs.route_effective_config``) equals the
+  latest earlier generation that had the route key, and incremented otherwise. New generations are
+  installed WorkItem-owned: a ``connector_cutover_receipt`` of kind ``install`` proves there is
+  nothing to drain (no event of the generation exists), and a ``connector_claim_authority`` row binds
+  it (claim path ``work_item``, phase ``work_item_active``). Re-applying the manifest of the latest
+  generation installs nothing (idempotent apply).
+* ``pack_generation_activate`` switches the active generation atomically: the previous one becomes
+  ``retired``, this one ``active``, ``connector_installed_pack.active_generation`` follows, and
+  ``pg_notify('connector_packs', '')`` is sent in the same transaction, so the ingress and the
+  materializer reload their route tables once it commits.
+* ``RouteCache`` is the materializer's in-memory view of active routes, with the pack's incarnation,
+  generation and claim authority (the materializer re-checks that snapshot under a share lock in
+  each batch transaction, so a concurrent activation is never half-seen).
+
+Route config storage: ``connector_route.config`` is ``RouteSpec.model_dump(mode="json")`` and
+``config_sha256`` its ``sha256_hex``; the work type specs live in the generation's manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from pydantic import ValidationError
+
+from connector.common import schema
+from connector.common.packs import (
+    Manifest,
+    RouteSpec,
+    WorkTypeSpec,
+    canonical_json,
+    route_effective_config,
+    sha256_hex,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PackStoreError(Exception):
+    """A refused pack operation. ``reason`` is machine-readable (``not_found``, ``namespace_taken``,
+    ``namespace_changed``, ``no_claim_authority``); the message is safe to show."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedRoute:
+    route_key: str
+    route_id: int
+    route_version: int
+    #: ``new`` (first time this key exists), ``changed`` (version incremented) or ``unchanged``.
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedPack:
+    installed_pack_id: int
+    name: str
+    namespace: str
+    incarnation: int
+    generation: int
+    manifest_sha256: str
+    #: The pack row was created by this apply.
+    created_pack: bool
+    #: A new generation was installed (False: the manifest equals the latest generation's).
+    created_generation: bool
+    #: Status of ``generation`` after the apply: ``staged``, ``active`` or ``retired``.
+    status: str
+    routes: tuple[AppliedRoute, ...]
+    cutover_receipt_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PackGenerationInfo:
+    generation: int
+    status: str
+    manifest_sha256: str
+    created_at: datetime
+    activated_at: datetime | None
+    route_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PackInfo:
+    installed_pack_id: int
+    name: str
+    namespace: str
+    incarnation: int
+    active_generation: int | None
+    generations: tuple[PackGenerationInfo, ...]
+
+
+# --------------------------------------------------------------------------------------------------
+# Statements
+# --------------------------------------------------------------------------------------------------
+
+PACK_GET_FOR_UPDATE = """
+SELECT installed_pack_id, name, namespace, incarnation, active_generation
+FROM connector_installed_pack WHERE name = %(name)s FOR UPDATE
+"""
+PACK_GET_BY_ID_FOR_UPDATE = """
+SELECT installed_pack_id, name, namespace, incarnation, active_generation
+FROM connector_installed_pack WHERE installed_pack_id = %(id)s FOR UPDATE
+"""
+PACK_INSERT = """
+INSERT INTO connector_installed_pack (name, namespace) VALUES (%(name)s, %(namespace)s)
+ON CONFLICT DO NOTHING
+RETURNING installed_pack_id, name, namespace, incarnation, active_generation
+"""
+PACK_NAMESPACE_OWNER = "SELECT name FROM connector_installed_pack WHERE namespace = %(namespace)s"
+PACK_GENERATION_LATEST = """
+SELECT generation, status, manifest_sha256 FROM connector_pack_generation
+WHERE installed_pack_id = %(id)s ORDER BY generation DESC LIMIT 1
+"""
+PACK_GENERATION_INSERT = """
+INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest, manifest_sha256)
+VALUES (%(id)s, %(generation)s, 'staged', %(manifest)s, %(sha)s)
+"""
+# The latest earlier occurrence of each route key, with the manifest of its generation.
+ROUTE_LATEST_BY_KEY = """
+SELECT DISTINCT ON (r.route_key) r.route_key, r.route_version, r.generation, g.manifest
+FROM connector_route r
+JOIN connector_pack_generation g USING (installed_pack_id, generation)
+WHERE r.installed_pack_id = %(id)s
+ORDER BY r.route_key, r.generation DESC
+"""
+ROUTE_INSERT_BATCH = """
+INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version, config,
+                             config_sha256)
+SELECT %(id)s, %(generation)s, %(namespace)s, k, v, c::jsonb, h
+FROM unnest(%(keys)s::text[], %(versions)s::int[], %(configs)s::text[], %(hashes)s::text[]) AS t(k, v, c, h)
+RETURNING route_id, route_key, route_version
+"""
+ROUTE_LIST_GENERATION = """
+SELECT route_id, route_key, route_version FROM connector_route
+WHERE installed_pack_id = %(id)s AND generation = %(generation)s ORDER BY route_key
+"""
+EVENT_COUNT_GENERATION = """
+SELECT count(*) AS events,
+       count(*) FILTER (WHERE execution_owner = 'legacy_event'
+                        AND legacy_state IN ('pending', 'processing', 'retry')) AS legacy_active
+FROM connector_event WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+CUTOVER_RECEIPT_INSERT = """
+INSERT INTO connector_cutover_receipt (installed_pack_id, generation, kind, claim_path, proof, proof_sha256,
+                                       actor)
+VALUES (%(id)s, %(generation)s, 'install', 'work_item', %(proof)s, %(proof_sha256)s, %(actor)s)
+RETURNING cutover_receipt_id
+"""
+CLAIM_AUTHORITY_INSERT = """
+INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase, cutover_receipt_id)
+VALUES (%(id)s, %(generation)s, 'work_item', 'work_item_active', %(receipt_id)s)
+"""
+CLAIM_AUTHORITY_GET = """
+SELECT claim_path, phase, cutover_receipt_id FROM connector_claim_authority
+WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+PACK_GENERATION_GET = """
+SELECT status FROM connector_pack_generation WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+PACK_GENERATION_RETIRE_ACTIVE = """
+UPDATE connector_pack_generation SET status = 'retired'
+WHERE installed_pack_id = %(id)s AND status = 'active' AND generation <> %(generation)s
+"""
+PACK_GENERATION_SET_ACTIVE = """
+UPDATE connector_pack_generation SET status = 'active', activated_at = now()
+WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+PACK_SET_ACTIVE_GENERATION = """
+UPDATE connector_installed_pack SET active_generation = %(generation)s, updated_at = now()
+WHERE installed_pack_id = %(id)s
+"""
+PACKS_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_PACKS}', '')"
+PACK_LIST = """
+SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation,
+       g.generation, g.status, g.manifest_sha256, g.created_at, g.activated_at,
+       (SELECT count(*) FROM connector_route r
+        WHERE r.installed_pack_id = g.installed_pack_id AND r.generation = g.generation) AS route_count
+FROM connector_installed_pack p
+LEFT JOIN connector_pack_generation g ON g.installed_pack_id = p.installed_pack_id
+ORDER BY p.name, g.generation
+"""
+# Active generation of every pack, its claim authority and routes (the route cache's only read).
+ROUTE_LIST_ACTIVE = """
+SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation AS generation,
+       g.manifest, a.claim_path, a.phase,
+       coalesce(json_agg(json_build_object('route_id', r.route_id, 'route_key', r.route_key,
+                                           'route_version', r.route_version, 'config', r.config)
+                         ORDER BY r.route_key) FILTER (WHERE r.route_id IS NOT NULL), '[]'::json) AS routes
+FROM connector_installed_pack p
+JOIN connector_pack_generation g
+  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation AND g.status = 'active'
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
+LEFT JOIN connector_route r
+  ON r.installed_pack_id = p.installed_pack_id AND r.generation = p.active_generation
+GROUP BY p.installed_pack_id, g.manifest, a.claim_path, a.phase
+"""
+
+
+# --------------------------------------------------------------------------------------------------
+# Apply / activate / list
+# --------------------------------------------------------------------------------------------------
+
+
+async def pack_apply(
+    conn: AsyncConnection[Any], manifest: Manifest, *, activate: bool, actor: str
+) -> AppliedPack:
+    """Install ``manifest`` as a new generation of its pack (created on first apply); with
+    ``activate``, activate it in the same transaction. Re-applying the latest generation's manifest
+    creates nothing (and activates that generation when asked)."""
+    document = manifest.model_dump(mode="json")
+    manifest_sha = sha256_hex(document)
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        pack, created_pack = await _pack_lock_or_create(conn, manifest)
+        pack_id = int(pack["installed_pack_id"])
+        await cur.execute(PACK_GENERATION_LATEST, {"id": pack_id})
+        latest = await cur.fetchone()
+        if latest is not None and latest["manifest_sha256"] == manifest_sha:
+            generation = int(latest["generation"])
+            await cur.execute(ROUTE_LIST_GENERATION, {"id": pack_id, "generation": generation})
+            routes = tuple(
+                AppliedRoute(r["route_key"], int(r["route_id"]), int(r["route_version"]), "unchanged")
+                for r in await cur.fetchall()
+            )
+            created_generation, receipt_id, status = False, None, str(latest["status"])
+        else:
+            generation = (int(latest["generation"]) if latest is not None else 0) + 1
+            await cur.execute(
+                PACK_GENERATION_INSERT,
+                {"id": pack_id, "generation": generation, "manifest": Jsonb(document), "sha": manifest_sha},
+            )
+            routes = await _routes_insert(conn, pack_id, generation, manifest)
+            receipt_id = await _install_receipt(conn, pack_id, generation, manifest, manifest_sha, actor)
+            created_generation, status = True, "staged"
+        if activate and status != "active":
+            await pack_generation_activate(conn, pack_id, generation)
+            status = "active"
+    return AppliedPack(
+        installed_pack_id=pack_id,
+        name=str(pack["name"]),
+        namespace=str(pack["namespace"]),
+        incarnation=int(pack["incarnation"]),
+        generation=generation,
+        manifest_sha256=manifest_sha,
+        created_pack=created_pack,
+        created_generation=created_generation,
+        status=status,
+        routes=routes,
+        cutover_receipt_id=receipt_id,
+    )
+
+
+async def _pack_lock_or_create(conn: AsyncConnection[Any], manifest: Manifest) -> tuple[dict[str, Any], bool]:
+    cur = conn.cursor(row_factory=dict_row)
+    params = {"name": manifest.name, "namespace": manifest.namespace}
+    await cur.execute(PACK_GET_FOR_UPDATE, params)
+    pack = await cur.fetchone()
+    created = False
+    if pack is None:
+        # A concurrent apply of the same new pack waits here on the unique index, then finds it.
+        await cur.execute(PACK_INSERT, params)
+        pack = await cur.fetchone()
+        created = pack is not None
+        if pack is None:
+            await cur.execute(PACK_GET_FOR_UPDATE, params)
+            pack = await cur.fetchone()
+    if pack is None:
+        await cur.execute(PACK_NAMESPACE_OWNER, params)
+        owner = await cur.fetchone()
+        raise PackStoreError(
+            "namespace_taken",
+            f"namespace {manifest.namespace!r} belongs to pack {owner['name'] if owner else '?'!r}",
+        )
+    if pack["namespace"] != manifest.namespace:
+        raise PackStoreError(
+            "namespace_changed",
+            f"pack {manifest.name!r} is installed with namespace {pack['namespace']!r}; the namespace of an"
+            " installed pack cannot change (install a new pack instead)",
+        )
+    return pack, created
+
+
+async def _routes_insert(
+    conn: AsyncConnection[Any], pack_id: int, generation: int, manifest: Manifest
+) -> tuple[AppliedRoute, ...]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(ROUTE_LATEST_BY_KEY, {"id": pack_id})
+    previous: dict[str, tuple[int, str | None]] = {}
+    manifests: dict[int, Manifest | None] = {}
+    for row in await cur.fetchall():
+        gen = int(row["generation"])
+        if gen not in manifests:
+            manifests[gen] = _manifest_or_none(row["manifest"])
+        old = manifests[gen]
+        old_route = old.route(row["route_key"]) if old is not None else None
+        old_hash = sha256_hex(route_effective_config(old, old_route)) if old and old_route else None
+        previous[row["route_key"]] = (int(row["route_version"]), old_hash)
+    keys, versions, configs, hashes, changes = [], [], [], [], {}
+    for route in manifest.routes:
+        effective = sha256_hex(route_effective_config(manifest, route))
+        prior = previous.get(route.key)
+        if prior is None:
+            version, change = 1, "new"
+        elif prior[1] == effective:
+            version, change = prior[0], "unchanged"
+        else:
+            version, change = prior[0] + 1, "changed"
+        config = route.model_dump(mode="json")
+        keys.append(route.key)
+        versions.append(version)
+        configs.append(canonical_json(config))
+        hashes.append(sha256_hex(config))
+        changes[route.key] = change
+    await cur.execute(
+        ROUTE_INSERT_BATCH,
+        {
+            "id": pack_id,
+            "generation": generation,
+            "namespace": manifest.namespace,
+            "keys": keys,
+            "versions": versions,
+            "configs": configs,
+            "hashes": hashes,
+        },
+    )
+    rows = await cur.fetchall()
+    return tuple(
+        sorted(
+            (
+                AppliedRoute(
+                    r["route_key"], int(r["route_id"]), int(r["route_version"]), changes[r["route_key"]]
+                )
+                for r in rows
+            ),
+            key=lambda r: r.route_key,
+        )
+    )
+
+
+def _manifest_or_none(raw: Any) -> Manifest | None:
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError:
+        return None  # an older generation this code cannot read: its routes count as changed
+
+
+async def _install_receipt(
+    conn: AsyncConnection[Any],
+    pack_id: int,
+    generation: int,
+    manifest: Manifest,
+    manifest_sha: str,
+    actor: str,
+) -> int:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(EVENT_COUNT_GENERATION, {"id": pack_id, "generation": generation})
+    counts = await cur.fetchone()
+    assert counts is not None
+    proof = {
+        "kind": "install",
+        "statement": "new generation installed WorkItem-owned: no event of it exists, so no legacy Event "
+        "claim, lease or transaction can exist and there is nothing to drain",
+        "pack": manifest.name,
+        "namespace": manifest.namespace,
+        "generation": generation,
+        "manifest_sha256": manifest_sha,
+        "claim_path": "work_item",
+        "events_in_generation": int(counts["events"]),
+        "legacy_active_events": int(counts["legacy_active"]),
+    }
+    await cur.execute(
+        CUTOVER_RECEIPT_INSERT,
+        {
+            "id": pack_id,
+            "generation": generation,
+            "proof": Jsonb(proof),
+            "proof_sha256": sha256_hex(proof),
+            "actor": actor,
+        },
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    receipt_id = int(row["cutover_receipt_id"])
+    await cur.execute(
+        CLAIM_AUTHORITY_INSERT, {"id": pack_id, "generation": generation, "receipt_id": receipt_id}
+    )
+    return receipt_id
+
+
+async def pack_generation_activate(
+    conn: AsyncConnection[Any], installed_pack_id: int, generation: int
+) -> None:
+    """Make ``generation`` the active one, atomically (previous active → retired), and notify
+    ``connector_packs`` in the same transaction. Activating the active generation changes nothing."""
+    params = {"id": installed_pack_id, "generation": generation}
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(PACK_GET_BY_ID_FOR_UPDATE, params)
+        pack = await cur.fetchone()
+        if pack is None:
+            raise PackStoreError("not_found", f"pack {installed_pack_id} does not exist")
+        await cur.execute(PACK_GENERATION_GET, params)
+        gen = await cur.fetchone()
+        if gen is None:
+            raise PackStoreError("not_found", f"pack {pack['name']!r} has no generation {generation}")
+        await cur.execute(CLAIM_AUTHORITY_GET, params)
+        if await cur.fetchone() is None:
+            raise PackStoreError(
+                "no_claim_authority",
+                f"generation {generation} of pack {pack['name']!r} has no claim authority; it cannot be"
+                " activated",
+            )
+        if pack["active_generation"] == generation and gen["status"] == "active":
+            return
+        await cur.execute(PACK_GENERATION_RETIRE_ACTIVE, params)
+        await cur.execute(PACK_GENERATION_SET_ACTIVE, params)
+        await cur.execute(PACK_SET_ACTIVE_GENERATION, params)
+        await cur.execute(PACKS_NOTIFY)
+
+
+async def pack_list(conn: AsyncConnection[Any]) -> list[PackInfo]:
+    """Every installed pack with its generations (oldest first)."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(PACK_LIST)
+    packs: dict[int, tuple[dict[str, Any], list[PackGenerationInfo]]] = {}
+    for row in await cur.fetchall():
+        pack_id = int(row["installed_pack_id"])
+        entry = packs.setdefault(pack_id, (row, []))
+        if row["generation"] is not None:
+            entry[1].append(
+                PackGenerationInfo(
+                    generation=int(row["generation"]),
+                    status=str(row["status"]),
+                    manifest_sha256=str(row["manifest_sha256"]),
+                    created_at=row["created_at"],
+                    activated_at=row["activated_at"],
+                    route_count=int(row["route_count"]),
+                )
+            )
+    return [
+        PackInfo(
+            installed_pack_id=pack_id,
+            name=str(row["name"]),
+            namespace=str(row["namespace"]),
+            incarnation=int(row["incarnation"]),
+            active_generation=row["active_generation"],
+            generations=tuple(gens),
+        )
+        for pack_id, (row, gens) in packs.items()
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Route cache
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRoute:
+    route_id: int
+    route_version: int
+    route_key: str
+    spec: RouteSpec
+    #: The work types of the route's fan-out, from the generation's manifest.
+    work_types: Mapping[str, WorkTypeSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivePack:
+    """A pack's active generation as the materializer routes against it."""
+
+    installed_pack_id: int
+    name: str
+    namespace: str
+    incarnation: int
+    generation: int
+    #: Claim authority of the generation (``None``: no authority row — nothing may be materialized).
+    claim_path: str | None
+    phase: str | None
+    routes: Mapping[str, ActiveRoute] = field(default_factory=dict)
+    #: Why the generation cannot be routed against (``None`` when it can): a metric label.
+    problem: str | None = None
+
+    @property
+    def snapshot(self) -> tuple[int, int, int, str | None, str | None]:
+        """What a batch transaction re-checks under a share lock on the pack and authority rows."""
+        return (self.installed_pack_id, self.incarnation, self.generation, self.claim_path, self.phase)
+
+
+class RouteCache:
+    """Active packs by namespace, reloaded on ``connector_packs`` notifications (by the owner of the
+    listening connection) and periodically. Lookups are dict reads; ``refresh`` swaps atomically."""
+
+    def __init__(self) -> None:
+        self._packs: dict[str, ActivePack] = {}
+        #: Incremented by every successful refresh.
+        self.version = 0
+
+    def pack(self, namespace: str) -> ActivePack | None:
+        return self._packs.get(namespace)
+
+    def route(self, namespace: str, route_key: str) -> ActiveRoute | None:
+        pack = self._packs.get(namespace)
+        return None if pack is None else pack.routes.get(route_key)
+
+    @property
+    def packs(self) -> Sequence[ActivePack]:
+        return list(self._packs.values())
+
+    async def refresh(self, conn: AsyncConnection[Any]) -> None:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(ROUTE_LIST_ACTIVE)
+        packs: dict[str, ActivePack] = {}
+        for row in await cur.fetchall():
+            packs[str(row["namespace"])] = _active_pack(row)
+        self._packs = packs
+        self.version += 1
+
+
+def _active_pack(row: Mapping[str, Any]) -> ActivePack:
+    base: dict[str, Any] = {
+        "installed_pack_id": int(row["installed_pack_id"]),
+        "name": str(row["name"]),
+        "namespace": str(row["namespace"]),
+        "incarnation": int(row["incarnation"]),
+        "generation": int(row["generation"]),
+        "claim_path": row["claim_path"],
+        "phase": row["phase"],
+    }
+    try:
+        raw_types = row["manifest"].get("work_types", {}) if isinstance(row["manifest"], dict) else {}
+        work_types = {name: WorkTypeSpec.model_validate(spec) for name, spec in raw_types.items()}
+        routes: dict[str, ActiveRoute] = {}
+        for r in row["routes"]:
+            spec = RouteSpec.model_validate(r["config"])
+            routes[spec.key] = ActiveRoute(
+                route_id=int(r["route_id"]),
+                route_version=int(r["route_version"]),
+                route_key=spec.key,
+                spec=spec,
+                work_types={f.work_type: work_types[f.work_type] for f in spec.fan_out},
+            )
+    except (ValidationError, KeyError, TypeError, AttributeError) as exc:
+        log.error(
+            "active pack generation cannot be read",
+            extra={"installed_pack_id": base["installed_pack_id"], "error_class": type(exc).__name__},
+        )
+        return ActivePack(**base, problem="config_invalid")
+    return ActivePack(**base, routes=routes)
