@@ -175,15 +175,21 @@ class Admission:
         body: bytes,
         uri: Callable[[], str],
         received_at: float,
+        now: float | None = None,
     ) -> Outcome:
-        """Verify, then make the receipt durable. ``route_for`` has been passed already."""
+        """Verify, then make the receipt durable. ``route_for`` has been passed already.
+
+        ``now`` is the clock signature timestamps are checked against (default ``received_at``; a
+        gateway's own receive time is stored but never widens the replay window)."""
         if len(body) > self.max_body_bytes:
             return self.reject(BODY_TOO_LARGE)
         if not body:
             return self.reject(BODY_EMPTY)
         assert route.verifier is not None
         try:
-            verification = route.verifier.verify(headers, body, method, uri, received_at)
+            verification = route.verifier.verify(
+                headers, body, method, uri, received_at if now is None else now
+            )
         except verify.Rejected as exc:
             return Outcome(VERIFY_STATUS, REJECTED, exc.reason)
         raw_content_type = headers.get("Content-Type")

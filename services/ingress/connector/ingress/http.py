@@ -18,10 +18,11 @@ plus the raw path and query when configured, otherwise scheme and host as receiv
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from connector.ingress import metrics
 from connector.ingress.admission import BODY_TOO_LARGE, ROUTE_NOT_FOUND, Admission, Outcome
@@ -30,6 +31,36 @@ _JSON = "application/json"
 _ERROR = b'{"error":"%s"}'
 TRANSPORT = "http"
 WEBHOOK_PREFIX = "/v1/webhooks/"
+
+
+class MalformedRequestFilter(logging.Filter):
+    """Counts requests the HTTP parser refused (400 before any handler ran) instead of logging them.
+
+    aiohttp logs each with its traceback, and the exception text quotes the offending request line
+    — header values included. A flood of malformed requests must not become a flood of log lines
+    that echo attacker-chosen (or signature-bearing) bytes; a counter is what an operator needs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("connector.ingress.malformed")
+        self._counter = metrics.DELIVERIES.labels(TRANSPORT, "rejected", "malformed_http")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            self._counter.inc()
+            return False
+        return True
+
+
+MALFORMED_FILTER = MalformedRequestFilter()
+
+
+def install_log_filter() -> None:
+    """Attach the filter to aiohttp's server logger (idempotent)."""
+    logger = logging.getLogger("aiohttp.server")
+    if MALFORMED_FILTER not in logger.filters:
+        logger.addFilter(MALFORMED_FILTER)
 
 
 def _answer(outcome: Outcome) -> web.Response:
@@ -120,4 +151,5 @@ def build_server(
             return web.Response(status=503, body=b'{"status":"not_ready"}', content_type=_JSON)
         return web.Response(status=404, body=_ERROR % b"not_found", content_type=_JSON)
 
+    install_log_filter()
     return web.Server(handle, access_log=None)

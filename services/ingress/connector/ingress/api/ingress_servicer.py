@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC
 from typing import Any
 
 import grpc
@@ -61,8 +62,11 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         self, request: pb.SubmitDeliveryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.SubmitDeliveryResponse:
         admission = self._admission
+        now = time.time()
         received = (
-            request.receive_time.ToDatetime().timestamp() if request.HasField("receive_time") else time.time()
+            request.receive_time.ToDatetime(tzinfo=UTC).timestamp()
+            if request.HasField("receive_time")
+            else now
         )
         method = (request.method or "POST").upper()
         body = bytes(request.body)
@@ -86,7 +90,7 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
             return f"{scheme}://{host}{raw_uri}"
 
         outcome = await admission.admit(
-            route, method=method, headers=headers, body=body, uri=uri, received_at=received
+            route, method=method, headers=headers, body=body, uri=uri, received_at=received, now=now
         )
         admission.count(TRANSPORT, outcome)
         if not outcome.ok:

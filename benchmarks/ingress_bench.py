@@ -1,0 +1,407 @@
+"""Ingress benchmark: verified, durable acks/s over HTTP versus PostgreSQL's single-insert reference.
+
+    .venv/bin/python -m benchmarks.ingress_bench [--quick] [--concurrency 64] [--duration 15]
+
+What it does (holding ``/tmp/connector-bench.lock`` so two benchmarks never share the machine):
+
+1. creates a scratch database (migrated) and installs one route verified by the Standard Webhooks
+   preset (HMAC-SHA256 over ``{id}.{timestamp}.{body}``, ``webhook-id`` as the delivery id);
+2. starts ``connector ingress`` as its own process (uvloop, its own pool);
+3. runs the load generator in a *separate process*: ``--concurrency`` keep-alive connections, each
+   sending one signed delivery at a time (unique id, fresh timestamp, ~``--body-bytes`` JSON body)
+   and waiting for the answer; it reports accepted deliveries/s and p50/p99/max ack latency;
+4. checks durability: rows in ``connector_ingress_receipt`` equal the accepted count;
+5. runs ``pgbench`` (``-c concurrency``) with a one-row ``INSERT`` into the same table in another
+   scratch database on the same server: the physical reference, one commit per row;
+6. prints the figures and the ratio (ingress acks/s ÷ pgbench tps), and one JSON line.
+
+Nothing here is a test: it asserts nothing about speed; it measures and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import fcntl
+import hmac
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+LOCK_FILE = "/tmp/connector-bench.lock"
+NAMESPACE = "bench"
+ROUTE_KEY = "events"
+SECRET_ENV = "CONNECTOR_BENCH_WEBHOOK_SECRET"
+# A Standard Webhooks key: whsec_ + base64 of 24 random bytes, made fresh per run.
+SECRET_BYTES = os.urandom(24)
+SECRET_VALUE = "whsec_" + base64.b64encode(SECRET_BYTES).decode()
+
+
+# --------------------------------------------------------------------------------------------------
+# Load generator (runs in its own process: ``ingress_bench.py --loadgen '<json>'``)
+# --------------------------------------------------------------------------------------------------
+
+
+async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
+    host, port = cfg["host"], cfg["port"]
+    key = base64.b64decode(cfg["secret"].removeprefix("whsec_"))
+    path = f"/v1/webhooks/{NAMESPACE}/{ROUTE_KEY}".encode()
+    pad = b"x" * max(0, cfg["body_bytes"] - 120)
+    warmup_until = time.monotonic() + cfg["warmup"]
+    stop_at = warmup_until + cfg["duration"]
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    counter = 0
+    ok_total = 0
+    run_tag = os.urandom(4).hex()
+
+    async def client(n: int) -> None:
+        nonlocal counter, ok_total
+        reader, writer = await asyncio.open_connection(host, port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while True:
+            now = time.monotonic()
+            if now >= stop_at:
+                break
+            counter += 1
+            msg_id = f"msg_{run_tag}_{n}_{counter}".encode()
+            ts = str(int(time.time())).encode()
+            body = b'{"type":"bench.event","id":"%s","data":{"seq":%d,"pad":"%s"}}' % (msg_id, counter, pad)
+            sig = base64.b64encode(hmac.digest(key, msg_id + b"." + ts + b"." + body, "sha256"))
+            request = (
+                b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nwebhook-id: %s\r\nwebhook-timestamp: %s\r\n"
+                b"webhook-signature: v1,%s\r\n\r\n%s"
+            ) % (path, host.encode(), port, len(body), msg_id, ts, sig, body)
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if length:
+                await reader.readexactly(length)
+            elapsed = time.perf_counter() - started
+            status = int(head[9:12])
+            ok_total += status == 200
+            if now >= warmup_until:
+                statuses[status] = statuses.get(status, 0) + 1
+                if status == 200:
+                    latencies.append(elapsed)
+        writer.close()
+
+    await asyncio.gather(*(client(i) for i in range(cfg["concurrency"])))
+    latencies.sort()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
+
+    return {
+        "accepted": len(latencies),
+        "accepted_total": ok_total,
+        "statuses": statuses,
+        "accepted_per_s": len(latencies) / cfg["duration"],
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": latencies[-1] * 1000 if latencies else 0.0,
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else 0.0,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def loadgen_main(raw: str) -> None:
+    import uvloop
+
+    result = uvloop.run(_loadgen(json.loads(raw)))
+    print(json.dumps(result))
+
+
+# --------------------------------------------------------------------------------------------------
+# Orchestration
+# --------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _install_route(url: str) -> None:
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    from connector.common import packs, schema
+
+    manifest = packs.parse_manifest(
+        {
+            "name": "bench",
+            "namespace": NAMESPACE,
+            "work_types": {"noop": {"handler": {"kind": "python", "target": "bench:noop"}}},
+            "routes": [
+                {
+                    "key": ROUTE_KEY,
+                    "verification": {"preset": "standard-webhooks", "secrets": [{"env": SECRET_ENV}]},
+                    "idempotency_header": "webhook-id",
+                    "extract": {"event_kind": {"pointer": "/type"}},
+                    "fan_out": [{"work_type": "noop"}],
+                }
+            ],
+        }
+    )
+    route = manifest.routes[0].model_dump(mode="json")
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        pack_id = conn.execute(
+            "INSERT INTO connector_installed_pack (name, namespace, active_generation) VALUES (%s, %s, 1)"
+            " RETURNING installed_pack_id",
+            (manifest.name, manifest.namespace),
+        ).fetchone()[0]  # type: ignore[index]
+        doc = manifest.model_dump(mode="json")
+        conn.execute(
+            "INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,"
+            " manifest_sha256, activated_at) VALUES (%s, 1, 'active', %s, %s, now())",
+            (pack_id, Jsonb(doc), packs.sha256_hex(doc)),
+        )
+        conn.execute(
+            "INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version,"
+            " config, config_sha256) VALUES (%s, 1, %s, %s, 1, %s, %s)",
+            (pack_id, NAMESPACE, ROUTE_KEY, Jsonb(route), packs.sha256_hex(route)),
+        )
+        conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"ingress exited early with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("ingress did not become ready")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _postgres_cpu_seconds(dbname: str) -> float:
+    """CPU of the server's backends for ``dbname`` plus its shared background processes (WAL writer,
+    checkpointer, …): other databases' backends on a shared server are left out."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if (entry / "comm").read_text().strip() != "postgres":
+                    continue
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                is_backend = "127.0.0.1(" in title or "[local]" in title
+                if not is_backend or f" {dbname} " in title:
+                    total += _cpu_seconds(int(entry.name))
+    return total
+
+
+def _scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        for name in (
+            "connector_ingress_group_commit_batch_size_sum",
+            "connector_ingress_group_commit_batch_size_count",
+            "connector_ingress_receipt_commit_seconds_sum",
+            "connector_ingress_receipt_commit_seconds_count",
+        ):
+            if line.startswith(name + " "):
+                out[name] = float(line.split()[1])
+    return out
+
+
+def _pgbench(url: str, *, clients: int, duration: float, body_bytes: int) -> dict[str, Any]:
+    pgbench = shutil.which("pgbench") or "/usr/bin/pgbench"
+    script = (
+        "INSERT INTO connector_ingress_receipt (namespace, route_key, provider_delivery_id,"
+        " idempotency_key, method, content_type, event_kind, received_at, payload_sha256, body,"
+        " verification) VALUES ('bench', 'events', md5(random()::text), "
+        "'events:id:' || md5(random()::text || clock_timestamp()::text), 'POST', 'application/json',"
+        " 'bench.event', now(), sha256(convert_to(random()::text, 'UTF8')),"
+        f" convert_to(repeat('x', {body_bytes}), 'UTF8'), 'hmac-sha256:env:X');\n"
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+        path = f.name
+    try:
+        out = subprocess.run(
+            [pgbench, "-n", "-f", path, "-c", str(clients), "-j", "2", "-T", str(int(duration)), "-d", url],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(path)
+    tps = latency = 0.0
+    for line in out.splitlines():
+        if line.startswith("tps ="):
+            tps = float(line.split()[2])
+        if line.startswith("latency average ="):
+            latency = float(line.split()[3])
+    return {"tps": tps, "latency_avg_ms": latency}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="short run (5 s load, 5 s pgbench)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds (after warm-up)")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--body-bytes", type=int, default=1024)
+    parser.add_argument("--writers", type=int, default=None, help="CONNECTOR_INGRESS_GROUP_COMMIT_WRITERS")
+    parser.add_argument("--max-wait-ms", type=float, default=None, help="group commit max wait")
+    parser.add_argument("--skip-pgbench", action="store_true")
+    parser.add_argument("--loadgen", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.loadgen:
+        loadgen_main(args.loadgen)
+        return 0
+    if args.quick:
+        args.duration, args.warmup = 5.0, 1.0
+
+    from connector.common import testdb
+
+    with open(LOCK_FILE, "w") as lock:
+        print(f"waiting for {LOCK_FILE} ...", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with (
+            testdb.fresh_database("ingress_bench") as url,
+            testdb.fresh_database("ingress_pgbench") as ref_url,
+        ):
+            return _run(args, url, ref_url)
+
+
+def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
+    import psycopg
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    _install_route(url)
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    env = {
+        **os.environ,
+        "CONNECTOR_DATABASE_URL": url,
+        SECRET_ENV: SECRET_VALUE,
+        "CONNECTOR_LOG_LEVEL": "WARNING",
+    }
+    if args.writers is not None:
+        env["CONNECTOR_INGRESS_GROUP_COMMIT_WRITERS"] = str(args.writers)
+    if args.max_wait_ms is not None:
+        env["CONNECTOR_INGRESS_GROUP_COMMIT_MAX_WAIT_MS"] = str(args.max_wait_ms)
+    ingress = subprocess.Popen(
+        [sys.executable, "-m", "connector.cli.main", "ingress", "--http-port", str(http_port),
+         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
+        env=env,
+    )  # fmt: skip
+    try:
+        _wait_ready(http_port, ingress)
+        cfg = {
+            "host": "127.0.0.1",
+            "port": http_port,
+            "secret": SECRET_VALUE,
+            "concurrency": args.concurrency,
+            "duration": args.duration,
+            "warmup": args.warmup,
+            "body_bytes": args.body_bytes,
+        }
+        cpu_before, pg_before, wall_before = (
+            _cpu_seconds(ingress.pid),
+            _postgres_cpu_seconds(dbname),
+            time.monotonic(),
+        )
+        gen = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--loadgen", json.dumps(cfg)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        load = json.loads(gen.stdout.strip().splitlines()[-1])
+        wall = time.monotonic() - wall_before
+        cpu = {
+            "ingress_cores": (_cpu_seconds(ingress.pid) - cpu_before) / wall,
+            "postgres_cores": (_postgres_cpu_seconds(dbname) - pg_before) / wall,
+            "loadgen_cores": load.pop("cpu_s") / wall,
+        }
+        scraped = _scrape(metrics_port)
+    finally:
+        ingress.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ingress.wait(timeout=15)
+        if ingress.poll() is None:
+            ingress.kill()
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT count(*) FROM connector_ingress_receipt").fetchone()[0]  # type: ignore[index]
+    ref = (
+        None
+        if args.skip_pgbench
+        else _pgbench(ref_url, clients=args.concurrency, duration=args.duration, body_bytes=args.body_bytes)
+    )
+    batches = scraped.get("connector_ingress_group_commit_batch_size_count", 0.0)
+    avg_batch = (
+        scraped.get("connector_ingress_group_commit_batch_size_sum", 0.0) / batches if batches else 0.0
+    )
+    commit_ms = (
+        scraped.get("connector_ingress_receipt_commit_seconds_sum", 0.0) * 1000 / batches if batches else 0.0
+    )
+    print()
+    print(f"ingress, concurrency {args.concurrency}, {args.duration:.0f} s, ~{args.body_bytes} B bodies, "
+          "Standard Webhooks HMAC-SHA256 verified, fsync on")  # fmt: skip
+    print(f"  accepted deliveries/s   {load['accepted_per_s']:>10.0f}")
+    p50, p99, worst = load["p50_ms"], load["p99_ms"], load["max_ms"]
+    print(f"  ack latency p50 / p99   {p50:>7.2f} ms / {p99:.2f} ms (max {worst:.1f})")
+    print(f"  answers by status       {load['statuses']}")
+    busy = f"ingress {cpu['ingress_cores']:.2f}, postgres {cpu['postgres_cores']:.2f}"
+    print(f"  CPU (cores busy)        {busy}, load generator {cpu['loadgen_cores']:.2f}")
+    print(f"  group commit            avg batch {avg_batch:.1f}, avg commit {commit_ms:.2f} ms")
+    durable = "ok" if rows == load["accepted_total"] else "MISMATCH"
+    print(f"  rows in receipt table   {rows} = 200 answers incl. warm-up {load['accepted_total']}: {durable}")
+    if ref is not None:
+        print(f"pgbench single-row INSERT (same table, -c {args.concurrency} -j 2)")
+        print(f"  transactions/s          {ref['tps']:>10.0f} (latency avg {ref['latency_avg_ms']:.2f} ms)")
+        print(f"  ratio ingress / pgbench {load['accepted_per_s'] / ref['tps']:>10.2f}")
+    summary = {
+        "ingress": load,
+        "cpu": cpu,
+        "rows": rows,
+        "avg_batch": avg_batch,
+        "avg_commit_ms": commit_ms,
+        "pgbench": ref,
+    }
+    print(json.dumps(summary))
+    non_ok = {k: v for k, v in load["statuses"].items() if int(k) != 200}
+    if non_ok:
+        print(f"WARNING: non-200 answers: {non_ok}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
