@@ -49,7 +49,7 @@ def manifest(
         "namespace": namespace,
         "work_types": {
             wt: {
-                "handler": {"kind": "python", "target": "tests.admin.handlers:ok"},
+                "handler": {"kind": "python", "target": f"{__package__}.handlers:ok"},
                 "queue_class": queue_class,
                 "retry": {"max_attempts": max_attempts},
                 "lanes": {"dead_head": dead_head},

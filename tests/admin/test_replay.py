@@ -7,7 +7,6 @@ import asyncio
 
 import grpc
 import psycopg
-import pytest
 
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
@@ -66,12 +65,12 @@ async def test_replay_is_a_new_attempt_on_the_active_generation(
     assert await cur.fetchone() == event_before  # the immutable fact is untouched
 
 
-@pytest.mark.parametrize("state", ["succeeded", "pending", "retry", "processing", "blocked"])
-async def test_only_dead_items_replay(admin: Admin, seed: Seed, state: str) -> None:
+async def test_only_dead_items_replay(admin: Admin, seed: Seed) -> None:
     pack = await seed.pack()
-    work_id = await seed.item(pack, state=state)
-    await _refused(admin, work_id, "NOT_DEAD")
-    assert await seed.state(work_id) == state
+    for state in ("succeeded", "pending", "retry", "processing", "blocked"):
+        work_id = await seed.item(pack, state=state)
+        await _refused(admin, work_id, "NOT_DEAD")
+        assert await seed.state(work_id) == state
 
 
 async def test_legacy_terminal_and_fenced_items_are_never_reopened(admin: Admin, seed: Seed) -> None:
@@ -85,37 +84,33 @@ async def test_legacy_terminal_and_fenced_items_are_never_reopened(admin: Admin,
     assert await seed.state(awaiting) == "awaiting_legacy_outcome"
 
 
-async def test_legacy_owned_event(admin: Admin, seed: Seed) -> None:
-    pack = await seed.pack()
-    work_id = await seed.item(pack, execution_owner="legacy_event")
-    await _refused(admin, work_id, "LEGACY_OWNED")
+async def test_ownership_generation_and_incarnation_refusals(admin: Admin, seed: Seed) -> None:
+    shop = await seed.pack("shop")
+    legacy = await seed.item(shop, execution_owner="legacy_event")
+    await _refused(admin, legacy, "LEGACY_OWNED")
+
+    crm = await seed.pack("crm")
+    orphan = await seed.item(crm)
+    await seed.conn.execute(
+        "UPDATE connector_installed_pack SET active_generation = NULL WHERE installed_pack_id = %s", (crm,)
+    )
+    await _refused(admin, orphan, "NO_ACTIVE_GENERATION")
+
+    erp = await seed.pack("erp")
+    old = await seed.item(erp, incarnation=1)
+    await seed.conn.execute(
+        "UPDATE connector_installed_pack SET incarnation = 2 WHERE installed_pack_id = %s", (erp,)
+    )
+    await _refused(admin, old, "INCARNATION_CHANGED")
 
 
-async def test_no_active_generation(admin: Admin, seed: Seed) -> None:
+async def test_active_generation_not_work_item_owned(admin: Admin, seed: Seed) -> None:
     pack = await seed.pack()
     work_id = await seed.item(pack)
-    await seed.conn.execute(
-        "UPDATE connector_installed_pack SET active_generation = NULL WHERE installed_pack_id = %s", (pack,)
-    )
-    await _refused(admin, work_id, "NO_ACTIVE_GENERATION")
-
-
-async def test_incarnation_changed(admin: Admin, seed: Seed) -> None:
-    pack = await seed.pack()
-    work_id = await seed.item(pack, incarnation=1)
-    await seed.conn.execute(
-        "UPDATE connector_installed_pack SET incarnation = 2 WHERE installed_pack_id = %s", (pack,)
-    )
-    await _refused(admin, work_id, "INCARNATION_CHANGED")
-
-
-@pytest.mark.parametrize("claim_path", ["legacy_event", "none"])
-async def test_active_generation_not_work_item_owned(admin: Admin, seed: Seed, claim_path: str) -> None:
-    pack = await seed.pack()
-    work_id = await seed.item(pack)
-    await seed.generation(pack, 2, claim_path=claim_path)
-    await _refused(admin, work_id, "GENERATION_NOT_WORK_ITEM_OWNED")
-    assert await seed.state(work_id) == "dead"
+    for generation, claim_path in ((2, "legacy_event"), (3, "none")):
+        await seed.generation(pack, generation, claim_path=claim_path)
+        await _refused(admin, work_id, "GENERATION_NOT_WORK_ITEM_OWNED")
+        assert await seed.state(work_id) == "dead"
 
 
 async def test_route_gone_and_work_type_gone(admin: Admin, seed: Seed) -> None:

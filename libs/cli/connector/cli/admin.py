@@ -1,0 +1,773 @@
+"""``connector admin``: operator commands over the admin gRPC API (docs/admin.md).
+
+    connector admin dlq list|show|replay      dead letters: list, inspect, replay (one, many, by filter)
+    connector admin receipts failed|replay    receipts whose routing failed
+    connector admin stats                     queue depth, ready age, in-flight, rates, receipts
+    connector admin lanes blocked             lanes held by a dead, retrying or fenced head
+    connector admin packs list|apply|activate pack generations
+    connector admin cutover status            claim path, phase, receipts, fences per generation
+
+Target ``CONNECTOR_ADMIN_ADDRESS`` (default 127.0.0.1:50053) or ``--address``; bearer token from
+``CONNECTOR_ADMIN_TOKEN`` or ``--token-file``; TLS with ``--tls-ca-file`` (+ ``--tls-cert-file`` /
+``--tls-key-file`` for mTLS). Tables by default, ``--json`` for scripts. A failed call prints
+``error: <CODE> <reason>: <message>`` on stderr and exits 1 (2 for usage errors, 130 on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from connector.cli.admin_output import Progress, age, ago, enum_name, table, to_json, when
+from connector.common.grpc_server import error_info
+from connector.common.settings import AdminSettings, load
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import admin_service_pb2_grpc, types_pb2
+
+DEFAULT_TIMEOUT_S = 30.0
+QUEUE_STATES = ("pending", "blocked", "processing", "retry", "dead", "awaiting_legacy_outcome")
+
+
+class CliError(Exception):
+    """A usage or local problem (exit 2)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Connection
+# --------------------------------------------------------------------------------------------------
+
+
+class Client:
+    def __init__(self, args: argparse.Namespace) -> None:
+        settings = load(AdminSettings)
+        self.address = args.address or settings.address
+        token = settings.token.get_secret_value()
+        if args.token_file:
+            try:
+                token = Path(args.token_file).read_text().strip()
+            except OSError as exc:
+                raise CliError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout = args.timeout
+        if args.tls_ca_file or args.tls_cert_file:
+            try:
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=_read(args.tls_ca_file),
+                    private_key=_read(args.tls_key_file),
+                    certificate_chain=_read(args.tls_cert_file),
+                )
+            except OSError as exc:
+                raise CliError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
+            self.channel = grpc.secure_channel(self.address, creds)
+        else:
+            self.channel = grpc.insecure_channel(self.address)
+        self.stub = admin_service_pb2_grpc.AdminServiceStub(self.channel)
+
+    def call(self, method: str, request: Message) -> Any:
+        return getattr(self.stub, method)(request, metadata=self._metadata, timeout=self.timeout)
+
+    def stream(self, method: str, request: Message) -> Any:
+        return getattr(self.stub, method)(request, metadata=self._metadata)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _read(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+@contextmanager
+def _client(args: argparse.Namespace) -> Iterator[Client]:
+    client = Client(args)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def format_error(exc: grpc.RpcError) -> str:
+    code = exc.code().name if hasattr(exc, "code") and exc.code() is not None else "UNKNOWN"
+    info = error_info(exc)
+    reason = info.reason if info is not None and info.reason else "-"
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return f"error: {code} {reason}: {details}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Argument helpers
+# --------------------------------------------------------------------------------------------------
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (UTC when no offset) or a relative age such as ``90s``, ``15m``, ``2h``, ``7d``."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        return datetime.now(UTC) - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601 or e.g. 15m, 2h, 7d)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _ts(value: datetime) -> Timestamp:
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _pack_id(client: Client, pack: str | None) -> int:
+    """A pack given by id or by name (names are resolved with ListPacks)."""
+    if not pack:
+        return 0
+    if pack.isdigit():
+        return int(pack)
+    token = ""
+    while True:
+        page = client.call("ListPacks", pb.ListPacksRequest(page_size=500, page_token=token))
+        for p in page.packs:
+            if p.name == pack:
+                return int(p.installed_pack_id)
+        token = page.next_page_token
+        if not token:
+            raise CliError(f"no pack named {pack!r}")
+
+
+def _emit(args: argparse.Namespace, message: Message, render: Callable[[], None]) -> None:
+    if args.json:
+        print(to_json(message))
+    else:
+        render()
+
+
+def _pages(client: Client, method: str, request: Any, field: str, follow: bool) -> Any:
+    """One page, or with ``follow`` every page merged into one response."""
+    response = client.call(method, request)
+    if not follow:
+        return response
+    while response.next_page_token:
+        request.page_token = response.next_page_token
+        nxt = client.call(method, request)
+        getattr(response, field).extend(getattr(nxt, field))
+        response.next_page_token = nxt.next_page_token
+    return response
+
+
+def _more(args: argparse.Namespace, response: Any) -> None:
+    if response.next_page_token and not args.json:
+        print(f"(more: --page-token {response.next_page_token}, or --all)", file=sys.stderr)
+
+
+def _state(value: int) -> str:
+    return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
+
+
+# --------------------------------------------------------------------------------------------------
+# dlq
+# --------------------------------------------------------------------------------------------------
+
+
+def _dlq_filter(client: Client, args: argparse.Namespace, request: Any) -> None:
+    request.installed_pack_id = _pack_id(client, args.pack)
+    request.generation = args.generation or 0
+    request.work_type = args.work_type or ""
+    request.failure_class = args.failure_class or ""
+    if args.since:
+        request.finish_time_after.CopyFrom(_ts(args.since))
+    if args.until:
+        request.finish_time_before.CopyFrom(_ts(args.until))
+
+
+def dlq_list(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ListDeadLettersRequest(page_size=args.limit, page_token=args.page_token or "")
+    _dlq_filter(client, args, request)
+    response = _pages(client, "ListDeadLetters", request, "dead_letters", args.all)
+
+    def render() -> None:
+        table(
+            [
+                "work_id",
+                "pack",
+                "gen",
+                "work_type",
+                "failure",
+                "summary",
+                "attempts",
+                "replays",
+                "finished",
+                "event",
+                "delivery",
+            ],
+            [
+                (
+                    d.work_item.work_id,
+                    d.work_item.installed_pack_id,
+                    d.work_item.generation,
+                    d.work_item.work_type,
+                    d.work_item.failure_class,
+                    d.work_item.failure_summary,
+                    d.work_item.attempts,
+                    d.work_item.replay_count,
+                    ago(d.work_item.finish_time, d.work_item.HasField("finish_time")),
+                    d.event.event_id,
+                    d.receipt.provider_delivery_id,
+                )
+                for d in response.dead_letters
+            ],
+        )
+        _more(args, response)
+
+    _emit(args, response, render)
+    return 0
+
+
+def dlq_show(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "GetWorkItem", pb.GetWorkItemRequest(work_id=args.work_id, include_payload=args.payload)
+    )
+
+    def render() -> None:
+        w, e, r = response.work_item, response.event, response.receipt
+        rows: list[tuple[str, Any]] = [
+            ("work item", w.work_id),
+            ("state", _state(w.state)),
+            ("pack / generation", f"{w.installed_pack_id} / {w.generation}"),
+            ("work type / queue", f"{w.work_type} / {w.queue_class}"),
+            ("attempts", f"{w.attempts} of {w.max_attempts} (replayed {w.replay_count}x)"),
+            ("failure", f"{w.failure_class or '-'}: {w.failure_summary or '-'}"),
+            ("outcome", w.outcome or "-"),
+            ("lanes", f"source={w.source_lane_key or '-'} target={w.target_mutation_lane_key or '-'}"),
+            ("lease", f"{w.lease_owner or '-'} token={w.lease_token}"),
+            ("run after", when(w.run_after, w.HasField("run_after"))),
+            ("created / updated", f"{when(w.create_time)} / {when(w.update_time)}"),
+            ("finished", when(w.finish_time, w.HasField("finish_time"))),
+            (
+                "event",
+                f"{e.event_id} route {e.route_id} v{e.route_version} gen {e.generation} inc {e.incarnation}",
+            ),
+            ("source object", f"{e.source_object_kind or '-'}/{e.source_object_id or '-'}"),
+            ("idempotency key", e.idempotency_key),
+            ("receipt", f"{r.receipt_id} {r.method} /{r.namespace}/{r.route_key} ({r.content_type or '-'})"),
+            ("delivery id", r.provider_delivery_id or "-"),
+            ("accepted", when(r.accept_time, r.HasField("accept_time"))),
+            ("payload sha256", r.payload_sha256),
+            ("correlation", ", ".join(f"{k}={v}" for k, v in sorted(r.correlation_ids.items())) or "-"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            print(f"{key.ljust(width)}  {value}")
+        if args.payload:
+            try:
+                text = r.body.decode()
+            except UnicodeDecodeError:
+                text = "base64:" + base64.b64encode(r.body).decode()
+            print(f"{'payload'.ljust(width)}  {text if r.body else '(not stored inline)'}")
+
+    _emit(args, response, render)
+    return 0
+
+
+def dlq_replay(client: Client, args: argparse.Namespace) -> int:
+    filters = (args.pack, args.generation, args.work_type, args.failure_class, args.since, args.until)
+    if args.work_ids:
+        if any(f for f in filters) or args.dry_run:
+            raise CliError("give work ids or a filter (--pack ...), not both; --dry-run is for filters")
+        return _replay_ids(client, args)
+    if not args.pack:
+        raise CliError("bulk replay needs --pack (and optional filters), or give work ids")
+    return _replay_bulk(client, args)
+
+
+def _replay_ids(client: Client, args: argparse.Namespace) -> int:
+    base = args.request_id or uuid.uuid4().hex
+    results: list[pb.ReplayWorkItemResponse] = []
+    failed = 0
+    for work_id in args.work_ids:
+        request_id = base if len(args.work_ids) == 1 else f"{base}-{work_id}"
+        try:
+            results.append(
+                client.call(
+                    "ReplayWorkItem", pb.ReplayWorkItemRequest(work_id=work_id, request_id=request_id)
+                )
+            )
+        except grpc.RpcError as exc:
+            failed += 1
+            print(f"{format_error(exc)} (work item {work_id})", file=sys.stderr)
+    if args.json:
+        for r in results:
+            print(to_json(r))
+    else:
+        table(
+            ["work_id", "state", "generation", "queue", "replays"],
+            [
+                (
+                    r.work_item.work_id,
+                    _state(r.work_item.state),
+                    r.work_item.generation,
+                    r.work_item.queue_class,
+                    r.work_item.replay_count,
+                )
+                for r in results
+            ],
+        )
+    return 1 if failed else 0
+
+
+def _replay_bulk(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ReplayDeadLettersRequest(
+        dry_run=args.dry_run,
+        rate_limit=args.rate or 0,
+        request_id="" if args.dry_run else (args.request_id or uuid.uuid4().hex),
+    )
+    _dlq_filter(client, args, request)
+    progress = Progress()
+    final: pb.ReplayDeadLettersResponse | None = None
+    call = client.stream("ReplayDeadLetters", request)
+    try:
+        for message in call:
+            final = message
+            if not args.dry_run:
+                progress.update(message.replayed, message.total, message.refused, final=message.done)
+    except KeyboardInterrupt:
+        call.cancel()
+        progress.close()
+        done = final.replayed if final else 0
+        print(f"cancelled: {done} replayed before the stop; the rest stay dead", file=sys.stderr)
+        return 130
+    finally:
+        progress.close()
+    assert final is not None
+    if args.json:
+        print(to_json(final))
+        return 0
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(final.refused_by_reason.items()))
+    if args.dry_run:
+        print(
+            f"dry run: {final.total} dead letters match, {final.eligible} would be replayed,"
+            f" {final.refused} refused"
+        )
+    else:
+        print(f"replayed {final.replayed} of {final.total}, refused {final.refused}")
+    if reasons:
+        print(f"refused by reason: {reasons}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# receipts
+# --------------------------------------------------------------------------------------------------
+
+
+def receipts_failed(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ListReceiptFailuresRequest(
+        page_size=args.limit, page_token=args.page_token or "", namespace=args.namespace or ""
+    )
+    response = _pages(client, "ListReceiptFailures", request, "receipts", args.all)
+
+    def render() -> None:
+        table(
+            ["receipt_id", "namespace", "route", "delivery", "error", "summary", "attempts", "accepted"],
+            [
+                (
+                    r.receipt_id,
+                    r.namespace,
+                    r.route_key,
+                    r.provider_delivery_id,
+                    r.error_class,
+                    r.error_summary,
+                    r.attempts,
+                    ago(r.accept_time, r.HasField("accept_time")),
+                )
+                for r in response.receipts
+            ],
+        )
+        _more(args, response)
+
+    _emit(args, response, render)
+    return 0
+
+
+def receipts_replay(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "ReplayReceipt",
+        pb.ReplayReceiptRequest(receipt_id=args.receipt_id, request_id=args.request_id or uuid.uuid4().hex),
+    )
+    _emit(
+        args,
+        response,
+        lambda: print(
+            f"receipt {response.receipt.receipt_id} is "
+            f"{enum_name(types_pb2.ReceiptStatus.Name(response.receipt.status), 'RECEIPT_STATUS_')} again:"
+            " the materializer routes it against the active generation"
+        ),
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# stats, lanes, cutover
+# --------------------------------------------------------------------------------------------------
+
+
+def stats(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=_pack_id(client, args.pack))
+    )
+
+    def render() -> None:
+        totals = [q for q in response.queues if not q.queue_class]
+        classes = [q for q in response.queues if q.queue_class]
+        table(
+            ["pack", *QUEUE_STATES, "due", "oldest_ready", "retry/s", "dead/s"],
+            [
+                (
+                    f"{q.pack_name} ({q.installed_pack_id})",
+                    *(q.depth_by_state.get(s, 0) for s in QUEUE_STATES),
+                    q.due,
+                    age(q.oldest_ready_age, q.HasField("oldest_ready_age")),
+                    f"{q.retry_rate:.3f}",
+                    f"{q.dead_rate:.3f}",
+                )
+                for q in totals
+            ],
+        )
+        print()
+        table(
+            ["pack", "queue_class", "ready", "due", "in_flight", "oldest_ready"],
+            [
+                (
+                    f"{q.pack_name} ({q.installed_pack_id})",
+                    q.queue_class,
+                    q.depth_by_state.get("ready", 0),
+                    q.due,
+                    q.in_flight,
+                    age(q.oldest_ready_age, q.HasField("oldest_ready_age")),
+                )
+                for q in classes
+            ],
+        )
+        print()
+        oldest = age(response.oldest_unrouted_age, response.HasField("oldest_unrouted_age"))
+        print(
+            f"receipts: {response.receipts_unrouted} unrouted (oldest due {oldest}), "
+            f"{response.receipts_routing} routing, {response.receipts_failed} failed"
+        )
+        print(f"active claimants: {response.active_claimants}")
+
+    _emit(args, response, render)
+    return 0
+
+
+def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ListBlockedLanesRequest(
+        page_size=args.limit, page_token=args.page_token or "", installed_pack_id=_pack_id(client, args.pack)
+    )
+    response = _pages(client, "ListBlockedLanes", request, "lanes", args.all)
+
+    def render() -> None:
+        table(
+            ["pack", "kind", "lane", "head", "state", "waiting", "failure", "since"],
+            [
+                (
+                    b.installed_pack_id,
+                    enum_name(pb.LaneKind.Name(b.kind), "LANE_KIND_"),
+                    b.lane_key,
+                    b.head.work_id,
+                    _state(b.head.state),
+                    b.waiting,
+                    b.head.failure_class,
+                    ago(b.head.update_time, b.head.HasField("update_time")),
+                )
+                for b in response.lanes
+            ],
+        )
+        _more(args, response)
+
+    _emit(args, response, render)
+    return 0
+
+
+def cutover_status(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "GetCutoverState", pb.GetCutoverStateRequest(installed_pack_id=_pack_id(client, args.pack))
+    )
+
+    def render() -> None:
+        table(
+            [
+                "pack",
+                "gen",
+                "status",
+                "active",
+                "claim_path",
+                "phase",
+                "receipts",
+                "open_fences",
+                "awaiting",
+                "processing",
+                "claimers(wi/legacy)",
+            ],
+            [
+                (
+                    g.installed_pack_id,
+                    g.generation,
+                    g.generation_status,
+                    "yes" if g.active else "",
+                    enum_name(types_pb2.ClaimPath.Name(g.claim_path), "CLAIM_PATH_"),
+                    enum_name(types_pb2.CutoverPhase.Name(g.phase), "CUTOVER_PHASE_"),
+                    ",".join(f"{r.kind}#{r.cutover_receipt_id}" for r in g.receipts) or "-",
+                    g.open_rollback_fences,
+                    g.awaiting_legacy_outcome,
+                    g.processing,
+                    f"{g.work_item_claim_processes}/{g.legacy_event_claim_processes}",
+                )
+                for g in response.generations
+            ],
+        )
+
+    _emit(args, response, render)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# packs
+# --------------------------------------------------------------------------------------------------
+
+
+def _generations(p: pb.Pack) -> str:
+    return " ".join(f"{g.generation}:{g.status}" for g in p.generations) or "-"
+
+
+def packs_list(client: Client, args: argparse.Namespace) -> int:
+    response = _pages(client, "ListPacks", pb.ListPacksRequest(page_size=500), "packs", True)
+    _emit(
+        args,
+        response,
+        lambda: table(
+            ["pack_id", "name", "namespace", "incarnation", "active", "generations"],
+            [
+                (
+                    p.installed_pack_id,
+                    p.name,
+                    p.namespace,
+                    p.incarnation,
+                    p.active_generation or "-",
+                    _generations(p),
+                )
+                for p in response.packs
+            ],
+        ),
+    )
+    return 0
+
+
+def packs_apply(client: Client, args: argparse.Namespace) -> int:
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    response = client.call(
+        "ApplyPack",
+        pb.ApplyPackRequest(
+            manifest=text,
+            activate=args.activate,
+            validate_only=args.validate_only,
+            request_id="" if args.validate_only else (args.request_id or uuid.uuid4().hex),
+        ),
+    )
+    if args.json:
+        print(to_json(response))
+        return 1 if response.errors else 0
+    if args.validate_only:
+        if response.errors:
+            print("invalid pack manifest:")
+            for err in response.errors:
+                print(f"  - {err}")
+            return 1
+        print("manifest is valid")
+        return 0
+    status = next((g.status for g in response.pack.generations if g.generation == response.generation), "?")
+    print(
+        f"pack {response.pack.name} (id {response.pack.installed_pack_id}): generation {response.generation}"
+        f" is {status}; active generation {response.pack.active_generation or '-'}"
+    )
+    return 0
+
+
+def packs_activate(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "ActivateGeneration",
+        pb.ActivateGenerationRequest(
+            installed_pack_id=_pack_id(client, args.pack),
+            generation=args.generation,
+            request_id=args.request_id or uuid.uuid4().hex,
+        ),
+    )
+    _emit(
+        args,
+        response,
+        lambda: print(
+            f"pack {response.pack.name} (id {response.pack.installed_pack_id}): active generation"
+            f" {response.pack.active_generation} ({_generations(response.pack)})"
+        ),
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Parser and entry point
+# --------------------------------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection")
+    g.add_argument("--address", help="admin API host:port (CONNECTOR_ADMIN_ADDRESS, default 127.0.0.1:50053)")
+    g.add_argument("--token-file", help="file holding the bearer token (default: CONNECTOR_ADMIN_TOKEN)")
+    g.add_argument(
+        "--tls-ca-file", default=os.environ.get("CONNECTOR_ADMIN_CLI_CA_FILE"), help="CA to verify TLS"
+    )
+    g.add_argument(
+        "--tls-cert-file", default=os.environ.get("CONNECTOR_ADMIN_CLI_CERT_FILE"), help="mTLS client cert"
+    )
+    g.add_argument(
+        "--tls-key-file", default=os.environ.get("CONNECTOR_ADMIN_CLI_KEY_FILE"), help="mTLS client key"
+    )
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per call (default 30)")
+    common.add_argument("--json", action="store_true", help="print the API response as JSON")
+    return common
+
+
+def _paging(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", type=_positive, default=50, help="page size (default 50, max 500)")
+    p.add_argument("--page-token", help="continue a listing")
+    p.add_argument("--all", action="store_true", help="follow every page")
+
+
+def _dlq_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pack", help="pack id or name")
+    p.add_argument("--generation", type=_positive)
+    p.add_argument("--work-type")
+    p.add_argument("--failure-class")
+    p.add_argument("--since", type=parse_time, help="finished at or after (ISO 8601 or e.g. 2h)")
+    p.add_argument("--until", type=parse_time, help="finished before (ISO 8601 or e.g. 10m)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common = _common()
+    groups = parser.add_subparsers(dest="admin_group", metavar="GROUP")
+
+    def group(name: str, help_text: str) -> argparse._SubParsersAction:
+        g = groups.add_parser(name, help=help_text, description=help_text)
+        g.set_defaults(admin_help=g.print_help)
+        return g.add_subparsers(dest=f"admin_{name}_cmd", metavar="COMMAND")
+
+    def command(sub: argparse._SubParsersAction, name: str, help_text: str, run: Callable[..., int]) -> Any:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(admin_run=run)
+        return p
+
+    dlq = group("dlq", "dead letters: terminal WorkItems with their event and receipt")
+    p = command(dlq, "list", "list dead letters, newest first", dlq_list)
+    _dlq_filters(p)
+    _paging(p)
+    p = command(dlq, "show", "one work item with event and receipt", dlq_show)
+    p.add_argument("work_id", type=_positive)
+    p.add_argument(
+        "--payload", action="store_true", help="include the receipt body (role ReplayConnectorEvents)"
+    )
+    p = command(dlq, "replay", "replay dead work items by id, or in bulk by filter (--pack ...)", dlq_replay)
+    p.add_argument("work_ids", nargs="*", type=_positive, metavar="WORK_ID")
+    _dlq_filters(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="bulk: count what would be replayed, change nothing"
+    )
+    p.add_argument("--rate", type=_positive, help="bulk: items per second at most (server default 100)")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
+
+    receipts = group("receipts", "receipts whose routing failed")
+    p = command(receipts, "failed", "list failed receipts, newest first", receipts_failed)
+    p.add_argument("--namespace")
+    _paging(p)
+    p = command(
+        receipts, "replay", "route a failed receipt again against the active generation", receipts_replay
+    )
+    p.add_argument("receipt_id", type=_positive)
+    p.add_argument("--request-id")
+
+    p = groups.add_parser("stats", parents=[common], help="queue depth, ready age, in-flight, rates")
+    p.set_defaults(admin_run=stats)
+    p.add_argument("--pack", help="pack id or name")
+
+    lanes = group("lanes", "source and target mutation lanes")
+    p = command(lanes, "blocked", "lanes held by a dead, retrying or rollback-fenced head", lanes_blocked)
+    p.add_argument("--pack", help="pack id or name")
+    _paging(p)
+
+    packs = group("packs", "installed packs and generations (apply/activate need ConnectorOperator)")
+    command(packs, "list", "packs and their generations", packs_list)
+    p = command(packs, "apply", "install a manifest as a new generation", packs_apply)
+    p.add_argument("file", help="manifest file (YAML or JSON), - for stdin")
+    p.add_argument("--activate", action="store_true", help="activate the new generation at once")
+    p.add_argument("--validate-only", action="store_true", help="check the manifest, install nothing")
+    p.add_argument("--request-id")
+    p = command(packs, "activate", "make a generation the active one", packs_activate)
+    p.add_argument("pack", help="pack id or name")
+    p.add_argument("generation", type=_positive)
+    p.add_argument("--request-id")
+
+    cutover = group("cutover", "claim path ownership per pack generation")
+    p = command(cutover, "status", "claim path, phase, receipts, fences, claimers", cutover_status)
+    p.add_argument("--pack", help="pack id or name")
+
+
+def cli(args: argparse.Namespace) -> int:
+    run = getattr(args, "admin_run", None)
+    if run is None:
+        helper = getattr(args, "admin_help", None)
+        if helper is not None:
+            helper()
+        else:
+            print(
+                "usage: connector admin {dlq,receipts,stats,lanes,packs,cutover} ... (see --help)",
+                file=sys.stderr,
+            )
+        return 2
+    try:
+        with _client(args) as client:
+            return int(run(client, args))
+    except grpc.RpcError as exc:
+        print(format_error(exc), file=sys.stderr)
+        return 1
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

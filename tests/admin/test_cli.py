@@ -1,0 +1,196 @@
+"""``connector admin …`` against a real admin server: tables, --json, errors with reasons, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connector.cli import main as cli_main
+from connector.cli.admin_output import Progress
+
+from .conftest import OPERATOR, VIEW, VIEW_REPLAY, Admin, Seed, manifest
+
+
+@pytest.fixture
+def cli(admin: Admin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setenv("CONNECTOR_ADMIN_ADDRESS", f"127.0.0.1:{admin.port}")
+    monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", OPERATOR)
+
+    async def run(*argv: str, token: str | None = None) -> tuple[int, str, str]:
+        if token is not None:
+            monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", token)
+        capsys.readouterr()
+        code = await asyncio.to_thread(cli_main.main, ["admin", *argv])
+        out, err = capsys.readouterr()
+        monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", OPERATOR)
+        return code, out, err
+
+    return run
+
+
+async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
+    pack = await seed.pack()
+    a = await seed.item(pack, failure_class="timeout")
+    b = await seed.item(pack, finished_ago_s=1)
+
+    code, out, _ = await cli("dlq", "list", "--pack", "shop")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["WORK_ID", "PACK", "GEN"]
+    assert [int(line.split()[0]) for line in lines[1:]] == [b, a]
+
+    code, out, _ = await cli("dlq", "list", "--json", "--failure-class", "timeout")
+    assert code == 0
+    data = json.loads(out)
+    assert [int(d["work_item"]["work_id"]) for d in data["dead_letters"]] == [a]
+
+    code, out, _ = await cli("dlq", "list", "--limit", "1")
+    assert code == 0 and len(out.splitlines()) == 2
+    code, out, _ = await cli("dlq", "list", "--limit", "1", "--all", "--json")
+    assert len(json.loads(out)["dead_letters"]) == 2
+
+    code, out, _ = await cli("dlq", "show", str(a))
+    assert code == 0 and "failure" in out and "timeout" in out and "do-not-leak" not in out
+
+    code, _, err = await cli("dlq", "show", str(a), "--payload", token=VIEW)
+    assert code == 1
+    assert err.startswith("error: PERMISSION_DENIED PAYLOAD_NOT_ALLOWED: ")
+    code, out, _ = await cli("dlq", "show", str(a), "--payload", token=VIEW_REPLAY)
+    assert code == 0 and "do-not-leak" in out
+
+    code, out, _ = await cli("dlq", "replay", str(a), token=VIEW_REPLAY)
+    assert code == 0
+    assert out.splitlines()[1].split()[:3] == [str(a), "pending", "1"]
+
+    code, _, err = await cli("dlq", "replay", str(a))
+    assert code == 1
+    assert err.startswith("error: FAILED_PRECONDITION NOT_DEAD: only dead work items can be replayed")
+    assert f"(work item {a})" in err
+
+
+async def test_bulk_replay_dry_run_and_progress(cli, seed: Seed) -> None:
+    pack = await seed.pack()
+    for _ in range(3):
+        await seed.item(pack)
+    await seed.item(pack, execution_owner="legacy_event")
+
+    code, out, _ = await cli("dlq", "replay", "--pack", str(pack), "--dry-run")
+    assert code == 0
+    assert "dry run: 4 dead letters match, 3 would be replayed, 1 refused" in out
+    assert "LEGACY_OWNED: 1" in out
+
+    code, out, err = await cli("dlq", "replay", "--pack", "shop", "--rate", "1000")
+    assert code == 0
+    assert "replayed 3 of 4, refused 1" in out
+    assert "replay: 4/4 processed: 3 replayed, 1 refused" in err  # non-TTY: progress lines
+
+    code, out, _ = await cli("dlq", "replay", "--pack", "shop", "--json")
+    assert json.loads(out)["total"] == "1"  # int64 as a JSON string (proto JSON mapping)
+
+    code, _, err = await cli("dlq", "replay")
+    assert code == 2 and "needs --pack" in err
+    code, _, err = await cli("dlq", "replay", "1", "--pack", "shop")
+    assert code == 2
+
+
+def test_progress_bar_on_a_tty() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    bar = Progress(out, width=10)
+    bar.update(5, 10, 0)
+    bar.update(9, 10, 1, final=True)
+    bar.close()
+    text = out.getvalue()
+    assert text.startswith("\r[#####.....] 5/10 processed")
+    assert "\r[##########] 10/10 processed: 9 replayed, 1 refused\n" in text
+    assert text.count("\n") == 1
+
+
+async def test_receipts(cli, seed: Seed) -> None:
+    await seed.pack()
+    receipt = await seed.receipt(status="failed", error_class="no_route", error_summary="nope")
+    code, out, _ = await cli("receipts", "failed", "--namespace", "shop")
+    assert code == 0 and out.splitlines()[1].split()[:4] == [str(receipt), "shop", "orders", "d-1"]
+    code, out, _ = await cli("receipts", "replay", str(receipt))
+    assert code == 0 and f"receipt {receipt} is pending again" in out
+    code, _, err = await cli("receipts", "replay", str(receipt))
+    assert code == 1 and err.startswith("error: FAILED_PRECONDITION NOT_FAILED: ")
+
+
+async def test_stats_lanes_cutover(cli, seed: Seed) -> None:
+    pack = await seed.pack()
+    await seed.item(pack, state="pending")
+    head = await seed.item(pack, state="dead", source_lane="o:1")
+    await seed.item(pack, state="blocked", source_lane="o:1")
+
+    code, out, _ = await cli("stats")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["PACK", "PENDING", "BLOCKED"]
+    assert "shop (1)" in out and "active claimants: 0" in out
+    code, out, _ = await cli("stats", "--json", "--pack", "shop")
+    assert json.loads(out)["queues"][0]["depth_by_state"]["dead"] == "1"
+
+    code, out, _ = await cli("lanes", "blocked")
+    assert code == 0
+    assert out.splitlines()[1].split()[:6] == [str(pack), "source", "o:1", str(head), "dead", "1"]
+
+    code, out, _ = await cli("cutover", "status", "--pack", "shop")
+    assert code == 0
+    row = out.splitlines()[1].split()
+    assert row[:6] == [str(pack), "1", "active", "yes", "work_item", "work_item_active"]
+
+
+async def test_packs(cli, tmp_path: Path) -> None:
+    path = tmp_path / "pack.yaml"
+    path.write_text(yaml.safe_dump(manifest("billing", "billing")))
+    code, out, _ = await cli("packs", "apply", str(path), "--validate-only")
+    assert code == 0 and "manifest is valid" in out
+    code, out, _ = await cli("packs", "apply", str(path))
+    assert code == 0 and "generation 1 is staged; active generation -" in out
+    code, out, _ = await cli("packs", "activate", "billing", "1")
+    assert code == 0 and "active generation 1" in out
+    code, out, _ = await cli("packs", "list")
+    assert code == 0 and out.splitlines()[1].split()[1:] == ["billing", "billing", "1", "1", "1:active"]
+    code, _, err = await cli("packs", "apply", str(path), token=VIEW)
+    assert code == 1 and err.startswith(
+        "error: PERMISSION_DENIED ROLE_REQUIRED: ApplyPack needs role ConnectorOperator"
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad!\n")
+    code, out, _ = await cli("packs", "apply", str(bad), "--validate-only")
+    assert code == 1 and "invalid pack manifest:" in out
+    code, _, err = await cli("packs", "apply", str(bad))
+    assert code == 1 and err.startswith("error: INVALID_ARGUMENT INVALID_MANIFEST: invalid pack manifest")
+
+
+async def test_tokens_and_connection_errors(
+    cli, seed: Seed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = await cli("stats", token="")
+    assert code == 1 and err.startswith("error: UNAUTHENTICATED TOKEN_MISSING: ")
+    code, _, err = await cli("stats", token="wrong-wrong-wrong-wrong")
+    assert code == 1 and err.startswith("error: UNAUTHENTICATED TOKEN_INVALID: ")
+    assert "wrong-wrong-wrong-wrong" not in err
+    token_file = tmp_path / "token"
+    token_file.write_text(VIEW + "\n")
+    code, _, _ = await cli("stats", "--token-file", str(token_file), token="")
+    assert code == 0
+    code, _, err = await cli("stats", "--token-file", str(tmp_path / "missing"))
+    assert code == 2 and err.startswith("error: cannot read token file")
+    code, _, err = await cli("stats", "--address", "127.0.0.1:1", "--timeout", "2")
+    assert code == 1 and err.startswith("error: UNAVAILABLE")
+
+
+async def test_usage(cli) -> None:
+    code, _, err = await cli()
+    assert code == 2 and "usage: connector admin" in err
+    code, out, _ = await cli("dlq")
+    assert code == 2 and "list" in out and "replay" in out
