@@ -55,7 +55,9 @@ def test_migrations_equal_metadata_create_all(db_url: str) -> None:
 
 def test_partial_index_predicates_are_present(db: psycopg.Connection) -> None:
     defs = dict(db.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname='public'").fetchall())
-    assert "WHERE (state = ANY (ARRAY['pending'::text, 'retry'::text]))" in defs["ix_connector_work_item_ready"]
+    assert (
+        "WHERE (state = ANY (ARRAY['pending'::text, 'retry'::text]))" in defs["ix_connector_work_item_ready"]
+    )
     assert "WHERE" in defs["ix_connector_ingress_receipt_routable"]
 
 
@@ -82,8 +84,13 @@ def _insert_event(db: psycopg.Connection) -> int:
 
 @pytest.mark.parametrize(
     "assignment",
-    ["source_object_id = 'other'", "delivery_seq = delivery_seq + 1", "payload_sha256 = '\\x01'",
-     "generation = 2", "route_version = 9"],
+    [
+        "source_object_id = 'other'",
+        "delivery_seq = delivery_seq + 1",
+        "payload_sha256 = '\\x01'",
+        "generation = 2",
+        "route_version = 9",
+    ],
 )
 def test_event_fact_columns_are_immutable(db: psycopg.Connection, assignment: str) -> None:
     event_id = _insert_event(db)

@@ -87,7 +87,8 @@ async def test_source_lane_has_one_runnable_member_in_delivery_order(adb) -> Non
 async def test_processing_member_keeps_lane_busy(adb) -> None:
     a = await _member(adb, 1, None, "T")
     await adb.execute(
-        "UPDATE connector_work_item SET state='processing', lease_owner='x', lease_until=now() WHERE work_id=%s",
+        "UPDATE connector_work_item SET state='processing', lease_owner='x', lease_until=now()"
+        " WHERE work_id=%s",
         (a,),
     )
     b = await _member(adb, 2, None, "T")
