@@ -111,3 +111,26 @@ def test_tls_settings_errors(certs: Path, tmp_path: Path) -> None:
         server_credentials(
             AdminSettings(tls_cert_file=str(tmp_path / "missing.pem"), tls_key_file=str(certs / "server.key"))
         )
+
+
+async def test_cli_over_mtls(
+    db_url: str, certs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from connector.cli import main as cli_main
+
+    running = await start_admin(db_url, credentials=server_credentials(_settings(certs, mtls=True)))
+    monkeypatch.setenv("CONNECTOR_ADMIN_ADDRESS", f"127.0.0.1:{running.server.port}")
+    monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", VIEW)
+    tls = ["--tls-ca-file", str(certs / "ca.pem")]
+    client = ["--tls-cert-file", str(certs / "client.pem"), "--tls-key-file", str(certs / "client.key")]
+    try:
+        code = await asyncio.to_thread(cli_main.main, ["admin", "stats", "--json", *tls, *client])
+        out, _ = capsys.readouterr()
+        assert code == 0 and out.startswith("{")
+        code = await asyncio.to_thread(cli_main.main, ["admin", "stats", "--timeout", "3", *tls])
+        _, err = capsys.readouterr()
+        assert code == 1 and err.startswith("error: UNAVAILABLE")
+    finally:
+        await running.stop()
