@@ -8,6 +8,7 @@ ever written.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import aiohttp
@@ -36,7 +37,42 @@ header_value = st.one_of(
     st.from_regex(r"\A(sha256=|v0=|v1,|t=[0-9]{10},v1=)[0-9a-fA-F+/=]{0,96}\Z"),
     st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded", ""]),
 )
-headers = st.dictionaries(st.sampled_from(HEADER_NAMES), header_value, max_size=8)
+_mac = st.binary(min_size=32, max_size=32)
+_b64 = _mac.map(lambda b: base64.b64encode(b).decode())
+_ts = st.integers(_now - 60, _now + 60)
+# Well-formed but unsigned: the right header names, lengths, prefixes and fresh timestamps, so the
+# generated requests reach the constant-time comparison instead of failing on syntax.
+well_formed = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "X-Hub-Signature-256": _mac.map(lambda b: "sha256=" + b.hex()),
+            "X-GitHub-Delivery": st.uuids().map(str),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "webhook-id": st.text(_visible, min_size=1, max_size=30),
+            "webhook-timestamp": _ts.map(str),
+            "webhook-signature": st.lists(_b64.map(lambda s: "v1," + s), min_size=1, max_size=3).map(
+                " ".join
+            ),
+        }
+    ),
+    st.tuples(_ts, _mac).map(lambda t: {"Stripe-Signature": f"t={t[0]},v1={t[1].hex()}"}),
+    st.tuples(_ts, _mac).map(
+        lambda t: {"X-Slack-Request-Timestamp": str(t[0]), "X-Slack-Signature": "v0=" + t[1].hex()}
+    ),
+    _b64.map(lambda s: {"X-Shopify-Hmac-Sha256": s}),
+    st.tuples(_ts, _b64).map(
+        lambda t: {"X-HubSpot-Request-Timestamp": str(t[0] * 1000), "X-HubSpot-Signature-v3": t[1]}
+    ),
+)
+headers = st.one_of(
+    st.dictionaries(st.sampled_from(HEADER_NAMES), header_value, max_size=8),
+    st.tuples(well_formed, st.dictionaries(st.sampled_from(HEADER_NAMES), header_value, max_size=2)).map(
+        lambda t: {**t[1], **t[0]}
+    ),
+)
 bodies = st.one_of(
     st.binary(max_size=1024),
     st.recursive(
@@ -45,11 +81,12 @@ bodies = st.one_of(
         max_leaves=20,
     ).map(lambda v: repr(v).encode()),
     st.sampled_from([b"{}", b'{"type":"x"}', b"[]", b"null"]),
+    st.sampled_from([b"{}", b'{"type":"x"}', b"[]", b"null"]),  # valid JSON: weighted up
 )
 
 
 @settings(
-    max_examples=150,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
