@@ -1,0 +1,503 @@
+"""From a claimed receipt and its active route to an event draft and its WorkItem drafts (pure).
+
+A route is compiled once per route id (``compile_route``): JSON pointers are split into tokens,
+templates into literal and reference pieces, extracted fields are put in dependency order, and each
+fan-out entry becomes a ``WorkSpec`` (queue class, priority, max attempts, lane policy).
+``plan_receipt`` then evaluates it against one receipt:
+
+* ``pointer`` / ``const`` / ``template`` read the receipt body (parsed once, only when a spec needs
+  it), under the *active* route;
+* ``header`` specs read what the ingress stored on the receipt: ``event_kind`` → ``event_kind``,
+  ``delivery_id`` → ``provider_delivery_id``, a correlation id → ``correlation_ids[name]`` (the
+  ingress does not keep raw headers; docs/packs.md);
+* a field without a spec falls back to the receipt's value when there is one (``event_kind``,
+  ``delivery_id``).
+
+Values are scalars rendered as text (numbers as JSON writes them, ``true``/``false``); objects,
+arrays, ``null``, text with control characters and values longer than ``MAX_VALUE_CHARS`` are *no
+value*. A missing required field, a lane key that cannot be formed, or a body that is not JSON are
+permanent failures (``Failure``) whose summary names the field and the rule, never a value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from connector.common.pack_store import ActivePack, ActiveRoute
+from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, ValueSpec, template_references
+
+#: Longest extracted value kept (object ids, kinds, correlation ids).
+MAX_VALUE_CHARS = 512
+#: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).
+MAX_LANE_KEY_BYTES = 1024
+
+# Failure classes (a fixed vocabulary: metric labels and ``error_class`` values).
+NO_ROUTE = "no_route"
+PARSE_ERROR = "parse_error"
+REQUIRED_MISSING = "required_missing"
+ROUTE_UNAVAILABLE = "route_unavailable"
+BODY_UNAVAILABLE = "body_unavailable"
+NO_CLAIM_AUTHORITY = "no_claim_authority"
+ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+DB_ERROR = "db_error"
+INTERNAL = "internal"
+PERMANENT = frozenset({NO_ROUTE, PARSE_ERROR, REQUIRED_MISSING, ATTEMPTS_EXHAUSTED})
+FAILURE_CLASSES = (
+    NO_ROUTE, PARSE_ERROR, REQUIRED_MISSING, ROUTE_UNAVAILABLE, BODY_UNAVAILABLE, NO_CLAIM_AUTHORITY,
+    ATTEMPTS_EXHAUSTED, DB_ERROR, INTERNAL,
+)  # fmt: skip
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRow:
+    """The columns of a claimed receipt the materializer reads."""
+
+    receipt_id: int
+    claim_token: int
+    attempts: int
+    namespace: str
+    route_key: str
+    idempotency_key: str
+    event_kind: str | None
+    provider_delivery_id: str | None
+    correlation_ids: Mapping[str, Any]
+    payload_sha256: bytes
+    body: bytes | None
+    has_body_ref: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkDraft:
+    work_type: str
+    queue_class: str
+    priority: int
+    max_attempts: int
+    source_lane_key: str | None
+    target_lane_key: str | None
+    dead_blocks_lane: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """Everything needed to insert one receipt's event and WorkItems."""
+
+    receipt: ReceiptRow
+    pack: ActivePack
+    route: ActiveRoute
+    event_kind: str | None
+    source_object_kind: str | None
+    source_object_id: str | None
+    companion: Mapping[str, str]
+    correlation_ids: Mapping[str, str]
+    #: Empty when the generation's claim path is the legacy Event path (the event is legacy-owned).
+    work: tuple[WorkDraft, ...]
+    legacy_owned: bool
+
+    @property
+    def has_lanes(self) -> bool:
+        return any(w.source_lane_key is not None or w.target_lane_key is not None for w in self.work)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    receipt: ReceiptRow
+    error_class: str
+    #: Sanitized: fixed text, field names and manifest rules; never a payload value.
+    summary: str
+
+    @property
+    def permanent(self) -> bool:
+        return self.error_class in PERMANENT
+
+
+Plan = EventDraft | Failure
+
+
+# --------------------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------------------
+
+
+def scalar_text(value: Any) -> str | None:
+    """A JSON scalar as bounded, printable text; anything else is no value."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, float):
+        text = json.dumps(value)
+    else:
+        return None
+    if not text or len(text) > MAX_VALUE_CHARS or not text.isprintable():
+        return None
+    return text
+
+
+def pointer_tokens(pointer: str) -> tuple[str, ...]:
+    """RFC 6901: ``/a/b~1c/0`` → ``('a', 'b/c', '0')``; ``""`` is the whole document."""
+    if pointer == "":
+        return ()
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+
+
+def resolve_tokens(doc: Any, tokens: tuple[str, ...]) -> Any:
+    node = doc
+    for token in tokens:
+        if isinstance(node, dict):
+            node = node.get(token, _MISSING)
+            if node is _MISSING:
+                return None
+        elif isinstance(node, list):
+            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
+                return None
+            index = int(token)
+            if index >= len(node):
+                return None
+            node = node[index]
+        else:
+            return None
+    return node
+
+
+@dataclass(slots=True)
+class _Context:
+    receipt: ReceiptRow
+    doc: Any
+    values: dict[str, str | None]
+    work_type: str | None = None
+
+
+Getter = Callable[[_Context], str | None]
+_PIECE_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+
+
+def _compile_template(template: str, receipt_value: Getter | None) -> Getter:
+    """Literal and reference pieces; ``{header:..}`` pieces make the whole template take the value
+    the ingress stored (``receipt_value``), since headers are not kept."""
+    if receipt_value is not None and any(r.startswith("header:") for r in template_references(template)):
+        return receipt_value
+    pieces: list[tuple[bool, Any]] = []  # (is_ref, literal | getter)
+    pos = 0
+    for m in _PIECE_RE.finditer(template):
+        if m.start() > pos:
+            pieces.append((False, template[pos : m.start()]))
+        token = m.group(0)
+        if token in ("{{", "}}"):
+            pieces.append((False, token[0]))
+        else:
+            pieces.append((True, _ref_getter(m.group(1))))
+        pos = m.end()
+    if pos < len(template):
+        pieces.append((False, template[pos:]))
+
+    def render(ctx: _Context) -> str | None:
+        out: list[str] = []
+        for is_ref, piece in pieces:
+            if not is_ref:
+                out.append(piece)
+                continue
+            value = piece(ctx)
+            if value is None:
+                return None
+            out.append(value)
+        return "".join(out)
+
+    return render
+
+
+def _ref_getter(ref: str) -> Getter:
+    if ref.startswith("/"):
+        tokens = pointer_tokens(ref)
+        return lambda ctx: scalar_text(resolve_tokens(ctx.doc, tokens))
+    if ref == "work_type":
+        return lambda ctx: ctx.work_type
+    return lambda ctx: ctx.values.get(ref)
+
+
+def _receipt_getter(field: str, correlation: str | None = None) -> Getter | None:
+    if correlation is not None:
+        return lambda ctx: scalar_text(ctx.receipt.correlation_ids.get(correlation))
+    if field == "event_kind":
+        return lambda ctx: ctx.receipt.event_kind
+    if field == "delivery_id":
+        return lambda ctx: ctx.receipt.provider_delivery_id
+    return None
+
+
+def _compile_value(spec: ValueSpec, receipt_value: Getter | None) -> tuple[Getter, bool]:
+    """(getter, reads_body)."""
+    if spec.const is not None:
+        const = scalar_text(spec.const)
+        return (lambda ctx: const), False
+    if spec.header is not None:
+        # Validation allows header specs only where the receipt keeps the value.
+        getter = receipt_value or (lambda ctx: None)
+        return getter, False
+    if spec.pointer is not None:
+        tokens = pointer_tokens(spec.pointer)
+        return (lambda ctx: scalar_text(resolve_tokens(ctx.doc, tokens))), True
+    template = spec.template or ""
+    render = _compile_template(template, receipt_value)
+
+    def bounded(ctx: _Context) -> str | None:
+        return scalar_text(render(ctx))
+
+    reads_body = any(r.startswith("/") for r in template_references(template))
+    return bounded, reads_body
+
+
+# --------------------------------------------------------------------------------------------------
+# Compiled routes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSpec:
+    work_type: str
+    queue_class: str
+    priority: int
+    max_attempts: int
+    source_lane: Getter | None
+    source_lane_template: str | None
+    target_serialization: bool
+    dead_blocks_lane: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    route_id: int
+    fields: tuple[tuple[str, Getter], ...]  # dependency order
+    correlation: tuple[tuple[str, Getter], ...]
+    required: tuple[str, ...]
+    work: tuple[WorkSpec, ...]
+    reads_body: bool
+
+
+def _dependency_order(specs: Mapping[str, ValueSpec]) -> list[str]:
+    """Fields in an order where every template comes after the fields it refers to (validated
+    acyclic at apply time; a cycle here would just leave the later field without a value)."""
+    deps = {
+        name: [r for r in template_references(spec.template) if r in specs] if spec.template else []
+        for name, spec in specs.items()
+    }
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order or name in visiting:
+            return
+        visiting.add(name)
+        for dep in deps.get(name, ()):
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in sorted(specs):
+        visit(name)
+    return order
+
+
+def compile_route(route: ActiveRoute) -> CompiledRoute:
+    spec = route.spec
+    fields: list[tuple[str, Getter]] = []
+    reads_body = spec.content == "json"
+    for name in _dependency_order(spec.extract):
+        getter, body = _compile_value(spec.extract[name], _receipt_getter(name))
+        fields.append((name, getter))
+        reads_body = reads_body or body
+    # Fields the ingress stored fall back to the receipt when the route has no spec for them.
+    for name in HEADER_FIELDS:
+        if name not in spec.extract:
+            fallback = _receipt_getter(name)
+            assert fallback is not None
+            fields.append((name, fallback))
+    correlation: list[tuple[str, Getter]] = []
+    for cname, cspec in sorted(spec.correlation.items()):
+        getter, body = _compile_value(cspec, _receipt_getter("", correlation=cname))
+        correlation.append((cname, getter))
+        reads_body = reads_body or body
+    work: list[WorkSpec] = []
+    for fan in spec.fan_out:
+        wt = route.work_types[fan.work_type]
+        lanes = fan.lanes or wt.lanes
+        template = (lanes.source_lane_key or DEFAULT_SOURCE_LANE_KEY) if lanes.source_fifo else None
+        if template is not None and any(r.startswith("/") for r in template_references(template)):
+            reads_body = True
+        work.append(
+            WorkSpec(
+                work_type=fan.work_type,
+                queue_class=wt.queue_class,
+                priority=wt.priority,
+                max_attempts=wt.retry.max_attempts,
+                source_lane=_compile_template(template, None) if template is not None else None,
+                source_lane_template=template,
+                target_serialization=lanes.target_serialization,
+                dead_blocks_lane=lanes.dead_head == "block",
+            )
+        )
+    return CompiledRoute(
+        route_id=route.route_id,
+        fields=tuple(fields),
+        correlation=tuple(correlation),
+        required=spec.required,
+        work=tuple(work),
+        reads_body=reads_body,
+    )
+
+
+class RouteCompiler:
+    """Compiled routes by route id (route rows are immutable, so entries never go stale)."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[int, CompiledRoute] = {}
+
+    def get(self, route: ActiveRoute) -> CompiledRoute:
+        compiled = self._compiled.get(route.route_id)
+        if compiled is None:
+            if len(self._compiled) > 10_000:
+                self._compiled.clear()
+            compiled = self._compiled[route.route_id] = compile_route(route)
+        return compiled
+
+
+# --------------------------------------------------------------------------------------------------
+# Planning one receipt
+# --------------------------------------------------------------------------------------------------
+
+
+def plan_receipt(
+    receipt: ReceiptRow,
+    pack: ActivePack | None,
+    route: ActiveRoute | None,
+    compiled: CompiledRoute | None,
+) -> Plan:
+    """The event draft of ``receipt`` under the active route, or why there is none."""
+    if pack is None or (route is None and pack.problem is None):
+        return Failure(receipt, NO_ROUTE, f"no route {receipt.route_key!r} in the active pack generation")
+    if pack.problem is not None:
+        return Failure(receipt, ROUTE_UNAVAILABLE, f"active pack generation unavailable ({pack.problem})")
+    if pack.claim_path is None:
+        return Failure(receipt, NO_CLAIM_AUTHORITY, "active pack generation has no claim authority")
+    assert route is not None and compiled is not None
+    doc: Any = None
+    if compiled.reads_body:
+        if receipt.body is None:
+            return Failure(receipt, BODY_UNAVAILABLE, "receipt body is not stored inline (body_ref)")
+        try:
+            doc = json.loads(receipt.body)
+        except (ValueError, UnicodeDecodeError):
+            if route.spec.content == "json":
+                return Failure(receipt, PARSE_ERROR, "body is not valid JSON")
+            doc = None  # ``content: any``: pointers find nothing
+    ctx = _Context(receipt=receipt, doc=doc, values={})
+    for name, getter in compiled.fields:
+        if name not in ctx.values or ctx.values[name] is None:
+            ctx.values[name] = getter(ctx)
+    values = ctx.values
+    missing = [name for name in compiled.required if values.get(name) is None]
+    if missing:
+        return Failure(
+            receipt, REQUIRED_MISSING, f"required field(s) {missing} missing or not a usable scalar"
+        )
+    correlation: dict[str, str] = {
+        str(k): v for k, v in receipt.correlation_ids.items() if isinstance(v, str)
+    }
+    for cname, getter in compiled.correlation:
+        value = getter(ctx)
+        if value is not None:
+            correlation[cname] = value
+    legacy_owned = _legacy_owned(pack)
+    work: list[WorkDraft] = []
+    if not legacy_owned:
+        for spec in compiled.work:
+            source_key: str | None = None
+            if spec.source_lane is not None:
+                ctx.work_type = spec.work_type
+                source_key = spec.source_lane(ctx)
+                if source_key is None:
+                    refs = [
+                        r for r in template_references(spec.source_lane_template or "") if r != "work_type"
+                    ]
+                    return Failure(
+                        receipt,
+                        REQUIRED_MISSING,
+                        f"work type {spec.work_type!r}: source lane key needs {refs}",
+                    )
+                if len(source_key.encode()) > MAX_LANE_KEY_BYTES:
+                    return Failure(
+                        receipt, PARSE_ERROR, f"work type {spec.work_type!r}: source lane key too long"
+                    )
+            target_key: str | None = None
+            if spec.target_serialization:
+                target_key = values.get("target_lane_key")
+                if target_key is None:
+                    return Failure(
+                        receipt,
+                        REQUIRED_MISSING,
+                        f"work type {spec.work_type!r}: target serialization needs target_lane_key",
+                    )
+                if len(target_key.encode()) > MAX_LANE_KEY_BYTES:
+                    return Failure(
+                        receipt, PARSE_ERROR, f"work type {spec.work_type!r}: target lane key too long"
+                    )
+            work.append(
+                WorkDraft(
+                    work_type=spec.work_type,
+                    queue_class=spec.queue_class,
+                    priority=spec.priority,
+                    max_attempts=spec.max_attempts,
+                    source_lane_key=source_key,
+                    target_lane_key=target_key,
+                    dead_blocks_lane=spec.dead_blocks_lane,
+                )
+            )
+    return EventDraft(
+        receipt=receipt,
+        pack=pack,
+        route=route,
+        event_kind=values.get("event_kind"),
+        source_object_kind=values.get("source_object_kind"),
+        source_object_id=values.get("source_object_id"),
+        companion={name: v for name in compiled.required if (v := values.get(name)) is not None},
+        correlation_ids=correlation,
+        work=tuple(work),
+        legacy_owned=legacy_owned,
+    )
+
+
+def _legacy_owned(pack: ActivePack) -> bool:
+    """Events of a generation whose claims belong to the legacy Event path get no WorkItems: the
+    legacy path executes them, and backfill creates WorkItems for the unfinished ones at cutover.
+    A generation being cut over (``quiescing``) or WorkItem-active gets WorkItems."""
+    return pack.claim_path == "legacy_event" or pack.phase == "rollback_fenced"
+
+
+def plan_batch(
+    receipts: Sequence[ReceiptRow],
+    lookup: Callable[[str, str], tuple[ActivePack | None, ActiveRoute | None]],
+    compiler: RouteCompiler,
+    *,
+    max_attempts: int,
+) -> list[Plan]:
+    plans: list[Plan] = []
+    for receipt in receipts:
+        if receipt.attempts > max_attempts:
+            plans.append(
+                Failure(receipt, ATTEMPTS_EXHAUSTED, f"routing attempted {receipt.attempts - 1} times")
+            )
+            continue
+        try:
+            pack, route = lookup(receipt.namespace, receipt.route_key)
+            compiled = compiler.get(route) if route is not None else None
+            plans.append(plan_receipt(receipt, pack, route, compiled))
+        except Exception as exc:  # a bug must not stall the batch: this receipt backs off
+            plans.append(Failure(receipt, INTERNAL, f"unexpected {type(exc).__name__} while planning"))
+    return plans

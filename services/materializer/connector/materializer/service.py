@@ -1,0 +1,213 @@
+"""The materializer service: wiring of the routing loop, the route cache, wake-ups, metrics, gRPC.
+
+``MaterializerService`` runs in its own process (``connector materializer``) or inside ``connector
+up``. Start order: own pool → route cache loaded → LISTEN connection → routing workers → lag sampler
+→ gRPC (health, reflection) → metrics endpoint. Stop order (SIGTERM): health NOT_SERVING and stop
+accepting → routing workers finish (or release) the batch in hand → listener → pool closed.
+
+Wake-ups: a dedicated connection (not from the pool) LISTENs on ``connector_receipts`` (new
+receipts: idle workers claim at once) and ``connector_packs`` (an activation: reload the route
+cache, then claim). Polling every ``poll_interval_s`` is the fallback, and the route cache is also
+reloaded every ``routes_refresh_s`` and after every reconnect (a notification may have been missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import psycopg
+
+from connector.common import db as common_db
+from connector.common import logs, settings
+from connector.common import metrics as common_metrics
+from connector.common.grpc_server import GrpcServer
+from connector.common.pack_store import RouteCache
+from connector.common.runtime import run, run_until_signal
+from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
+from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.materializer import metrics, routing
+from connector.materializer.router import Router, RouterConfig
+
+log = logging.getLogger(__name__)
+
+#: How often the routing lag gauge is sampled (one index probe).
+LAG_SAMPLE_S = 2.0
+
+
+class MaterializerService:
+    name = "materializer"
+
+    def __init__(self, db: DatabaseSettings, cfg: MaterializerSettings, url: str | None = None) -> None:
+        self.db = db
+        self.cfg = cfg
+        self._url = url
+        self.cache = RouteCache()
+        self.router: Router | None = None
+        self.pool: Any = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._grpc: GrpcServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listener_conn: psycopg.AsyncConnection[Any] | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return self._url or self.db.url()
+
+    async def start(self) -> None:
+        self._stopping.clear()
+        self.pool = await common_db.open_pool("materializer", self.db, self.cfg, url=self.url)
+        async with self.pool.connection() as conn:
+            await self.cache.refresh(conn)
+        self.router = Router(self.pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
+        self._tasks.append(asyncio.create_task(self._listen(), name="materializer-listen"))
+        self.router.start()
+        self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
+        self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
+        await self._grpc.start()
+        self.grpc_port = self._grpc.port
+        self.metrics_port = common_metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+        log.info(
+            "materializer started",
+            extra={
+                "owner": self.owner,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+                "packs": len(self.cache.packs),
+            },
+        )
+
+    async def stop(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+            self._grpc = None
+        if self.router is not None:
+            await self.router.stop()
+        self._stopping.set()
+        conn, self._listener_conn = self._listener_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await common_db.close_pool("materializer")
+        log.info("materializer stopped")
+
+    # ---------------------------------------------------------------------------------- wake-ups
+
+    async def _listen(self) -> None:
+        backoff = 0.2
+        refresh_s = self.cfg.routes_refresh_s
+        first = True
+        while not self._stopping.is_set():
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    common_db.conninfo_with(
+                        self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
+                    ),
+                    autocommit=True,
+                )
+                self._listener_conn = conn
+                await conn.execute(f"LISTEN {CHANNEL_RECEIPTS}")
+                await conn.execute(f"LISTEN {CHANNEL_PACKS}")
+                if not first:  # notifications may have been missed while disconnected
+                    await self._refresh("reconnect")
+                first = False
+                backoff = 0.2
+                while not self._stopping.is_set():
+                    packs_changed = False
+                    got_any = False
+                    async for note in conn.notifies(timeout=refresh_s):
+                        got_any = True
+                        if note.channel == CHANNEL_PACKS:
+                            packs_changed = True
+                            break
+                        if self.router is not None:
+                            self.router.wake()
+                    if packs_changed:
+                        await self._refresh("notify")
+                    elif not got_any:
+                        await self._refresh("periodic")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._stopping.is_set():
+                    return
+                metrics.LOOP_ERRORS.labels("listen").inc()
+                log.warning("materializer listener reconnecting", extra={"error_class": type(exc).__name__})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                conn_, self._listener_conn = self._listener_conn, None
+                if conn_ is not None:
+                    with contextlib.suppress(Exception):
+                        await conn_.close()
+
+    async def _refresh(self, trigger: str) -> None:
+        if self.router is None:
+            return
+        try:
+            await self.router.refresh_routes(trigger)
+        except (psycopg.Error, OSError) as exc:
+            metrics.LOOP_ERRORS.labels("route_reload").inc()
+            log.warning("route reload failed", extra={"error_class": type(exc).__name__})
+            return
+        self.router.wake()
+
+    async def _sample_lag(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                async with self.pool.connection() as conn:
+                    metrics.ROUTING_LAG.set(await routing.receipt_routing_lag(conn))
+            except Exception as exc:
+                log.debug("lag sample failed", extra={"error_class": type(exc).__name__})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), LAG_SAMPLE_S)
+
+
+# -------------------------------------------------------------------------------------------------
+# CLI: ``connector materializer``
+# -------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="routing workers in this process (env: ..._CONCURRENCY)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="receipts claimed per batch (env: ..._BATCH_SIZE)"
+    )
+
+
+def cli(args: argparse.Namespace) -> int:
+    logs.setup("materializer")
+    db = settings.load(settings.DatabaseSettings)
+    cfg = settings.load(settings.MaterializerSettings)
+    overrides: dict[str, Any] = {}
+    if getattr(args, "concurrency", None):
+        overrides["concurrency"] = args.concurrency
+    if getattr(args, "batch_size", None):
+        overrides["batch_size"] = args.batch_size
+    if overrides:
+        cfg = cfg.model_copy(update=overrides)
+    db.url()  # fail fast with a clear message when unset
+
+    async def main() -> None:
+        await run_until_signal([MaterializerService(db, cfg)])
+
+    run(main)
+    return 0

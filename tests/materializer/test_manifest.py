@@ -1,0 +1,145 @@
+"""Manifest validation lists every error at once (field, reference and verification errors), and the
+documented examples are valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from connector.common.packs import Manifest, ManifestError, parse_manifest
+
+from .conftest import manifest, work_type
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "packs"
+
+BROKEN = """
+name: Bad Name
+namespace: shop
+work_types:
+  sync:
+    handler: {kind: python, target: "m:f"}
+    queue_class: UPPER
+    lanes: {source_fifo: true}
+routes:
+  - key: orders
+    verification: {preset: nope}
+    extract:
+      source_object_id: {header: X-Id}
+      event_kind: {template: "{/type}-{source_object_kind}"}
+      bogus: {pointer: /x}
+    required: [target_lane_key]
+    fan_out: [{work_type: sync}, {work_type: missing}, {work_type: sync}]
+  - key: orders
+    verification: {scheme: none}
+    fan_out: []
+"""
+
+
+def _errors(doc: object) -> list[str]:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc)  # type: ignore[arg-type]
+    return info.value.errors
+
+
+def test_field_reference_and_verification_errors_are_reported_together() -> None:
+    errors = _errors(BROKEN)
+    expected = [
+        "name: String should match pattern",  # field error
+        "work_types.sync.queue_class: String should match pattern",  # field error, nested
+        "routes[0:orders].extract: unknown extract fields ['bogus']",  # field validator
+        "routes[1:orders].fan_out: Tuple should have at least 1 item",  # field error, second route
+        "routes[0:orders].extract.source_object_id: header values are not kept on the receipt",
+        "routes[0:orders].extract.event_kind: {source_object_kind} is not extracted by this route",
+        "routes[0:orders].required: 'target_lane_key' is not extracted",
+        "routes[0:orders].fan_out: work type 'sync' appears twice",
+        "routes[0:orders].fan_out[1:missing]: unknown work type 'missing'",
+        "routes[1:orders]: duplicate route key",
+        "routes[0:orders].verification: unknown preset 'nope'",
+    ]
+    for prefix in expected:
+        assert any(e.startswith(prefix) for e in errors), (prefix, errors)
+    assert len(errors) == len(set(errors)), "no duplicate messages"
+    # The spurious "routes: too short" pydantic adds for a non-empty list is filtered out.
+    assert not any(e.startswith("routes: ") for e in errors)
+
+
+def test_valid_model_still_enforces_references_on_plain_validation() -> None:
+    doc = manifest(routes=[{"key": "r", "verification": {"scheme": "none"}, "fan_out": [{"work_type": "x"}]}])
+    with pytest.raises(ValueError, match="unknown work type 'x'"):
+        Manifest.model_validate(doc)
+
+
+@pytest.mark.parametrize(
+    ("extract", "message"),
+    [
+        ({"target_lane_key": {"template": "{header:X-Target}"}}, "header values are not kept"),
+        ({"event_kind": {"template": "{event_kind}-x"}}, "template refers to itself"),
+        ({"event_kind": {"template": "{nope}"}}, "{nope} is not a known field"),
+        ({"event_kind": {"template": "{/a"}}, "unbalanced brace"),
+        ({"event_kind": {"pointer": "a/b"}}, "a JSON pointer starts with '/'"),
+        ({"event_kind": {"pointer": "/a", "const": "x"}}, "give exactly one of"),
+    ],
+)
+def test_extraction_rules(extract: dict, message: str) -> None:
+    route = {"key": "r", "verification": {"scheme": "none"}, "extract": extract}
+    doc = manifest(routes=[{**route, "fan_out": [{"work_type": "sync"}]}])
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+
+
+def test_header_specs_are_accepted_where_the_receipt_keeps_the_value() -> None:
+    doc = manifest(
+        routes=[
+            {
+                "key": "r",
+                "verification": {"scheme": "none"},
+                "extract": {
+                    "event_kind": {"header": "X-Event"},
+                    "delivery_id": {"template": "{header:X-Delivery}"},
+                },
+                "correlation": {"trace": {"header": "X-Trace"}},
+                "fan_out": [{"work_type": "sync"}],
+            }
+        ]
+    )
+    parse_manifest(doc)
+
+
+def test_lane_policies_need_their_keys() -> None:
+    doc = manifest(
+        work_types={"sync": work_type(lanes={"source_fifo": True, "target_serialization": True})},
+        routes=[
+            {
+                "key": "r",
+                "verification": {"scheme": "none"},
+                "extract": {"source_object_id": {"pointer": "/id"}},
+                "fan_out": [{"work_type": "sync"}],
+            }
+        ],
+    )
+    errors = _errors(doc)
+    assert any("target_serialization needs extract.target_lane_key" in e for e in errors)
+    assert any("{source_object_kind} is not extracted" in e for e in errors)
+
+
+def test_duplicate_yaml_keys_are_refused() -> None:
+    text = "name: a\nname: b\nnamespace: x\nwork_types: {}\nroutes: []\n"
+    assert any("duplicate key 'name'" in e for e in _errors(text))
+
+
+def test_json_documents_parse() -> None:
+    assert parse_manifest(json.dumps(manifest())).name == "shop"
+
+
+def test_retry_cap_below_base_is_refused() -> None:
+    doc = manifest(work_types={"sync": work_type(retry={"backoff_base_s": 10, "backoff_cap_s": 1})})
+    assert any("backoff_cap_s must be >= backoff_base_s" in e for e in _errors(doc))
+
+
+def test_documented_examples_are_valid() -> None:
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(files) >= 2, "examples/packs must hold the full example and the demo pack"
+    for path in files:
+        parsed = parse_manifest(path.read_text())
+        assert parsed.routes, path
