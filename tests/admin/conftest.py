@@ -326,13 +326,18 @@ class Running:
 
 
 async def start_admin(
-    db_url: str, *, credentials: grpc.ServerCredentials | None = None, **options: Any
+    db_url: str,
+    *,
+    credentials: grpc.ServerCredentials | None = None,
+    pool_settings: PoolSettings | None = None,
+    db_settings: DatabaseSettings | None = None,
+    **options: Any,
 ) -> Running:
     name = f"admin-test-{next(_servers)}"
     pool = await common_db.open_pool(
         name,
-        DatabaseSettings(),
-        PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=2.0),
+        db_settings or DatabaseSettings(),
+        pool_settings or PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=2.0),
         url=db_url,
     )
     api = build_admin(pool, AdminSettings(tokens=SecretStr(TOKENS)), **options)
