@@ -22,10 +22,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from benchmarks import common
 
@@ -109,8 +110,25 @@ def _failure_reason(log_text: str, returncode: int) -> str:
     return f"exited with code {returncode}: {lines[-1][:300] if lines else 'no output'}"
 
 
+def _pump(pipe: IO[bytes], log: IO[bytes], echo_as: str | None) -> None:
+    """Copy the child's output to its log file (and, with echo, to our stdout, line by line)."""
+    for line in iter(pipe.readline, b""):
+        log.write(line)
+        log.flush()
+        if echo_as is not None:
+            text = line.decode(errors="replace").rstrip()
+            print(f"  {echo_as} | {text}", flush=True)
+    pipe.close()
+
+
 def run_bench(
-    bench: Bench, *, quick: bool, repeat: int | None, lock: common.BenchLock | None, out_dir: Path
+    bench: Bench,
+    *,
+    quick: bool,
+    repeat: int | None,
+    lock: common.BenchLock | None,
+    out_dir: Path,
+    echo: bool = False,
 ) -> Outcome:
     started = time.monotonic()
     if not module_exists(bench.module):
@@ -133,9 +151,14 @@ def run_bench(
     lent = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            cmd, cwd=common.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=pass_fds,
-            start_new_session=True,
+            cmd, cwd=common.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=pass_fds, start_new_session=True,
         )  # fmt: skip
+        assert proc.stdout is not None
+        pump = threading.Thread(
+            target=_pump, args=(proc.stdout, log, bench.name if echo else None), daemon=True
+        )
+        pump.start()
         timed_out = False
         try:
             while proc.poll() is None:
@@ -156,6 +179,7 @@ def run_bench(
             _stop(proc)
             raise
         finally:
+            pump.join(timeout=10)
             if lent and lock is not None:
                 lock.take_back()
     seconds = time.monotonic() - started
@@ -244,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BY_NAME)}")
     parser.add_argument("--json", type=Path, default=common.BENCH_DIR / "results.json", help="results file")
     parser.add_argument("--repeat", type=int, default=None, help="runs per peer/reference config (median)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="do not echo benchmark output (it is in the logs)"
+    )
     args = parser.parse_args(argv)
 
     selected = list(BENCHES)
@@ -275,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {describe_environment(meta)}", flush=True)
         outcomes = []
         for bench in selected:
-            outcome = run_bench(bench, quick=args.quick, repeat=args.repeat, lock=lock, out_dir=out_dir)
+            outcome = run_bench(
+                bench, quick=args.quick, repeat=args.repeat, lock=lock, out_dir=out_dir, echo=not args.quiet
+            )
             status = outcome.status if outcome.reason is None else f"{outcome.status}: {outcome.reason}"
             print(f"bench: {bench.name}: {status} ({outcome.seconds:.1f} s)", flush=True)
             outcomes.append(outcome)

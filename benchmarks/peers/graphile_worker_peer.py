@@ -34,7 +34,7 @@ INSTALL_DIR = common.PEERS_DIR / "graphile-worker"
 SCRIPT = Path(__file__).with_name("graphile_worker_bench.cjs")
 LOCAL_QUEUE_SIZE = 500
 BATCH_DELAY_MS = 0
-CAP_S_FULL = 120.0
+CAP_S_FULL = 90.0
 CAP_S_QUICK = 8.0
 UNIT = "jobs/s"
 

@@ -27,7 +27,7 @@ from benchmarks.peers import PeerConfig, Unavailable, last_line, measure, run_js
 VERSION = "3.10.0"
 VENV_DIR = common.PEERS_DIR / "procrastinate-venv"
 DRIVER = Path(__file__).with_name("procrastinate_driver.py")
-CAP_S_FULL = 120.0
+CAP_S_FULL = 90.0
 CAP_S_QUICK = 8.0
 UNIT = "jobs/s"
 
