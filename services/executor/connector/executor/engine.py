@@ -129,6 +129,7 @@ class Engine:
         self._claiming = True
         self._stopping = False
         self._draining = False
+        self._rediscover = False  # a NOTIFY arrived: look for new groups at the next iteration
         self._idle_workers = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._workers: list[asyncio.Task[Any]] = []
@@ -250,7 +251,8 @@ class Engine:
                     await self._return(conn)
                     conn = await self._dedicated()
                 now = monotonic()
-                if now >= next_discover:
+                if now >= next_discover or self._rediscover:
+                    self._rediscover = False
                     await self._discover(conn, now)
                     next_discover = now + self.cfg.poll_interval_s
                 free = self.capacity - len(self.held)
@@ -713,8 +715,10 @@ class Engine:
                     # Anything may have happened while we were not listening.
                     self.scheduler.mark_ready()
                     self._wake.set()
-                    async for _ in conn.notifies():
+                    async for note in conn.notifies():
                         self.scheduler.mark_ready()
+                        if note.payload != "lanes":  # lane promotions stay within known groups
+                            self._rediscover = True
                         self._wake.set()
                 finally:
                     await conn.close()

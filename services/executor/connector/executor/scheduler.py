@@ -192,6 +192,7 @@ class Scheduler:
             g = eligible[0]
             n = min(free, room[g.pack])
             g.pass_ += n / g.weight
+            self.vtime = g.pass_
             return [(g, n)]
         alloc: dict[GroupKey, int] = {}
         heap = [(g.pass_, i, g) for i, g in enumerate(eligible)]
@@ -205,6 +206,9 @@ class Scheduler:
             free -= 1
             g.pass_ += 1.0 / g.weight
             heapq.heappush(heap, (g.pass_, i, g))
+        # Virtual time: where the eligible groups stand after this round (a group that becomes
+        # ready later starts here: no credit hoarded while idle, none lost).
+        self.vtime = min(g.pass_ for g in eligible)
         return [(self.groups[k], n) for k, n in alloc.items()]
 
     def record(self, group: Group, asked: int, got: int) -> None:

@@ -218,7 +218,7 @@ def work_handler(*, needs_event: bool = True) -> Any:
 
 _SECRETISH = re.compile(
     r"(?i)(bearer\s+[\w\-.~+/=]+|(?:password|passwd|secret|token|api[_-]?key|authorization|signature)"
-    r"\s*[=:]\s*\S+|[A-Za-z0-9+/_\-]{24,}={0,2})"
+    r"\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?\S+|[A-Za-z0-9+/_\-]{24,}={0,2})"
 )
 _WORD = re.compile(r"[\w@.\-+/]{4,}")
 

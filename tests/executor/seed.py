@@ -1,0 +1,224 @@
+"""Seed packs, claim authority and WorkItems straight into a database (tests and benchmarks).
+
+The pack store (``connector.common.pack_store``) is owned elsewhere; these helpers write the few rows
+the executor reads (pack, generation manifest, install cutover receipt, claim authority) and bulk
+WorkItems with their receipt and event rows, so a test can build any queue shape in one statement.
+Lane members are inserted ``blocked`` and then settled with ``connector.common.lanes`` SQL, exactly
+as the materializer does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
+from connector.common.packs import Manifest, sha256_hex
+
+_PACK_SEQ = 0
+
+
+def manifest(name: str, work_types: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A valid manifest with the given work types and one route fanning out to all of them."""
+    doc = {
+        "name": name,
+        "namespace": name,
+        "work_types": work_types,
+        "routes": [
+            {
+                "key": "r",
+                "verification": {"scheme": "none"},
+                "extract": {"target_lane_key": {"pointer": "/t"}},
+                "fan_out": [{"work_type": wt} for wt in work_types],
+            }
+        ],
+    }
+    Manifest.model_validate(doc)
+    return doc
+
+
+def python_work_type(
+    target: str,
+    *,
+    queue_class: str = "default",
+    max_attempts: int = 10,
+    backoff_base_s: float = 0.05,
+    backoff_cap_s: float = 1.0,
+    jitter: float = 0.0,
+    timeout_s: float = 30.0,
+    kind: str = "python",
+) -> dict[str, Any]:
+    return {
+        "handler": {"kind": kind, "target": target, "timeout_s": timeout_s},
+        "queue_class": queue_class,
+        "retry": {
+            "max_attempts": max_attempts,
+            "backoff_base_s": backoff_base_s,
+            "backoff_cap_s": max(backoff_cap_s, backoff_base_s),
+            "jitter": jitter,
+        },
+    }
+
+
+def seed_pack(
+    conn: psycopg.Connection,
+    name: str,
+    work_types: dict[str, dict[str, Any]],
+    *,
+    generation: int = 1,
+    authority: bool = True,
+) -> int:
+    """Install a pack generation (active, WorkItem-owned with an install receipt when ``authority``)."""
+    doc = manifest(name, work_types)
+    row = conn.execute(
+        """INSERT INTO connector_installed_pack (name, namespace, active_generation)
+           VALUES (%s, %s, %s)
+           ON CONFLICT (name) DO UPDATE SET active_generation = EXCLUDED.active_generation
+           RETURNING installed_pack_id""",
+        (name, name, generation),
+    ).fetchone()
+    assert row is not None
+    pack_id = int(row[0])
+    conn.execute(
+        """INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,
+             manifest_sha256, activated_at) VALUES (%s, %s, 'active', %s, %s, now())""",
+        (pack_id, generation, json.dumps(doc), sha256_hex(doc)),
+    )
+    if authority:
+        grant_authority(conn, pack_id, generation)
+    return pack_id
+
+
+def grant_authority(conn: psycopg.Connection, pack_id: int, generation: int = 1) -> None:
+    """The install receipt + WorkItem claim authority of a new pack generation."""
+    proof = {"kind": "install", "pack": pack_id, "generation": generation}
+    receipt = conn.execute(
+        """INSERT INTO connector_cutover_receipt (installed_pack_id, generation, kind, claim_path, proof,
+             proof_sha256, actor) VALUES (%s, %s, 'install', 'work_item', %s, %s, 'test')
+           RETURNING cutover_receipt_id""",
+        (pack_id, generation, json.dumps(proof), sha256_hex(proof)),
+    ).fetchone()
+    assert receipt is not None
+    conn.execute(
+        """INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase,
+             cutover_receipt_id) VALUES (%s, %s, 'work_item', 'work_item_active', %s)
+           ON CONFLICT (installed_pack_id, generation) DO UPDATE SET claim_path = 'work_item',
+             phase = 'work_item_active', cutover_receipt_id = EXCLUDED.cutover_receipt_id,
+             version = connector_claim_authority.version + 1, updated_at = now()""",
+        (pack_id, generation, receipt[0]),
+    )
+
+
+def revoke_authority(conn: psycopg.Connection, pack_id: int, generation: int = 1) -> None:
+    conn.execute(
+        """UPDATE connector_claim_authority SET claim_path = 'none', phase = 'quiescing',
+             version = version + 1, updated_at = now()
+           WHERE installed_pack_id = %s AND generation = %s""",
+        (pack_id, generation),
+    )
+
+
+def seed_items(
+    conn: psycopg.Connection,
+    pack_id: int,
+    n: int,
+    *,
+    work_type: str = "w",
+    queue_class: str = "default",
+    generation: int = 1,
+    max_attempts: int = 10,
+    source_lanes: Sequence[str | None] | None = None,
+    target_lanes: Sequence[str | None] | None = None,
+    dead_blocks_lane: bool = True,
+    run_after_s: float = 0.0,
+    body: bytes = b'{"n": 1}',
+    labels: Sequence[str | None] | None = None,
+) -> list[int]:
+    """Insert ``n`` receipts, events and WorkItems in delivery order; returns the work ids.
+
+    ``source_lanes`` / ``target_lanes`` give each item's lane key (None: no lane); ``labels`` are
+    stored in the event's ``source_object_id`` (tests use them to check an order without lanes)."""
+    if n == 0:
+        return []
+    src = list(source_lanes) if source_lanes is not None else [None] * n
+    tgt = list(target_lanes) if target_lanes is not None else [None] * n
+    lab = list(labels) if labels is not None else [None] * n
+    assert len(src) == len(tgt) == len(lab) == n
+    global _PACK_SEQ
+    _PACK_SEQ += 1
+    rows = conn.execute(
+        """
+        WITH seq AS (
+          SELECT i, s, t, l FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[])
+            WITH ORDINALITY AS x(s, t, l, i)
+        ), receipts AS (
+          INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
+            content_type, received_at, payload_sha256, body, verification, router_status)
+          SELECT 'seed', 'r', %(tag)s || ':' || i, 'POST', 'application/json', now(),
+                 '\\x00', %(body)s, 'none', 'materialized' FROM seq
+          RETURNING receipt_id, idempotency_key
+        ), events AS (
+          INSERT INTO connector_event (receipt_id, installed_pack_id, generation, incarnation, route_id,
+            route_version, namespace, source_object_kind, source_object_id, idempotency_key,
+            delivery_seq, payload_sha256, parse_outcome)
+          SELECT r.receipt_id, %(pack)s, %(gen)s, 1, 0, 1, 'seed', 'obj', seq.l, r.idempotency_key,
+                 r.receipt_id, '\\x00', 'ok'
+          FROM receipts r JOIN seq ON r.idempotency_key = %(tag)s || ':' || seq.i
+          RETURNING event_id, receipt_id, idempotency_key
+        )
+        INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type, queue_class,
+          state, run_after, max_attempts, delivery_seq, source_lane_key, target_mutation_lane_key,
+          dead_blocks_lane)
+        SELECT e.event_id, %(pack)s, %(gen)s, %(wt)s, %(qc)s,
+               CASE WHEN seq.s IS NULL AND seq.t IS NULL THEN 'pending' ELSE 'blocked' END,
+               now() + make_interval(secs => %(ra)s), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s
+        FROM events e JOIN seq ON e.idempotency_key = %(tag)s || ':' || seq.i
+        ORDER BY seq.i
+        RETURNING work_id
+        """,
+        {
+            "src": src,
+            "tgt": tgt,
+            "lab": lab,
+            "tag": f"{pack_id}:{work_type}:{_PACK_SEQ}:{id(conn)}",
+            "body": body,
+            "pack": pack_id,
+            "gen": generation,
+            "wt": work_type,
+            "qc": queue_class,
+            "ra": run_after_s,
+            "ma": max_attempts,
+            "dbl": dead_blocks_lane,
+        },
+    ).fetchall()
+    lanes = {(pack_id, "s", k) for k in src if k is not None} | {
+        (pack_id, "t", k) for k in tgt if k is not None
+    }
+    if lanes:
+        settle_lanes(conn, lanes)
+    return sorted(int(r[0]) for r in rows)
+
+
+def settle_lanes(conn: psycopg.Connection, lanes: set[tuple[int, str, str]]) -> None:
+    ordered = sorted(lanes)
+    for start in range(0, len(ordered), 500):
+        chunk = ordered[start : start + 500]
+        params = {
+            "packs": [c[0] for c in chunk],
+            "kinds": [c[1] for c in chunk],
+            "keys": [c[2] for c in chunk],
+        }
+        with conn.transaction():
+            locked = conn.execute(LANE_LOCK_BATCH, params).fetchall()
+            conn.execute(
+                LANE_SETTLE_BATCH,
+                {
+                    "packs": [r[0] for r in locked],
+                    "kinds": [r[1] for r in locked],
+                    "keys": [r[2] for r in locked],
+                    "demote": False,
+                },
+            )
