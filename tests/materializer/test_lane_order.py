@@ -117,7 +117,9 @@ async def _fake_executor(url: str, done: asyncio.Event, started: dict[str, list[
                 await lane_settle_batch(conn, locked)
 
 
-async def _race(adb, db_url: str, make_router, *, order_wait_max_s: float) -> dict[str, list[int]]:
+async def _race(
+    adb, db_url: str, make_router, *, order_wait_max_s: float
+) -> tuple[dict[str, list[int]], int]:
     """Two materializers over one backlog with random lane assignment; the first one is slow to
     commit, so the second one's later batches would commit first without the ordering gate."""
     await apply(adb, _lanes_manifest())
@@ -128,7 +130,7 @@ async def _race(adb, db_url: str, make_router, *, order_wait_max_s: float) -> di
     write = slow._write
 
     async def slow_write(plans: Any, **kw: Any) -> Any:
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(0.08)
         return await write(plans, **kw)
 
     slow._write = slow_write  # type: ignore[method-assign]
@@ -148,7 +150,8 @@ async def _race(adb, db_url: str, make_router, *, order_wait_max_s: float) -> di
         await executor
     assert await scalar(adb, "SELECT count(*) FROM connector_work_item WHERE state = 'succeeded'") == 400
     assert slow.totals.materialized > 0 and fast.totals.materialized > 0, "both materializers took part"
-    return started
+    late = sum(r.totals.demoted + r.totals.inverted for r in (slow, fast))
+    return started, late
 
 
 async def _all_done(conn: psycopg.AsyncConnection) -> bool:
@@ -167,13 +170,15 @@ def _violations(started: dict[str, list[int]]) -> int:
 async def test_two_materializers_keep_delivery_order_per_lane(adb, db_url: str, make_router) -> None:
     deferrals = metrics.ORDER_DEFERRALS._value.get()
     inversions = metrics.LANE_INVERSIONS._value.get()
-    started = await _race(adb, db_url, make_router, order_wait_max_s=10.0)
+    started, late = await _race(adb, db_url, make_router, order_wait_max_s=10.0)
     assert _violations(started) == 0, started
+    assert late == 0, "no lane member was overtaken by a late earlier delivery"
     assert metrics.LANE_INVERSIONS._value.get() == inversions
     assert metrics.ORDER_DEFERRALS._value.get() > deferrals, "the gate was exercised"
 
 
 async def test_control_without_the_ordering_gate_the_race_breaks_order(adb, db_url: str, make_router) -> None:
     """The same race with the gate disabled: proves the test above can fail."""
-    started = await _race(adb, db_url, make_router, order_wait_max_s=0.0)
+    started, late = await _race(adb, db_url, make_router, order_wait_max_s=0.0)
     assert _violations(started) > 0
+    assert late > 0

@@ -69,7 +69,8 @@ class MaterializerService:
         async with self.pool.connection() as conn:
             await self.cache.refresh(conn)
         self.router = Router(self.pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
-        self._tasks.append(asyncio.create_task(self._listen(), name="materializer-listen"))
+        listening = await self._listen_connect()
+        self._tasks.append(asyncio.create_task(self._listen(listening), name="materializer-listen"))
         self.router.start()
         self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
         self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
@@ -108,24 +109,27 @@ class MaterializerService:
 
     # ---------------------------------------------------------------------------------- wake-ups
 
-    async def _listen(self) -> None:
+    async def _listen_connect(self) -> psycopg.AsyncConnection[Any]:
+        conninfo = common_db.conninfo_with(
+            self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
+        )
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        await conn.execute(f"LISTEN {CHANNEL_RECEIPTS}")
+        await conn.execute(f"LISTEN {CHANNEL_PACKS}")
+        return conn
+
+    async def _listen(self, conn: psycopg.AsyncConnection[Any] | None) -> None:
+        """Wake the workers on ``connector_receipts``; reload routes on ``connector_packs``, every
+        ``routes_refresh_s`` and after a reconnect. ``conn`` is already listening (start() opens it
+        before the workers' first claim, so nothing committed after that claim goes unnoticed)."""
         backoff = 0.2
         refresh_s = self.cfg.routes_refresh_s
-        first = True
         while not self._stopping.is_set():
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    common_db.conninfo_with(
-                        self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
-                    ),
-                    autocommit=True,
-                )
+                if conn is None:
+                    conn = await self._listen_connect()
+                    await self._refresh("reconnect")  # notifications may have been missed
                 self._listener_conn = conn
-                await conn.execute(f"LISTEN {CHANNEL_RECEIPTS}")
-                await conn.execute(f"LISTEN {CHANNEL_PACKS}")
-                if not first:  # notifications may have been missed while disconnected
-                    await self._refresh("reconnect")
-                first = False
                 backoff = 0.2
                 while not self._stopping.is_set():
                     packs_changed = False
@@ -152,10 +156,10 @@ class MaterializerService:
                     await asyncio.wait_for(self._stopping.wait(), backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                conn_, self._listener_conn = self._listener_conn, None
-                if conn_ is not None:
+                old, self._listener_conn, conn = self._listener_conn, None, None
+                if old is not None:
                     with contextlib.suppress(Exception):
-                        await conn_.close()
+                        await old.close()
 
     async def _refresh(self, trigger: str) -> None:
         if self.router is None:
