@@ -180,6 +180,20 @@ async def test_reclaim_rechecks_state_and_expiry(db, adb) -> None:
     assert await claims.work_item_complete_batch(adb, [expired], [rows[expired][1]]) == []
 
 
+async def test_reclaim_update_rechecks_expiry_and_token_itself(db, adb) -> None:
+    """The candidate read and the update are separate: a lease renewed (or an item finished and
+    re-claimed) after the read must not be reclaimed by the update."""
+    pack = seed.seed_pack(db, "p", WT)
+    (i,) = seed.seed_items(db, pack, 1)
+    (row,) = await _claim(adb, pack, lease_s=30)  # a live lease, as if renewed after the read
+    params = {"ids": [i], "tokens": [row[1]], "packs": [pack]}
+    assert await (await adb.execute(claims.WORK_ITEM_RECLAIM_EXPIRED, params)).fetchall() == []
+    db.execute("UPDATE connector_work_item SET lease_until = clock_timestamp() - interval '1 s'")
+    stale = {**params, "tokens": [row[1] - 1]}  # the read saw an older lease of this row
+    assert await (await adb.execute(claims.WORK_ITEM_RECLAIM_EXPIRED, stale)).fetchall() == []
+    assert len(await (await adb.execute(claims.WORK_ITEM_RECLAIM_EXPIRED, params)).fetchall()) == 1
+
+
 async def test_reclaim_race_has_exactly_one_winner(db, db_url) -> None:
     pack = seed.seed_pack(db, "p", WT)
     conns = [await psycopg.AsyncConnection.connect(db_url, autocommit=True) for _ in range(12)]

@@ -11,7 +11,10 @@ The WorkItem row is the sole distributed execution authority. Rules every statem
   that row) waits for claim transactions in flight, so every later claim sees the new phase. Anything
   else fails closed (no rows).
 * **Renew, complete, retry, dead, release** are batched and fenced row by row: ``work_id = id AND
-  lease_token = token AND state = 'processing'``. A stale holder's write matches zero rows; the
+  lease_token = token AND state = 'processing'``. The hot two (renew, complete) look the token up
+  by position (``tokens[array_position(ids, work_id)]``) instead of joining ``unnest(ids, tokens)``:
+  a prepared statement's generic plan cannot size the unnest and picks a nested-loop join, which is
+  quadratic in the batch size. A stale holder's write matches zero rows; the
   caller counts it and abandons the item. Arrays are passed sorted by ``work_id`` so batched
   finalizes lock rows in one global order (DESIGN §8 trap 1).
 * **Reclaim** of an expired lease re-checks state, token and expiry (``lease_until <
@@ -21,7 +24,9 @@ The WorkItem row is the sole distributed execution authority. Rules every statem
   transaction that first takes the lanes' advisory locks (``lane_lock_batch``) and finally settles
   them (``lane_settle_batch``), per ADR 003. Lanes never appear in the claim statement.
 * State lists are inlined literals and ``now()`` (statement start) is used in candidate reads, while
-  leases use ``clock_timestamp()`` (DESIGN §8 trap 5). Statements are prepared (``prepare=True``).
+  leases use ``clock_timestamp()`` (DESIGN §8 trap 5). A new ``run_after`` (retry, reclaim) is
+  ``now()`` + delay, so the rows of one batch share it and keep their ``work_id`` order. Statements
+  are prepared (``prepare=True``).
 """
 
 from __future__ import annotations
@@ -87,8 +92,8 @@ RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
 WORK_ITEM_RENEW_LEASE_BATCH = """
 UPDATE connector_work_item w
 SET lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
-WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.state = 'processing'
+  AND w.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], w.work_id)]
 RETURNING w.work_id
 """
 
@@ -97,8 +102,8 @@ UPDATE connector_work_item w
 SET state = 'succeeded', outcome = 'succeeded', lease_owner = NULL, lease_until = NULL,
     failure_class = NULL, failure_summary = NULL,
     finished_at = clock_timestamp(), updated_at = clock_timestamp()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
-WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.state = 'processing'
+  AND w.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], w.work_id)]
 RETURNING w.work_id
 """
 
@@ -120,7 +125,7 @@ SET state = CASE
       ELSE 'pending' END,
     attempts = w.attempts - f.unstarted,
     run_after = CASE WHEN f.op = 'r' AND w.attempts < w.max_attempts
-      THEN clock_timestamp() + make_interval(secs => f.delay) ELSE w.run_after END,
+      THEN now() + make_interval(secs => f.delay) ELSE w.run_after END,
     outcome = CASE WHEN f.op = 'd' OR (f.op = 'r' AND w.attempts >= w.max_attempts)
       THEN 'failed' ELSE NULL END,
     failure_class = CASE WHEN f.op = 'l' THEN w.failure_class ELSE f.fclass END,
@@ -133,7 +138,7 @@ SET state = CASE
       THEN clock_timestamp() ELSE NULL END,
     lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
 FROM f
-WHERE w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
 RETURNING w.work_id, w.state
 """
 
@@ -151,14 +156,14 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 )
 UPDATE connector_work_item w
 SET state = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
-    run_after = clock_timestamp(),
+    run_after = now(),
     outcome = CASE WHEN w.attempts >= w.max_attempts THEN 'failed' ELSE NULL END,
     failure_class = 'lease_expired',
     failure_summary = 'the lease expired before its holder finished (holder presumed dead or paused)',
     finished_at = CASE WHEN w.attempts >= w.max_attempts THEN clock_timestamp() ELSE NULL END,
     lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
-WHERE w.work_id = f.id AND w.lease_token = f.token
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token
   AND w.state = 'processing' AND w.lease_until < clock_timestamp()
   AND EXISTS (SELECT 1 FROM auth a
               WHERE a.installed_pack_id = w.installed_pack_id AND a.generation = w.generation)

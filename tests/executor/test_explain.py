@@ -1,0 +1,189 @@
+"""EXPLAIN of every hot-path statement with a 100k-item backlog (STYLE.md: a test asserts the plan).
+
+Each statement is PREPAREd exactly as the executor sends it and EXPLAIN ANALYZEd (inside a rolled
+back transaction) under both plan-cache modes: the custom plan of the first executions and the
+generic plan a prepared statement switches to later (DESIGN §8 trap 5). Expected: index scans of
+the WorkItem indexes and primary-key CAS; never a sequential scan of ``connector_work_item``, and
+the claim path never reads ``connector_event`` at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
+from connector.executor import claims
+from tests.executor import seed
+
+pytestmark = pytest.mark.slow
+
+BACKLOG = 100_000
+BY_ID = "pk_connector_work_item|ix_connector_work_item_processing"
+
+
+def _prepare(db: psycopg.Connection, name: str, query: str) -> list[str]:
+    order: list[str] = []
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    body = re.sub(r"%\((\w+)\)s", repl, query)
+    db.execute(f"PREPARE {name} AS {body}")
+    return order
+
+
+def _explain(db: psycopg.Connection, name: str, query: str, params: dict[str, Any], mode: str) -> str:
+    db.execute(f"SET plan_cache_mode = {mode}")
+    with db.transaction(force_rollback=True):
+        order = _prepare(db, name, query)
+        args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+        call = sql.SQL("{}({})").format(sql.Identifier(name), args) if order else sql.Identifier(name)
+        rows = db.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE {}").format(call)).fetchall()
+    db.execute(f"DEALLOCATE {name}")
+    return "\n".join(r[0] for r in rows)
+
+
+@pytest.fixture
+def backlog(db: psycopg.Connection) -> dict[str, Any]:
+    pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
+    seed.seed_items(db, pack, BACKLOG)
+    lane_ids = seed.seed_items(
+        db,
+        pack,
+        2000,
+        source_lanes=[f"s{i % 100}" for i in range(2000)],
+        target_lanes=[f"t{i % 50}" for i in range(2000)],
+    )
+    claimed = db.execute(
+        "UPDATE connector_work_item SET state = 'processing', lease_owner = 'x', lease_token = 1, "
+        "lease_until = now() - interval '1 s' WHERE work_id IN "
+        "(SELECT work_id FROM connector_work_item WHERE state = 'pending' ORDER BY work_id LIMIT 64) "
+        "RETURNING work_id, lease_token"
+    ).fetchall()
+    db.execute("VACUUM ANALYZE connector_work_item")
+    db.execute("VACUUM ANALYZE connector_event")
+    db.execute("VACUUM ANALYZE connector_ingress_receipt")
+    return {
+        "pack": pack,
+        "ids": sorted(r[0] for r in claimed),
+        "tokens": [1] * len(claimed),
+        "event_ids": [r[0] for r in db.execute("SELECT event_id FROM connector_work_item LIMIT 64")],
+        "lane_ids": lane_ids,
+    }
+
+
+def _scans(plan: str) -> list[str]:
+    return re.findall(
+        r"((?:Index Only Scan|Index Scan|Seq Scan|Bitmap Heap Scan|Bitmap Index Scan)[^\n(]*)", plan
+    )
+
+
+def _check(plan: str, must_use: set[str], *, event_ok: bool = False) -> None:
+    scans = _scans(plan)
+    assert not [s for s in scans if s.startswith("Seq Scan on connector_work_item")], plan
+    assert not [s for s in scans if "Seq Scan on connector_event" in s], plan
+    if not event_ok:
+        assert "connector_event" not in plan, plan
+    used = {m for s in scans for m in re.findall(r"using (\w+)", s)}
+    # "a|b": either index serves (the planner may prefer the small partial processing index to the
+    # primary key for a by-id update of processing rows; both are exact lookups of the given ids).
+    for need in must_use:
+        assert used & set(need.split("|")), f"expected {need}, plan used {used}:\n{plan}"
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_hot_path_plans(db, backlog, mode) -> None:
+    b = backlog
+    n = len(b["ids"])
+    cases: list[tuple[str, str, dict[str, Any], set[str], bool]] = [
+        (
+            "claim",
+            claims.WORK_ITEM_CLAIM_BATCH,
+            {
+                "packs": [b["pack"]],
+                "queue_classes": ["default"],
+                "limits": [64],
+                "owner": "o",
+                "lease_s": 30.0,
+            },
+            {"ix_connector_work_item_ready", "pk_connector_work_item"},
+            False,
+        ),
+        (
+            "renew",
+            claims.WORK_ITEM_RENEW_LEASE_BATCH,
+            {"ids": b["ids"], "tokens": b["tokens"], "lease_s": 30.0},
+            {BY_ID},
+            False,
+        ),
+        (
+            "complete",
+            claims.WORK_ITEM_COMPLETE_BATCH,
+            {"ids": b["ids"], "tokens": b["tokens"]},
+            {BY_ID},
+            False,
+        ),
+        (
+            "fail",
+            claims.WORK_ITEM_FAIL_BATCH,
+            {
+                "ids": b["ids"],
+                "tokens": b["tokens"],
+                "ops": ["r"] * n,
+                "delays": [1.0] * n,
+                "unstarted": [0] * n,
+                "classes": ["c"] * n,
+                "summaries": ["s"] * n,
+            },
+            {BY_ID},
+            False,
+        ),
+        (
+            "reclaim_candidates",
+            claims.WORK_ITEM_RECLAIM_CANDIDATES,
+            {"limit": 500},
+            {"ix_connector_work_item_processing"},
+            False,
+        ),
+        (
+            "reclaim",
+            claims.WORK_ITEM_RECLAIM_EXPIRED,
+            {"ids": b["ids"], "tokens": b["tokens"], "packs": [b["pack"]]},
+            {BY_ID},
+            False,
+        ),
+        ("ready_groups", claims.WORK_ITEM_READY_GROUPS, {}, {"ix_connector_work_item_ready"}, False),
+        (
+            "events",
+            claims.WORK_ITEM_EVENT_BATCH,
+            {"ids": b["event_ids"]},
+            {"pk_connector_event", "pk_connector_ingress_receipt"},
+            True,
+        ),
+    ]
+    for name, query, params, must_use, event_ok in cases:
+        plan = _explain(db, name, query, params, mode)
+        _check(plan, must_use, event_ok=event_ok)
+        if name == "claim":
+            hits = sum(int(x) for x in re.findall(r"shared hit=(\d+)", plan.splitlines()[1]))
+            assert "rows=64" in plan.splitlines()[0] and hits < 3000, plan
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_lane_statements_use_lane_indexes(db, backlog, mode) -> None:
+    lanes = sorted(
+        {(backlog["pack"], "s", f"s{i}") for i in range(100)}
+        | {(backlog["pack"], "t", f"t{i}") for i in range(50)}
+    )
+    params = {"packs": [x[0] for x in lanes], "kinds": [x[1] for x in lanes], "keys": [x[2] for x in lanes]}
+    plan = _explain(db, "lane_lock", LANE_LOCK_BATCH, params, mode)
+    _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
+    plan = _explain(db, "lane_settle", LANE_SETTLE_BATCH, {**params, "demote": False}, mode)
+    _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
