@@ -138,7 +138,8 @@ SET state = CASE
       THEN clock_timestamp() ELSE NULL END,
     lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
 FROM f
-WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token AND w.state = 'processing'
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token
+  AND w.state = 'processing'
 RETURNING w.work_id, w.state
 """
 
