@@ -559,6 +559,8 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "node": _cmd_version(["node", "--version"]),
         "pgbench": _cmd_version(["pgbench", "--version"]),
+        # Other work on the machine skews figures: keep the load next to them.
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -255,7 +255,9 @@ def describe_environment(meta: dict[str, Any]) -> str:
         if s.get("server_version")
         else f"PostgreSQL: {s.get('error', 'unknown')}"
     )
-    return f"{m.get('date_utc')}  {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB; {pg}"
+    load = m.get("loadavg_at_start")
+    load_text = f"; load average at start {load[0]}" if load else ""
+    return f"{m.get('date_utc')}  {m.get('cpus')} CPUs, {m.get('memory_gib')} GiB; {pg}{load_text}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         lock.release()
     rows = assemble(outcomes)
     meta["duration_s"] = round(time.monotonic() - started, 1)
+    meta["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     doc = {
         "meta": meta,
         "benchmarks": [
