@@ -211,6 +211,14 @@ def validate_rows(doc: Any) -> list[dict[str, Any]]:
     return rows
 
 
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s'\"]+):[^@\s'\"]+@", re.I)
+
+
+def redact(text: str) -> str:
+    """Reasons end up in the table and the JSON: never with a password from a connection URL."""
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
 def stage_argparser(description: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="smoke-sized run (seconds)")

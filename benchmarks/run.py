@@ -107,7 +107,7 @@ def _failure_reason(log_text: str, returncode: int) -> str:
     if "unrecognized arguments" in log_text and "--json-out" in log_text:
         return "does not support --json-out yet (benchmark contract: docs/benchmarks.md)"
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    return f"exited with code {returncode}: {lines[-1][:300] if lines else 'no output'}"
+    return common.redact(f"exited with code {returncode}: {lines[-1][:300] if lines else 'no output'}")
 
 
 def _pump(pipe: IO[bytes], log: IO[bytes], echo_as: str | None) -> None:
@@ -285,10 +285,12 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = common.BENCH_DIR / "logs"
     out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
+    waiting_since = time.monotonic()
     lock = common.BenchLock().acquire()
+    started = time.monotonic()
     try:
         meta: dict[str, Any] = {
+            "lock_wait_s": round(started - waiting_since, 1),
             "quick": args.quick,
             "only": [b.name for b in selected],
             "repeat": args.repeat or 1,
@@ -337,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Benchmarks{' (--quick: smoke figures, not measurements)' if args.quick else ''} — "
           f"{describe_environment(meta)}")  # fmt: skip
     print(common.render_table(rows))
-    print(f"\nresults: {args.json} ({meta['duration_s']} s)")
+    waited = f", after waiting {meta['lock_wait_s']} s for the lock" if meta["lock_wait_s"] >= 1 else ""
+    print(f"\nresults: {args.json} (run took {meta['duration_s']} s{waited})")
     return 0
 
 

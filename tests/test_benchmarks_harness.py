@@ -232,6 +232,10 @@ FAKE_MODULES = {
         print("warming up")
         sys.exit("could not start the ingress service")
     """,
+    "fakebench_leaky": """
+        import sys
+        sys.exit("could not connect to postgresql://bench:s3cret@127.0.0.1:5432/x")
+    """,
     "fakebench_silent": """
         print("done, but where is the JSON?")
     """,
@@ -284,6 +288,9 @@ def test_run_bench_reports_each_kind_of_absence(fake_modules: Path) -> None:
     assert old.status == "failed" and "does not support --json-out yet" in (old.reason or "")
     crash = go("fakebench_crash")
     assert crash.status == "failed" and "could not start the ingress service" in (crash.reason or "")
+    leaky = go("fakebench_leaky")
+    assert leaky.status == "failed" and "s3cret" not in (leaky.reason or "")
+    assert "postgresql://bench:***@127.0.0.1:5432/x" in (leaky.reason or "")
     silent = go("fakebench_silent")
     assert silent.status == "no-json" and "without writing --json-out" in (silent.reason or "")
     bad = go("fakebench_bad")

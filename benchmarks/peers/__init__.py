@@ -29,7 +29,7 @@ class PeerConfig:
 
 def last_line(text: str, limit: int = 300) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return (lines[-1] if lines else "")[:limit]
+    return common.redact((lines[-1] if lines else "")[:limit])
 
 
 def run_json(
