@@ -73,6 +73,7 @@ BENCH_DIR = ROOT / ".bench"
 PEERS_DIR = BENCH_DIR / "peers"
 LOCK_PATH = "/tmp/connector-bench.lock"
 LOCK_FD_ENV = "CONNECTOR_BENCH_LOCK_FD"
+LOCK_HELD_ENV = "CONNECTOR_BENCH_LOCK_HELD"
 DB_PREFIX = "connector_bench_"
 
 # The shared drain workload: our executor and every peer run the same counts.
@@ -415,8 +416,10 @@ class BenchLock:
         self.fd = None
 
     def child_env(self) -> dict[str, str]:
+        """For children run while we hold the lock: the inherited descriptor, and the plain flag
+        ``CONNECTOR_BENCH_LOCK_HELD=1`` for modules that check only that."""
         assert self.fd is not None
-        return {LOCK_FD_ENV: str(self.fd)}
+        return {LOCK_FD_ENV: str(self.fd), LOCK_HELD_ENV: "1"}
 
 
 @contextlib.contextmanager

@@ -188,6 +188,7 @@ def test_bench_lock_is_reentrant_for_children_and_can_be_lent(tmp_path: Path) ->
         assert not _try_lock(path)  # a stranger cannot take it
         holders, waiting = common.lock_holders(str(path))
         assert os.getpid() in holders and not waiting
+        assert lock.child_env() == {"CONNECTOR_BENCH_LOCK_FD": str(lock.fd), "CONNECTOR_BENCH_LOCK_HELD": "1"}
         child = subprocess.run(
             [sys.executable, "-c", _CHILD_LOCK.format(root=str(ROOT), path=str(path))],
             env={**os.environ, **lock.child_env()},
