@@ -293,9 +293,10 @@ def fmt_value(value: float | None) -> str:
     return f"{value:,.2f}"
 
 
-def render_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The human table: one section per group; unavailable rows say why."""
-    name_w = max([len(r["name"]) for r in rows] + [20])
+def render_table(rows: Sequence[dict[str, Any]], name_width: int = 60) -> str:
+    """The human table: one section per group; unavailable rows say why. Names longer than
+    ``name_width`` get a line of their own."""
+    name_w = min(max([len(r["name"]) for r in rows] + [20]), name_width)
     lines: list[str] = []
     header = (
         f"{'benchmark':<{name_w}}  {'value':>12}  {'unit':<12}  {'target':<9}  {'result':<6}  vs best peer"
@@ -306,8 +307,12 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             continue
         lines += ["", GROUP_TITLES[group], header, "-" * len(header)]
         for r in section:
+            name = r["name"]
+            if len(name) > name_w:
+                lines.append(name)
+                name = ""
             if r.get("value") is None:
-                lines.append(f"{r['name']:<{name_w}}  not available: {r.get('unavailable')}")
+                lines.append(f"{name:<{name_w}}  not available: {r.get('unavailable')}")
                 continue
             vs = r.get("vs_peer")
             vs_text = (
@@ -316,7 +321,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
                 else ""
             )
             lines.append(
-                f"{r['name']:<{name_w}}  {fmt_value(r['value']):>12}  {r['unit']:<12}  "
+                f"{name:<{name_w}}  {fmt_value(r['value']):>12}  {r['unit']:<12}  "
                 f"{r.get('target') or '-':<9}  {r.get('result') or '-':<6}  {vs_text}".rstrip()
             )
     return "\n".join(lines).lstrip("\n")

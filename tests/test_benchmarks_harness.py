@@ -126,6 +126,11 @@ def test_render_table_shows_figures_ratios_and_reasons() -> None:
     assert "end to end" in text and "not available: benchmarks.e2e_bench does not exist yet" in text
     assert "not available: pip install failed: no network" in text
     assert "14,243" in text
+    long_name = "x" * 80
+    wide = [_tag(common.make_row("w", long_name, 5.0, "ms"), "stage")]
+    common.compare_with_peers(wide)
+    wrapped = common.render_table(wide, name_width=40).splitlines()
+    assert long_name in wrapped and any(line.strip().startswith("5.00  ms") for line in wrapped)
 
 
 def test_json_out_round_trip(tmp_path: Path) -> None:
