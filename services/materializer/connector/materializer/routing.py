@@ -205,6 +205,12 @@ WORK_NOTIFY = f"SELECT pg_notify('{CHANNEL_WORK}', '')"
 # --------------------------------------------------------------------------------------------------
 
 
+def _columns(spec: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Row tuples → one list per column (the ``unnest`` parameters)."""
+    transposed = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
+    return {name: list(col) for (name, _), col in zip(spec, transposed, strict=True)}
+
+
 async def receipt_claim_routable(
     conn: AsyncConnection[Any],
     *,
@@ -347,27 +353,30 @@ async def event_insert_batch(
     """Insert the events of ``drafts`` (event ids reserved, keyed by receipt id)."""
     if not drafts:
         return 0
-    cols: dict[str, list[Any]] = {c: [] for c, _ in _EVENT_COLUMNS}
-    for d in drafts:
-        r = d.receipt
-        cols["event_id"].append(event_ids[r.receipt_id])
-        cols["receipt_id"].append(r.receipt_id)
-        cols["installed_pack_id"].append(d.pack.installed_pack_id)
-        cols["generation"].append(d.pack.generation)
-        cols["incarnation"].append(d.pack.incarnation)
-        cols["route_id"].append(d.route.route_id)
-        cols["route_version"].append(d.route.route_version)
-        cols["namespace"].append(r.namespace)
-        cols["event_kind"].append(d.event_kind)
-        cols["source_object_kind"].append(d.source_object_kind)
-        cols["source_object_id"].append(d.source_object_id)
-        cols["idempotency_key"].append(f"{r.idempotency_key}#0")
-        cols["delivery_seq"].append(r.receipt_id)
-        cols["payload_sha256"].append(r.payload_sha256)
-        cols["companion"].append(canonical_json(dict(d.companion)))
-        cols["correlation_ids"].append(canonical_json(dict(d.correlation_ids)))
-        cols["execution_owner"].append("legacy_event" if d.legacy_owned else "work_item")
-        cols["legacy_state"].append("pending" if d.legacy_owned else None)
+    rows = [
+        (
+            event_ids[d.receipt.receipt_id],
+            d.receipt.receipt_id,
+            d.pack.installed_pack_id,
+            d.pack.generation,
+            d.pack.incarnation,
+            d.route.route_id,
+            d.route.route_version,
+            d.receipt.namespace,
+            d.event_kind,
+            d.source_object_kind,
+            d.source_object_id,
+            f"{d.receipt.idempotency_key}#0",
+            d.receipt.receipt_id,
+            d.receipt.payload_sha256,
+            canonical_json(dict(d.companion)),
+            canonical_json(dict(d.correlation_ids)),
+            "legacy_event" if d.legacy_owned else "work_item",
+            "pending" if d.legacy_owned else None,
+        )
+        for d in drafts
+    ]
+    cols = _columns(_EVENT_COLUMNS, rows)
     cur = await conn.execute(EVENT_INSERT_BATCH, cols, prepare=True)
     return cur.rowcount
 
@@ -423,20 +432,24 @@ async def work_item_insert_batch(conn: AsyncConnection[Any], rows: Sequence[Work
     ``blocked`` — the lane settle that follows promotes the runnable ones."""
     if not rows:
         return 0
-    cols: dict[str, list[Any]] = {c: [] for c, _ in _WORK_COLUMNS}
-    for w in rows:
-        cols["event_id"].append(w.event_id)
-        cols["installed_pack_id"].append(w.installed_pack_id)
-        cols["generation"].append(w.generation)
-        cols["work_type"].append(w.work_type)
-        cols["queue_class"].append(w.queue_class)
-        cols["state"].append("blocked" if w.lanes else "pending")
-        cols["priority"].append(w.priority)
-        cols["max_attempts"].append(w.max_attempts)
-        cols["delivery_seq"].append(w.delivery_seq)
-        cols["source_lane_key"].append(w.source_lane_key)
-        cols["target_mutation_lane_key"].append(w.target_lane_key)
-        cols["dead_blocks_lane"].append(w.dead_blocks_lane)
+    values = [
+        (
+            w.event_id,
+            w.installed_pack_id,
+            w.generation,
+            w.work_type,
+            w.queue_class,
+            "blocked" if w.source_lane_key is not None or w.target_lane_key is not None else "pending",
+            w.priority,
+            w.max_attempts,
+            w.delivery_seq,
+            w.source_lane_key,
+            w.target_lane_key,
+            w.dead_blocks_lane,
+        )
+        for w in rows
+    ]
+    cols = _columns(_WORK_COLUMNS, values)
     cur = await conn.execute(WORK_ITEM_INSERT_BATCH, cols, prepare=True)
     return cur.rowcount
 
