@@ -261,3 +261,23 @@ async def test_started_workers_drain_the_backlog_and_stop(adb, make_router) -> N
     await wait_until(all_materialized, what="all receipts materialized")
     await router.stop()
     assert await scalar(adb, "SELECT count(*) FROM connector_event") == 30
+
+
+async def test_routing_lag_counts_due_and_stuck_receipts(adb) -> None:
+    from connector.materializer import routing
+
+    assert await routing.receipt_routing_lag(adb) == 0.0
+    [due, stuck] = await insert_receipts(adb, [body(1), body(2)])
+    await adb.execute(
+        "UPDATE connector_ingress_receipt SET next_attempt_at = now() - interval '20 s'"
+        " WHERE receipt_id = %s",
+        (due,),
+    )
+    assert 19 < await routing.receipt_routing_lag(adb) < 40
+    # A receipt claimed by a process that died keeps counting from its acceptance.
+    await adb.execute(
+        """UPDATE connector_ingress_receipt SET router_status = 'routing', lease_until = now(),
+             accepted_at = now() - interval '90 s' WHERE receipt_id = %s""",
+        (stuck,),
+    )
+    assert 89 < await routing.receipt_routing_lag(adb) < 120

@@ -11,7 +11,7 @@ from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 ROUTING_LAG = Gauge(
     "connector_materializer_routing_lag_seconds",
-    "Age of the oldest due, unrouted receipt (0 when none is due)",
+    "Age of the oldest due unrouted receipt, or of the oldest receipt claimed but not finished",
 )
 RECEIPTS = Counter(
     "connector_materializer_receipts_total",

@@ -114,13 +114,19 @@ FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS f(receipt_id, token)
 WHERE r.receipt_id = f.receipt_id AND r.claim_token = f.token AND r.router_status = 'routing'
 """
 
-# Age of the oldest due receipt (for a fresh receipt, next_attempt_at is its acceptance time): the
-# routing lag. One index probe on the routable index.
+# Routing lag: the age of the oldest receipt that is due but unrouted (for a fresh receipt,
+# next_attempt_at is its acceptance time), or that is claimed but not finished (acceptance time of
+# the oldest receipt in flight: grows when a holder died and its lease has not been re-claimed). One
+# probe of the routable index plus the small set of in-flight receipts (partial routing index).
 RECEIPT_ROUTING_LAG = """
-SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_attempt_at)), 0)::float8
-FROM (SELECT next_attempt_at FROM connector_ingress_receipt
-      WHERE router_status IN ('pending', 'retry') AND next_attempt_at <= now()
-      ORDER BY next_attempt_at, receipt_id LIMIT 1) oldest
+SELECT greatest(
+  (SELECT extract(epoch FROM clock_timestamp() - next_attempt_at)
+   FROM connector_ingress_receipt
+   WHERE router_status IN ('pending', 'retry') AND next_attempt_at <= now()
+   ORDER BY next_attempt_at, receipt_id LIMIT 1),
+  (SELECT extract(epoch FROM clock_timestamp() - min(accepted_at))
+   FROM connector_ingress_receipt WHERE router_status = 'routing'),
+  0)::float8
 """
 
 # Pack rows and claim authority of the batch's namespaces, share-locked for the transaction: an

@@ -190,10 +190,16 @@ class MaterializerService:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--concurrency", type=int, default=None, help="routing workers in this process (env: ..._CONCURRENCY)"
+        "--concurrency",
+        type=int,
+        default=None,
+        help="routing workers in this process (CONNECTOR_MATERIALIZER_CONCURRENCY)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="receipts claimed per batch (env: ..._BATCH_SIZE)"
+        "--batch-size",
+        type=int,
+        default=None,
+        help="receipts claimed per batch (CONNECTOR_MATERIALIZER_BATCH_SIZE)",
     )
 
 
