@@ -1,19 +1,26 @@
 """Ingress benchmark: verified, durable acks/s over HTTP versus PostgreSQL's single-insert reference.
 
-    .venv/bin/python -m benchmarks.ingress_bench [--quick] [--concurrency 64] [--duration 15]
+    .venv/bin/python -m benchmarks.ingress_bench [--quick] [--json-out PATH] [--concurrency 64]
+    .venv/bin/python benchmarks/ingress_bench.py --quick
 
-What it does (holding ``/tmp/connector-bench.lock`` so two benchmarks never share the machine):
+What it does (under the benchmark lock, ``benchmarks.common.bench_lock``: two benchmarks never
+share this machine; run alone it takes ``/tmp/connector-bench.lock`` itself):
 
 1. creates a scratch database (migrated) and installs one route verified by the Standard Webhooks
-   preset (HMAC-SHA256 over ``{id}.{timestamp}.{body}``, ``webhook-id`` as the delivery id);
-2. starts ``connector ingress`` as its own process (uvloop, its own pool);
+   preset (HMAC-SHA256 over ``{id}.{timestamp}.{body}``, ``webhook-id`` as the delivery id, event
+   kind from the body);
+2. starts ``connector ingress`` as its own process (uvloop, its own pool, default settings);
 3. runs the load generator in a *separate process*: ``--concurrency`` keep-alive connections, each
    sending one signed delivery at a time (unique id, fresh timestamp, ~``--body-bytes`` JSON body)
-   and waiting for the answer; it reports accepted deliveries/s and p50/p99/max ack latency;
-4. checks durability: rows in ``connector_ingress_receipt`` equal the accepted count;
-5. runs ``pgbench`` (``-c concurrency``) with a one-row ``INSERT`` into the same table in another
-   scratch database on the same server: the physical reference, one commit per row;
-6. prints the figures and the ratio (ingress acks/s ÷ pgbench tps), and one JSON line.
+   and waiting for the answer; it reports accepted deliveries/s and p50/p99/max ack latency over the
+   measured window (after ``--warmup``);
+4. checks durability: rows in ``connector_ingress_receipt`` equal the 200 answers (warm-up included);
+5. runs ``pgbench -c <concurrency> -j 2 -M prepared`` with one-row INSERT transactions on the same
+   server: (a) the same receipt row into ``connector_ingress_receipt`` of another migrated scratch
+   database — the physical reference for this exact write — and (b, not in ``--quick``) the suite's
+   ``benchmarks.reference`` table (bigint identity, int, 100-byte text);
+6. prints the figures, the CPU each party used, the ratio ingress ÷ pgbench, one JSON line, and with
+   ``--json-out`` the rows of the benchmark contract (docs/benchmarks.md).
 
 Nothing here is a test: it asserts nothing about speed; it measures and reports.
 """
@@ -24,7 +31,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import fcntl
 import hmac
 import json
 import os
@@ -40,7 +46,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-LOCK_FILE = "/tmp/connector-bench.lock"
 NAMESPACE = "bench"
 ROUTE_KEY = "events"
 SECRET_ENV = "CONNECTOR_BENCH_WEBHOOK_SECRET"
@@ -238,26 +243,41 @@ def _scrape(port: int) -> dict[str, float]:
     return out
 
 
-def _pgbench(url: str, *, clients: int, duration: float, body_bytes: int) -> dict[str, Any]:
+def _pgbench(url: str, table: str, args: argparse.Namespace) -> dict[str, float]:
+    """pgbench, one row per transaction: the receipt row itself, or benchmarks.reference's table."""
     pgbench = shutil.which("pgbench") or "/usr/bin/pgbench"
-    script = (
-        "INSERT INTO connector_ingress_receipt (namespace, route_key, provider_delivery_id,"
-        " idempotency_key, method, content_type, event_kind, received_at, payload_sha256, body,"
-        " verification) VALUES ('bench', 'events', md5(random()::text), "
-        "'events:id:' || md5(random()::text || clock_timestamp()::text), 'POST', 'application/json',"
-        " 'bench.event', now(), sha256(convert_to(random()::text, 'UTF8')),"
-        f" convert_to(repeat('x', {body_bytes}), 'UTF8'), 'hmac-sha256:env:X');\n"
-    )
+    if table == "receipt":
+        script = (
+            "INSERT INTO connector_ingress_receipt (namespace, route_key, provider_delivery_id,"
+            " idempotency_key, method, content_type, event_kind, received_at, payload_sha256, body,"
+            " verification) VALUES ('bench', 'events', md5(random()::text), "
+            "'events/id/' || md5(random()::text || clock_timestamp()::text), 'POST', 'application/json',"
+            " 'bench.event', now(), sha256(convert_to(random()::text, 'UTF8')),"
+            f" convert_to(repeat('x', {args.body_bytes}), 'UTF8'), 'hmac-sha256/env/X');\n"
+        )
+    else:
+        import psycopg
+
+        from benchmarks import reference
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS bench_ref (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " v bigint NOT NULL, note text NOT NULL)"
+            )
+        script = reference.SCRIPT
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
         path = f.name
+    clients = str(args.concurrency)
     try:
         out = subprocess.run(
-            [pgbench, "-n", "-f", path, "-c", str(clients), "-j", "2", "-T", str(int(duration)), "-d", url],
+            [pgbench, "-n", "-M", "prepared", "-f", path, "-c", clients, "-j", "2",
+             "-T", str(int(args.duration)), "-d", url],
             capture_output=True,
             text=True,
             check=True,
-        ).stdout
+        ).stdout  # fmt: skip
     finally:
         os.unlink(path)
     tps = latency = 0.0
@@ -273,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="short run (5 s load, 5 s pgbench)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 3 s load, 3 s pgbench, receipt row only"
+    )
+    parser.add_argument("--json-out", type=Path, help='write {"rows": [...]} (docs/benchmarks.md contract)')
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds (after warm-up)")
     parser.add_argument("--warmup", type=float, default=2.0)
@@ -287,21 +310,75 @@ def main(argv: list[str] | None = None) -> int:
         loadgen_main(args.loadgen)
         return 0
     if args.quick:
-        args.duration, args.warmup = 5.0, 1.0
+        args.duration, args.warmup = 3.0, 0.5
 
-    from connector.common import testdb
+    if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import common
 
-    with open(LOCK_FILE, "w") as lock:
-        print(f"waiting for {LOCK_FILE} ...", file=sys.stderr)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with (
-            testdb.fresh_database("ingress_bench") as url,
-            testdb.fresh_database("ingress_pgbench") as ref_url,
-        ):
-            return _run(args, url, ref_url)
+    with (
+        common.bench_lock(),
+        common.fresh_migrated_database("ingress") as url,
+        common.fresh_migrated_database("ingress_pgbench") as receipt_ref_url,
+        common.fresh_database("ingress_pgbench_ref") as simple_ref_url,
+    ):
+        summary = _run(args, url, receipt_ref_url, simple_ref_url)
+    common.write_json_out(args.json_out, _rows(args, summary, common))
+    return 0
 
 
-def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
+def _rows(args: argparse.Namespace, summary: dict[str, Any], common: Any) -> list[dict[str, Any]]:
+    load, ref = summary["ingress"], summary["pgbench"]
+    extra = {
+        "concurrency": args.concurrency,
+        "duration_s": args.duration,
+        "body_bytes": args.body_bytes,
+        "verification": "standard-webhooks (HMAC-SHA256)",
+        "statuses": load["statuses"],
+        "durable_rows_match": summary["rows"] == load["accepted_total"],
+        "avg_batch": round(summary["avg_batch"], 1),
+        "avg_commit_ms": round(summary["avg_commit_ms"], 2),
+        "cpu_cores": {k: round(v, 2) for k, v in summary["cpu"].items()},
+    }
+    if ref:
+        extra["pgbench_c64_tps"] = {k: round(v["tps"]) for k, v in ref.items()}
+    rows = [
+        common.make_row(
+            "ingress.acks_per_s", "ingress verified durable acks, concurrency 64", load["accepted_per_s"],
+            "acks/s", target=">= 5000", scenario="insert", extra=extra,
+        ),
+        common.make_row("ingress.ack_p50_ms", "ingress ack latency p50, concurrency 64", load["p50_ms"],
+                        "ms"),
+        common.make_row(
+            "ingress.ack_p99_ms", "ingress ack latency p99, concurrency 64", load["p99_ms"], "ms",
+            target="< 50",
+        ),
+    ]  # fmt: skip
+    for table, figure in (ref or {}).items():
+        rows.append(
+            common.make_row(
+                f"ingress.pgbench_{table}_insert_c{args.concurrency}",
+                f"pgbench single-row INSERT ({PGBENCH_TABLES[table]}), {args.concurrency} clients, same run",
+                figure["tps"],
+                "tx/s",
+                extra={
+                    "latency_avg_ms": figure["latency_avg_ms"],
+                    "ratio_ingress_to_pgbench": load["accepted_per_s"] / figure["tps"]
+                    if figure["tps"]
+                    else None,
+                },
+            )
+        )
+    return rows
+
+
+PGBENCH_TABLES = {
+    "receipt": "the same receipt row into connector_ingress_receipt",
+    "simple": "bench_ref: bigint identity + int + 100-byte text, as benchmarks.reference",
+}
+
+
+def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_url: str) -> dict[str, Any]:
     import psycopg
 
     dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
@@ -347,9 +424,9 @@ def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
         load = json.loads(gen.stdout.strip().splitlines()[-1])
         wall = time.monotonic() - wall_before
         cpu = {
-            "ingress_cores": (_cpu_seconds(ingress.pid) - cpu_before) / wall,
-            "postgres_cores": (_postgres_cpu_seconds(dbname) - pg_before) / wall,
-            "loadgen_cores": load.pop("cpu_s") / wall,
+            "ingress": (_cpu_seconds(ingress.pid) - cpu_before) / wall,
+            "postgres": (_postgres_cpu_seconds(dbname) - pg_before) / wall,
+            "load_generator": load.pop("cpu_s") / wall,
         }
         scraped = _scrape(metrics_port)
     finally:
@@ -360,11 +437,11 @@ def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
             ingress.kill()
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT count(*) FROM connector_ingress_receipt").fetchone()[0]  # type: ignore[index]
-    ref = (
-        None
-        if args.skip_pgbench
-        else _pgbench(ref_url, clients=args.concurrency, duration=args.duration, body_bytes=args.body_bytes)
-    )
+    ref: dict[str, dict[str, float]] | None = None
+    if not args.skip_pgbench:
+        ref = {"receipt": _pgbench(receipt_ref_url, "receipt", args)}
+        if not args.quick:
+            ref["simple"] = _pgbench(simple_ref_url, "simple", args)
     batches = scraped.get("connector_ingress_group_commit_batch_size_count", 0.0)
     avg_batch = (
         scraped.get("connector_ingress_group_commit_batch_size_sum", 0.0) / batches if batches else 0.0
@@ -379,15 +456,18 @@ def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
     p50, p99, worst = load["p50_ms"], load["p99_ms"], load["max_ms"]
     print(f"  ack latency p50 / p99   {p50:>7.2f} ms / {p99:.2f} ms (max {worst:.1f})")
     print(f"  answers by status       {load['statuses']}")
-    busy = f"ingress {cpu['ingress_cores']:.2f}, postgres {cpu['postgres_cores']:.2f}"
-    print(f"  CPU (cores busy)        {busy}, load generator {cpu['loadgen_cores']:.2f}")
+    busy = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+    print(f"  CPU (cores busy)        {busy}")
     print(f"  group commit            avg batch {avg_batch:.1f}, avg commit {commit_ms:.2f} ms")
     durable = "ok" if rows == load["accepted_total"] else "MISMATCH"
     print(f"  rows in receipt table   {rows} = 200 answers incl. warm-up {load['accepted_total']}: {durable}")
-    if ref is not None:
-        print(f"pgbench single-row INSERT (same table, -c {args.concurrency} -j 2)")
-        print(f"  transactions/s          {ref['tps']:>10.0f} (latency avg {ref['latency_avg_ms']:.2f} ms)")
-        print(f"  ratio ingress / pgbench {load['accepted_per_s'] / ref['tps']:>10.2f}")
+    for table, figure in (ref or {}).items():
+        print(f"pgbench single-row INSERT, {PGBENCH_TABLES[table]} (-c {args.concurrency} -j 2 -M prepared)")
+        print(
+            f"  transactions/s          {figure['tps']:>10.0f}"
+            f" (latency avg {figure['latency_avg_ms']:.2f} ms)"
+        )
+        print(f"  ratio ingress / pgbench {load['accepted_per_s'] / figure['tps']:>10.2f}")
     summary = {
         "ingress": load,
         "cpu": cpu,
@@ -395,12 +475,15 @@ def _run(args: argparse.Namespace, url: str, ref_url: str) -> int:
         "avg_batch": avg_batch,
         "avg_commit_ms": commit_ms,
         "pgbench": ref,
+        "load_average": os.getloadavg(),
     }
     print(json.dumps(summary))
     non_ok = {k: v for k, v in load["statuses"].items() if int(k) != 200}
     if non_ok:
         print(f"WARNING: non-200 answers: {non_ok}", file=sys.stderr)
-    return 0
+    if rows != load["accepted_total"]:
+        raise SystemExit("durability check failed: rows differ from 200 answers")
+    return summary
 
 
 if __name__ == "__main__":

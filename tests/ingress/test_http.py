@@ -360,6 +360,26 @@ async def test_header_injection_attempts_are_4xx_without_rows(ingress: IngressSe
     assert receipt_count(db_url) == 0
 
 
+async def test_expect_100_continue_is_honoured(ingress: IngressService, db_url: str) -> None:
+    body = b'{"a":"continue"}'
+    sig = github_headers(body, delivery="c-1")
+    reader, writer = await asyncio.open_connection("127.0.0.1", ingress.http_port)
+    try:
+        writer.write(
+            f"POST /v1/webhooks/{NAMESPACE}/github HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"X-Hub-Signature-256: {sig['X-Hub-Signature-256']}\r\nX-GitHub-Delivery: c-1\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert interim.startswith(b"HTTP/1.1 100")
+        writer.write(body)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert final.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    assert receipt_count(db_url) == 1
+
+
 async def test_health_and_readiness(ingress: IngressService, http: aiohttp.ClientSession) -> None:
     base = f"http://127.0.0.1:{ingress.http_port}"
     async with http.get(base + "/healthz") as r:

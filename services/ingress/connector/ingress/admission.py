@@ -185,11 +185,11 @@ class Admission:
             return self.reject(BODY_TOO_LARGE)
         if not body:
             return self.reject(BODY_EMPTY)
-        assert route.verifier is not None
+        verifier = route.verifier
+        if verifier is None:  # an unavailable route never gets here (route_for answers first)
+            return self.unavailable(route, route.unavailable or "route_invalid")
         try:
-            verification = route.verifier.verify(
-                headers, body, method, uri, received_at if now is None else now
-            )
+            verification = verifier.verify(headers, body, method, uri, received_at if now is None else now)
         except verify.Rejected as exc:
             return Outcome(VERIFY_STATUS, REJECTED, exc.reason)
         raw_content_type = headers.get("Content-Type")
