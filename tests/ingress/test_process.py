@@ -1,0 +1,64 @@
+"""``connector ingress`` as a real process: starts from the environment, serves, stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from .conftest import SECRETS, github_headers, install_routes, receipt_count
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_connector_ingress_process_serves_and_stops_on_sigterm(db_url: str) -> None:
+    install_routes(db_url)
+    http_port = _free_port()
+    env = {
+        **os.environ,
+        **SECRETS,
+        "CONNECTOR_DATABASE_URL": db_url,
+        "CONNECTOR_INGRESS_GRPC_PORT": str(_free_port()),
+        "CONNECTOR_INGRESS_METRICS_PORT": str(_free_port()),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "connector.cli.main", "ingress", "--http-port", str(http_port)],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "not ready"
+                time.sleep(0.05)
+        body = b'{"a":1}'
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v1/webhooks/shop/github",
+            data=body,
+            headers={**github_headers(body, delivery="proc-1"), "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        logs = proc.stderr.read().decode() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert receipt_count(db_url) == 1
+    assert '"msg":"ingress started"' in logs and '"msg":"ingress stopped"' in logs
+    assert not any(value in logs for value in SECRETS.values())
