@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
-from connector.materializer import metrics
+from connector.materializer import metrics, routing
 from connector.materializer.router import Router
 
 from .conftest import apply, body, insert_receipts, manifest, rows, scalar, wait_until, work_type
@@ -86,35 +86,45 @@ async def test_an_inversion_that_already_started_is_counted(adb, make_router) ->
     assert await _states(adb, [early, late]) == ["blocked", "processing"]
 
 
+async def _execute_step(conn: psycopg.AsyncConnection, started: dict[str, list[int]]) -> int:
+    """One executor step: claim ready items, record the order each lane's members started in, finish
+    them (lane lock + settle, as the executor does). Returns how many ran."""
+    cur = await conn.execute(
+        """UPDATE connector_work_item SET state = 'processing', lease_owner = 'fake',
+             lease_until = clock_timestamp() + interval '1 minute'
+           WHERE work_id IN (SELECT work_id FROM connector_work_item WHERE state = 'pending'
+                             ORDER BY work_id LIMIT 16 FOR UPDATE SKIP LOCKED)
+           RETURNING work_id, installed_pack_id, source_lane_key, delivery_seq"""
+    )
+    claimed = sorted(await cur.fetchall(), key=lambda r: r[3])
+    for _, _, lane, seq in claimed:
+        started.setdefault(lane, []).append(seq)
+    if claimed:
+        async with conn.transaction():
+            lanes = [lane for r in claimed for lane in lanes_of(r[1], r[2], None)]
+            locked = await lane_lock_batch(conn, lanes)
+            await conn.execute(
+                "UPDATE connector_work_item SET state = 'succeeded', lease_owner = NULL"
+                " WHERE work_id = ANY(%s)",
+                ([r[0] for r in claimed],),
+            )
+            await lane_settle_batch(conn, locked)
+    return len(claimed)
+
+
+async def _execute_ready(conn: psycopg.AsyncConnection, started: dict[str, list[int]]) -> None:
+    while await _execute_step(conn, started):
+        pass
+
+
 async def _fake_executor(url: str, done: asyncio.Event, started: dict[str, list[int]]) -> None:
-    """Claims ready items as fast as it can and finishes them (lane lock + settle, as the executor
-    does), recording the order in which each lane's members started."""
+    """Runs ready items as fast as it can until ``done`` and nothing is left."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         while True:
-            cur = await conn.execute(
-                """UPDATE connector_work_item SET state = 'processing', lease_owner = 'fake',
-                     lease_until = clock_timestamp() + interval '1 minute'
-                   WHERE work_id IN (SELECT work_id FROM connector_work_item WHERE state = 'pending'
-                                     ORDER BY work_id LIMIT 16 FOR UPDATE SKIP LOCKED)
-                   RETURNING work_id, installed_pack_id, source_lane_key, delivery_seq"""
-            )
-            claimed = sorted(await cur.fetchall(), key=lambda r: r[3])
-            if not claimed:
+            if not await _execute_step(conn, started):
                 if done.is_set():
                     return
                 await asyncio.sleep(0.002)
-                continue
-            for _, _, lane, seq in claimed:
-                started.setdefault(lane, []).append(seq)
-            async with conn.transaction():
-                lanes = [lane for r in claimed for lane in lanes_of(r[1], r[2], None)]
-                locked = await lane_lock_batch(conn, lanes)
-                await conn.execute(
-                    "UPDATE connector_work_item SET state = 'succeeded', lease_owner = NULL"
-                    " WHERE work_id = ANY(%s)",
-                    ([r[0] for r in claimed],),
-                )
-                await lane_settle_batch(conn, locked)
 
 
 async def _race(
@@ -177,8 +187,44 @@ async def test_two_materializers_keep_delivery_order_per_lane(adb, db_url: str, 
     assert metrics.ORDER_DEFERRALS._value.get() > deferrals, "the gate was exercised"
 
 
-async def test_control_without_the_ordering_gate_the_race_breaks_order(adb, db_url: str, make_router) -> None:
-    """The same race with the gate disabled: proves the test above can fail."""
-    started, late = await _race(adb, db_url, make_router, order_wait_max_s=0.0)
+async def _two_batches(adb, make_router, *, order_wait_max_s: float) -> tuple[Router, Router, list[Any]]:
+    """Two materializers; the first holds the claim of the earliest 32 receipts, the second is about
+    to route the next 32 (random lanes, so many lanes have members in both)."""
+    await apply(adb, _lanes_manifest())
+    rng = random.Random(11)
+    await insert_receipts(adb, [body(f"o{rng.randrange(12)}") for _ in range(64)])
+    first: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
+    second: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
+    async with first._pool.connection() as conn:
+        earlier = await routing.receipt_claim_routable(
+            conn, owner="first", limit=32, lease_s=30, horizon_wait_s=30
+        )
+    assert len(earlier) == 32
+    return first, second, earlier
+
+
+async def test_control_a_later_batch_committing_first_breaks_lane_order(adb, make_router) -> None:
+    """Without the gate the later batch commits first, its lane heads run, and the earlier batch's
+    members run after them: the checker used by the race test sees the violations."""
+    first, second, earlier = await _two_batches(adb, make_router, order_wait_max_s=0.0)
+    started: dict[str, list[int]] = {}
+    assert (await second.run_once()).materialized == 32
+    await _execute_ready(adb, started)
+    assert (await first.route(earlier)).materialized == 32
+    await _execute_ready(adb, started)
     assert _violations(started) > 0
-    assert late > 0
+
+
+async def test_gate_holds_the_later_batch_until_the_earlier_one_commits(adb, make_router) -> None:
+    first, second, earlier = await _two_batches(adb, make_router, order_wait_max_s=10.0)
+    started: dict[str, list[int]] = {}
+    later = asyncio.create_task(second.run_once())
+    await asyncio.sleep(0.3)
+    await _execute_ready(adb, started)
+    assert not later.done(), "the later batch waits for the earlier receipts"
+    assert started == {}, "nothing of the later batch became runnable"
+    assert (await first.route(earlier)).materialized == 32
+    assert (await asyncio.wait_for(later, 10)).materialized == 32
+    await _execute_ready(adb, started)
+    assert _violations(started) == 0
+    assert sum(len(v) for v in started.values()) == 64
