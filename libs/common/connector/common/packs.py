@@ -247,10 +247,6 @@ class Manifest(_Model):
                 return r
         return None
 
-    def lanes_for(self, fan: FanOut) -> LanePolicy:
-        """The effective lane policy of one fan-out entry (route override or the work type's)."""
-        return fan.lanes or self.work_types[fan.work_type].lanes
-
 
 # --------------------------------------------------------------------------------------------------
 # Templates
