@@ -57,7 +57,7 @@ def main() -> None:
         "def downgrade() -> None:\n",
         "def downgrade() -> None:\n"
         "    for fn in ('connector_event_facts_immutable', 'connector_receipt_immutable',\n"
-        "               'connector_work_item_reconciled_final'):\n"
+        "               'connector_work_item_reconciled_final', 'connector_legacy_outcome_receipt_final'):\n"
         "        op.execute(f'DROP FUNCTION IF EXISTS {fn}() CASCADE')\n",
         1,
     )

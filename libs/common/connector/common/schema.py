@@ -88,6 +88,9 @@ AUTHORITY_PHASES = (
     "work_item_active",  # a cutover receipt admits WorkItem claims
     "rollback_fenced",  # WorkItem admission disabled, unstarted items fenced awaiting legacy outcomes
 )
+# Event states on the legacy Event claim path (executor --claim-path event; docs/cutover.md).
+LEGACY_STATES = ("pending", "processing", "retry", "succeeded", "failed", "unknown")
+LEGACY_OUTCOMES = ("succeeded", "failed", "unknown")
 GENERATION_STATES = ("staged", "active", "retired")
 PROCESS_CAPABILITIES = ("work_item", "legacy_event", "none")
 
@@ -276,8 +279,11 @@ event_table = Table(
     Column("legacy_lease_owner", Text, nullable=True),
     Column("legacy_lease_token", BigInteger, nullable=False, server_default=text("0")),
     _ts("legacy_lease_until"),
+    # Earliest next legacy attempt of a ``retry`` event (the legacy path's run-after).
+    _ts("legacy_run_after"),
     UniqueConstraint("receipt_id", "event_index"),
     CheckConstraint(_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
+    CheckConstraint(f"legacy_state IS NULL OR {_in('legacy_state', LEGACY_STATES)}", name="legacy_state"),
     Index("ix_connector_event_installed_pack_id_generation", "installed_pack_id", "generation", "event_id"),
     Index(
         "ix_connector_event_legacy_active",
@@ -481,11 +487,17 @@ legacy_outcome_receipt = Table(
     Column("work_type", Text, nullable=False),
     Column("version", Integer, nullable=False),
     Column("outcome", Text, nullable=False),
+    # Sanitized failure of a failed/unknown outcome (the legacy path's DLQ detail).
+    Column("failure_class", Text, nullable=True),
+    Column("failure_summary", Text, nullable=True),
+    # Who reported it: ``legacy:<process id>`` or an operator resolution ``key:<key id>``.
+    Column("actor", Text, nullable=False),
     Column("digest", Text, nullable=False),
+    # Set once by the projector; every other column is immutable (trigger below).
     Column("projected", Boolean, nullable=False, server_default=text("false")),
     _ts("created_at", nullable=False, default_now=True),
     UniqueConstraint("event_id", "work_type", "version"),
-    CheckConstraint(_in("outcome", ("succeeded", "failed", "unknown")), name="outcome"),
+    CheckConstraint(_in("outcome", LEGACY_OUTCOMES), name="outcome"),
     Index(
         "ix_connector_legacy_outcome_receipt_unprojected",
         "legacy_outcome_receipt_id",
@@ -576,9 +588,30 @@ BEGIN
 END $$
 """,
     """
-CREATE TRIGGER connector_work_item_reconciled_final BEFORE UPDATE ON connector_work_item
+CREATE TRIGGER connector_work_item_reconciled_final BEFORE UPDATE OR DELETE ON connector_work_item
 FOR EACH ROW WHEN (OLD.state = 'reconciled_legacy_terminal')
 EXECUTE FUNCTION connector_work_item_reconciled_final()
+""",
+    # Legacy outcome receipts are versioned facts: never deleted, content never changed; only the
+    # projector's ``projected`` flag may go from false to true.
+    """
+CREATE FUNCTION connector_legacy_outcome_receipt_final() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' OR (to_jsonb(NEW) - 'projected') IS DISTINCT FROM (to_jsonb(OLD) - 'projected')
+     OR (OLD.projected AND NOT NEW.projected) THEN
+    RAISE EXCEPTION 'legacy outcome receipt % is immutable', OLD.legacy_outcome_receipt_id
+      USING ERRCODE = 'restrict_violation';
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    RETURN OLD;
+  END IF;
+  RETURN NEW;
+END $$
+""",
+    """
+CREATE TRIGGER connector_legacy_outcome_receipt_final BEFORE UPDATE OR DELETE
+ON connector_legacy_outcome_receipt
+FOR EACH ROW EXECUTE FUNCTION connector_legacy_outcome_receipt_final()
 """,
     # Queue tables churn: vacuum them early (DESIGN §8 trap 6).
     """
