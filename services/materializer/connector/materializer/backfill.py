@@ -66,6 +66,7 @@ SELECT CASE
          WHEN a.phase IS NULL THEN 'no_claim_authority'
          WHEN a.phase NOT IN ('quiescing', 'work_item_active') THEN 'generation_' || a.phase
          WHEN e.legacy_state = 'processing' THEN 'legacy_in_flight'
+         WHEN e.legacy_state = 'unknown' THEN 'legacy_outcome_unknown'
          ELSE 'legacy_terminal'
        END AS reason,
        count(*)
