@@ -292,6 +292,16 @@ event_table = Table(
         "event_id",
         postgresql_where=text("legacy_state IN ('pending', 'processing', 'retry')"),
     ),
+    # Source-object FIFO of the legacy Event claim path: an event waits for earlier unfinished
+    # events of its source object (one probe per candidate).
+    Index(
+        "ix_connector_event_legacy_source",
+        "installed_pack_id",
+        "generation",
+        "source_object_id",
+        "event_id",
+        postgresql_where=text("legacy_state IN ('pending', 'processing', 'retry')"),
+    ),
 )
 
 

@@ -180,6 +180,7 @@ def upgrade() -> None:
     )
     op.create_index('ix_connector_event_installed_pack_id_generation', 'connector_event', ['installed_pack_id', 'generation', 'event_id'], unique=False)
     op.create_index('ix_connector_event_legacy_active', 'connector_event', ['installed_pack_id', 'generation', 'event_id'], unique=False, postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
+    op.create_index('ix_connector_event_legacy_source', 'connector_event', ['installed_pack_id', 'generation', 'source_object_id', 'event_id'], unique=False, postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.create_table('connector_pack_generation',
     sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
     sa.Column('generation', sa.Integer(), nullable=False),
@@ -297,6 +298,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_legacy_outcome_receipt_unprojected', table_name='connector_legacy_outcome_receipt', postgresql_where=sa.text('NOT projected'))
     op.drop_table('connector_legacy_outcome_receipt')
     op.drop_table('connector_pack_generation')
+    op.drop_index('ix_connector_event_legacy_source', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.drop_index('ix_connector_event_legacy_active', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.drop_index('ix_connector_event_installed_pack_id_generation', table_name='connector_event')
     op.drop_table('connector_event')
