@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 monotonic = time.monotonic  # the only clock this module reads (local intervals, never compared to the DB)
 
+FINALIZERS = 1  # concurrent finalize flushes (connections); 2 measured no better (docs/executor.md)
+LANE_FLUSH_MAX = 1024  # lane members per flush (bounds one lane transaction)
+
 
 @dataclass
 class EngineConfig:
@@ -122,7 +125,9 @@ class Engine:
         self.ready: deque[HandlerContext] = deque()
         self.running = 0
         self._idle: deque[asyncio.Future[None]] = deque()
-        self._pending = _Pending()
+        self._pending = _Pending()  # plain items: one batch, flushed whole
+        self._lane_chunks: deque[_Pending] = deque()  # lane members: chunks of <= LANE_FLUSH_MAX
+        self._inflight_flushes = 0
         self._wake = asyncio.Event()
         self._flush = asyncio.Event()
         self._flushed = asyncio.Event()
@@ -134,7 +139,7 @@ class Engine:
         self._tasks: list[asyncio.Task[Any]] = []
         self._workers: list[asyncio.Task[Any]] = []
         self._claim_task: asyncio.Task[Any] | None = None
-        self._finalizer_task: asyncio.Task[Any] | None = None
+        self._finalizer_tasks: list[asyncio.Task[Any]] = []
         self._keeper_task: asyncio.Task[Any] | None = None
         self._rnd = random.Random()
         self._on_error = on_error
@@ -157,7 +162,9 @@ class Engine:
 
     async def start(self) -> None:
         m.SLOTS.set(self.cfg.workers)
-        self._finalizer_task = asyncio.create_task(self._finalizer(), name="executor-finalizer")
+        self._finalizer_tasks = [
+            asyncio.create_task(self._finalizer(), name=f"executor-finalizer-{i}") for i in range(FINALIZERS)
+        ]
         self._keeper_task = asyncio.create_task(self._lease_keeper(), name="executor-lease-keeper")
         self._tasks.append(asyncio.create_task(self._reclaimer(), name="executor-reclaimer"))
         self._tasks.append(asyncio.create_task(self._listener(), name="executor-listener"))
@@ -204,7 +211,7 @@ class Engine:
             if not ctx._done:
                 self._release(ctx, unstarted=not ctx._started)
         await self._drain_finalizer(max(2.0, grace))
-        loops = [t for t in (self._finalizer_task, self._keeper_task, *self._tasks) if t is not None]
+        loops = [t for t in (*self._finalizer_tasks, self._keeper_task, *self._tasks) if t is not None]
         for t in loops:
             t.cancel()
         for t in loops:
@@ -213,9 +220,12 @@ class Engine:
         await self.registry.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
 
+    def _has_pending(self) -> bool:
+        return bool(len(self._pending) or self._lane_chunks)
+
     async def _drain_finalizer(self, limit_s: float) -> None:
         end = monotonic() + limit_s
-        while len(self._pending) and monotonic() < end:
+        while (self._has_pending() or self._inflight_flushes) and monotonic() < end:
             self._flushed.clear()
             self._flush.set()
             with contextlib.suppress(TimeoutError):
@@ -450,11 +460,7 @@ class Engine:
             # Cancelled because the lease was lost: nothing to write.
             self._abandon(ctx)
             return
-        p = self._pending
-        if ctx.source_lane_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "s", ctx.source_lane_key))
-        if ctx.target_mutation_lane_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "t", ctx.target_mutation_lane_key))
+        p = self._slot(ctx)
         if out is None or out.kind == "success":
             p.complete_ids.append(ctx.work_id)
             p.complete_tokens.append(ctx.lease_token)
@@ -484,14 +490,34 @@ class Engine:
         if ctx._done:
             return
         ctx._done = True
-        p = self._pending
-        if ctx.source_lane_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "s", ctx.source_lane_key))
-        if ctx.target_mutation_lane_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "t", ctx.target_mutation_lane_key))
+        p = self._slot(ctx)
         p.fail.add(ctx.work_id, ctx.lease_token, "l", unstarted=unstarted)
         p.ctxs.append(ctx)
         self._flush.set()
+
+    def _slot(self, ctx: HandlerContext) -> _Pending:
+        """Where a finished item waits for its flush: the plain batch, or the newest lane chunk."""
+        s_key = ctx.source_lane_key
+        t_key = ctx.target_mutation_lane_key
+        if s_key is None and t_key is None:
+            return self._pending
+        chunks = self._lane_chunks
+        if not chunks or len(chunks[-1]) >= LANE_FLUSH_MAX:
+            chunks.append(_Pending())
+        p = chunks[-1]
+        if s_key is not None:
+            p.lanes.add((ctx.installed_pack_id, "s", s_key))
+        if t_key is not None:
+            p.lanes.add((ctx.installed_pack_id, "t", t_key))
+        return p
+
+    def _take(self) -> _Pending | None:
+        if len(self._pending):
+            batch, self._pending = self._pending, _Pending()
+            return batch
+        if self._lane_chunks:
+            return self._lane_chunks.popleft()
+        return None
 
     def _abandon(self, ctx: HandlerContext) -> None:
         ctx._done = True
@@ -506,7 +532,10 @@ class Engine:
             self._wake.set()
 
     # ---------------------------------------------------------------------------------------------
-    # finalizer: one flush at a time; whatever finished meanwhile forms the next batch
+    # finalizers: FINALIZERS flushers, each with its own connection. A flusher takes the whole plain
+    # batch, or one chunk of lane members; whatever finishes meanwhile forms the next batch. Lane
+    # chunks are small so that promotions commit early and the claim loop, the other flusher and
+    # this one keep both database cores busy (a lane advances one member per flush).
     # ---------------------------------------------------------------------------------------------
 
     async def _finalizer(self) -> None:
@@ -514,32 +543,39 @@ class Engine:
         backoff = 0.05
         while True:
             await self._flush.wait()
-            self._flush.clear()
-            if not len(self._pending):
-                self._flushed.set()
+            batch = self._take()
+            if batch is None:
+                self._flush.clear()
+                if not self._inflight_flushes:
+                    self._flushed.set()
                 continue
-            batch, self._pending = self._pending, _Pending()
-            while True:
-                try:
-                    if conn is None or conn.closed:
+            if not self._has_pending():
+                self._flush.clear()
+            self._inflight_flushes += 1
+            try:
+                while True:
+                    try:
+                        if conn is None or conn.closed:
+                            await self._return(conn)
+                            conn = await self._dedicated()
+                        await self._flush_batch(conn, batch)
+                        backoff = 0.05
+                        break
+                    except asyncio.CancelledError:
                         await self._return(conn)
-                        conn = await self._dedicated()
-                    await self._flush_batch(conn, batch)
-                    backoff = 0.05
-                    break
-                except asyncio.CancelledError:
-                    await self._return(conn)
-                    raise
-                except psycopg.errors.DeadlockDetected:
-                    m.DEADLOCK_RETRIES.inc()
-                    self.stats["deadlocks"] += 1
-                except Exception as exc:
-                    self._error("finalize", exc)
-                    if conn is not None and (conn.closed or conn.broken):
-                        await self._return(conn)
-                        conn = None
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                        raise
+                    except psycopg.errors.DeadlockDetected:
+                        m.DEADLOCK_RETRIES.inc()
+                        self.stats["deadlocks"] += 1
+                    except Exception as exc:
+                        self._error("finalize", exc)
+                        if conn is not None and (conn.closed or conn.broken):
+                            await self._return(conn)
+                            conn = None
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 2.0)
+            finally:
+                self._inflight_flushes -= 1
             self._flushed.set()
 
     async def _flush_batch(self, conn: AsyncConnection[Any], batch: _Pending) -> None:

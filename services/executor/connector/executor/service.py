@@ -111,7 +111,7 @@ class ExecutorService:
             self.db,
             PoolSettings(
                 pool_min_size=min(4, cfg.pool_max_size),
-                pool_max_size=max(cfg.pool_max_size, 6),
+                pool_max_size=max(cfg.pool_max_size, 8),
                 pool_timeout_s=cfg.pool_timeout_s,
             ),
             url=url,
@@ -122,6 +122,7 @@ class ExecutorService:
             )
             await self.registration.start()
             owner = self.registration.process_id
+            await self._check_database()
             await self._start_grpc(url)
             self.engine = Engine(self.pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
             await self.engine.start()
@@ -144,6 +145,19 @@ class ExecutorService:
                 "metrics_port": self.metrics_port,
             },
         )
+
+    async def _check_database(self) -> None:
+        """Warn about server settings the claim path depends on (never fatal)."""
+        assert self.pool is not None
+        async with self.pool.connection() as conn:
+            cur = await conn.execute("SELECT current_setting('autovacuum')")
+            row = await cur.fetchone()
+        if row is not None and row[0] != "on":
+            log.warning(
+                "autovacuum is off: the WorkItem table and its partial indexes will bloat and claims "
+                "and lane settles slow down over time (DESIGN §8 trap 6); turn it on or vacuum "
+                "connector_work_item regularly"
+            )
 
     async def _start_grpc(self, url: str) -> None:
         authenticate = self._authenticate
