@@ -248,3 +248,45 @@ async def test_metrics_count_outcomes(db, executor_factory) -> None:
     assert sample("connector_executor_outcomes_total", pack=str(pack), state="succeeded") - before_ok == 30
     assert sample("connector_executor_outcomes_total", pack=str(pack), state="dead") - before_dead == 3
     assert sample("connector_executor_claim_statements_total", result="rows") > 0
+
+
+def test_event_claim_path_is_refused_clearly(db_url) -> None:
+    import os
+    import subprocess
+
+    from tests.executor.helpers import CONNECTOR, ROOT
+
+    out = subprocess.run(
+        [str(CONNECTOR), "executor", "--claim-path", "event"],
+        env={**os.environ, "CONNECTOR_DATABASE_URL": db_url},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "not supported yet" in out.stderr
+
+
+async def test_a_finalize_that_keeps_failing_is_abandoned_then_reclaimed(
+    db, executor_factory, monkeypatch
+) -> None:
+    from connector.executor import claims
+
+    real = claims.work_item_finalize
+    calls = 0
+
+    async def broken(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        raise psycopg.errors.InvalidParameterValue("simulated persistent statement failure")
+
+    monkeypatch.setattr(claims, "work_item_finalize", broken)
+    pack = seed.seed_pack(db, "p", {"w": _wt("noop")})
+    seed.seed_items(db, pack, 5)
+    svc = await executor_factory(lease_s=1.0, reclaim_interval_s=0.2)
+    await await_for(lambda: svc.engine.stats["abandoned"] >= 5, 10, "batch abandoned")
+    assert calls >= 5 and states(db) == {"processing": 5}  # the process is not wedged
+    monkeypatch.setattr(claims, "work_item_finalize", real)
+    await await_for(lambda: states(db) == {"succeeded": 5}, 15, "reclaimed and finished")
+    assert svc.engine.stats["reclaimed"] >= 5

@@ -50,6 +50,7 @@ monotonic = time.monotonic  # the only clock this module reads (local intervals,
 
 FINALIZERS = 1  # concurrent finalize flushes (connections); 2 measured no better (docs/executor.md)
 LANE_FLUSH_MAX = 1024  # lane members per flush (bounds one lane transaction)
+FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fine) is abandoned
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Engine:
 
     async def start(self) -> None:
         m.SLOTS.set(self.cfg.workers)
+        m.SLOTS_IN_USE.set_function(lambda: self.running)
         self._finalizer_tasks = [
             asyncio.create_task(self._finalizer(), name=f"executor-finalizer-{i}") for i in range(FINALIZERS)
         ]
@@ -552,6 +554,7 @@ class Engine:
             if not self._has_pending():
                 self._flush.clear()
             self._inflight_flushes += 1
+            failures = 0
             try:
                 while True:
                     try:
@@ -569,9 +572,19 @@ class Engine:
                         self.stats["deadlocks"] += 1
                     except Exception as exc:
                         self._error("finalize", exc)
-                        if conn is not None and (conn.closed or conn.broken):
+                        connection_lost = conn is None or conn.closed or conn.broken
+                        if connection_lost:
                             await self._return(conn)
                             conn = None
+                        else:
+                            failures += 1
+                        if failures >= FINALIZE_GIVE_UP:
+                            # The statement itself keeps failing (not the connection): do not wedge
+                            # the process. Abandon the items; their leases expire and another
+                            # claimer's reclaim retries them.
+                            for ctx in batch.ctxs:
+                                self._abandon(ctx)
+                            break
                         await asyncio.sleep(backoff)
                         backoff = min(backoff * 2, 2.0)
             finally:

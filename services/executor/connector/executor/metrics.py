@@ -55,9 +55,6 @@ DEADLOCK_RETRIES = Counter(
 LANE_PROMOTIONS = Counter(
     "connector_executor_lane_promotions_total", "Lane members made runnable by this process's finalizes"
 )
-HANDLER_SECONDS = Histogram(
-    "connector_executor_handler_seconds", "Handler run time (sampled 1 in 16)", buckets=LATENCY_BUCKETS
-)
 SLOTS_IN_USE = Gauge("connector_executor_slots_in_use", "Executor slots running a handler")
 SLOTS = Gauge("connector_executor_slots", "Executor slots (workers)")
 HELD = Gauge("connector_executor_held_items", "Items claimed by this process (running + prefetched)")
