@@ -5,7 +5,9 @@ WorkItem row exists only when it was materialized for the legacy Event claim pat
 WorkItem path). Before such a generation can become WorkItem-claimable its backlog must be
 materialized (seed: "Migration"); this command does that, idempotently:
 
-* **eligible** = no WorkItem row at all for the event, the event is not terminal and not in flight on
+* **eligible** = no WorkItem row for the event other than reconciled legacy mirrors (work types the
+  legacy path already finished keep their ``reconciled_legacy_terminal`` row; the insert conflicts on
+  it and creates only the missing work types), the event is not terminal and not in flight on
   the legacy path (``legacy_state`` is null, ``pending`` or ``retry``), and its generation's claim
   authority no longer lets the legacy path start claims (phase ``quiescing`` or ``work_item_active``).
   A generation still ``legacy_active`` or ``rollback_fenced`` is left alone: WorkItems there could
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 _ELIGIBLE = """
   a.phase IN ('quiescing', 'work_item_active')
   AND (e.legacy_state IS NULL OR e.legacy_state IN ('pending', 'retry'))
-  AND NOT EXISTS (SELECT 1 FROM connector_work_item w WHERE w.event_id = e.event_id)
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                  WHERE w.event_id = e.event_id AND w.state <> 'reconciled_legacy_terminal')
 """
 _SCOPE = """
   (%(pack)s::bigint IS NULL OR e.installed_pack_id = %(pack)s)
@@ -74,7 +77,8 @@ FROM connector_event e
 LEFT JOIN connector_claim_authority a
   ON a.installed_pack_id = e.installed_pack_id AND a.generation = e.generation
 WHERE {_SCOPE}
-  AND NOT EXISTS (SELECT 1 FROM connector_work_item w WHERE w.event_id = e.event_id)
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                  WHERE w.event_id = e.event_id AND w.state <> 'reconciled_legacy_terminal')
   AND NOT (coalesce(a.phase IN ('quiescing', 'work_item_active'), false)
            AND (e.legacy_state IS NULL OR e.legacy_state IN ('pending', 'retry')))
 GROUP BY 1 ORDER BY 1

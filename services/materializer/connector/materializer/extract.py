@@ -474,10 +474,13 @@ def plan_receipt(
 
 
 def _legacy_owned(pack: ActivePack) -> bool:
-    """Events of a generation whose claims belong to the legacy Event path get no WorkItems: the
-    legacy path executes them, and backfill creates WorkItems for the unfinished ones at cutover.
-    A generation being cut over (``quiescing``) or WorkItem-active gets WorkItems."""
-    return pack.claim_path == "legacy_event" or pack.phase == "rollback_fenced"
+    """Events of a generation whose claims belong to the legacy Event path (``legacy_active``) get no
+    WorkItems: the legacy path executes them, and backfill creates WorkItems for the unfinished ones
+    at cutover. Every other phase gets WorkItems, executable only once the WorkItem path is admitted:
+    ``quiescing`` (a cutover admits them, an abort fences them back to the legacy path),
+    ``rollback_fenced`` (the rollback fence makes them ``awaiting_legacy_outcome``, an abort admits
+    them) and ``work_item_active`` (docs/cutover.md)."""
+    return pack.claim_path == "legacy_event"
 
 
 def plan_batch(
