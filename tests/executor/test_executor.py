@@ -250,7 +250,7 @@ async def test_metrics_count_outcomes(db, executor_factory) -> None:
     assert sample("connector_executor_claim_statements_total", result="rows") > 0
 
 
-def test_event_claim_path_is_refused_clearly(db_url) -> None:
+def test_event_claim_path_without_a_pack_is_refused_clearly(db_url) -> None:
     import os
     import subprocess
 
@@ -265,7 +265,7 @@ def test_event_claim_path_is_refused_clearly(db_url) -> None:
         timeout=60,
     )
     assert out.returncode == 2
-    assert "not supported yet" in out.stderr
+    assert "--claim-path event needs --pack" in out.stderr  # (tests/cutover: the legacy path itself)
 
 
 async def test_a_finalize_that_keeps_failing_is_abandoned_then_reclaimed(

@@ -67,8 +67,8 @@ class ExecutorService:
             raise ClaimPathNotSupported(f"unknown claim path {cfg.claim_path!r} (work_item or event)")
         if cfg.claim_path == "event":
             raise ClaimPathNotSupported(
-                "the legacy Event claim path (--claim-path event) is not supported yet: this executor "
-                "claims WorkItems only"
+                "ExecutorService claims WorkItems only; the legacy Event claim path is "
+                "connector.executor.legacy.LegacyService (connector executor --claim-path event --pack P)"
             )
         self.db = db
         self.cfg = cfg
@@ -248,7 +248,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--claim-path",
         choices=CLAIM_PATHS,
-        help="work_item (default) or event (legacy compatibility mode; not supported yet)",
+        help="work_item (default) or event (legacy Event compatibility mode for one pack generation,"
+        " only while its claim authority is legacy_active; docs/cutover.md)",
+    )
+    parser.add_argument("--pack", help="--claim-path event: the pack (name or id) whose events to claim")
+    parser.add_argument(
+        "--generation", type=int, help="--claim-path event: the generation (default: the active one)"
     )
     parser.add_argument("--workers", type=int, help="executor slots (CONNECTOR_EXECUTOR_WORKERS)")
     parser.add_argument("--claim-batch", type=int, help="items per claim (CONNECTOR_EXECUTOR_CLAIM_BATCH)")
@@ -270,6 +275,10 @@ def cli(args: argparse.Namespace) -> int:
     }
     if updates:
         cfg = cfg.model_copy(update=updates)
+    if cfg.claim_path == "event":
+        from connector.executor import legacy
+
+        return legacy.cli(args, db, cfg)
     try:
         service = ExecutorService(db, cfg, mount_admin=not getattr(args, "no_admin", False))
     except ClaimPathNotSupported as exc:
