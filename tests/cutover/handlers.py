@@ -1,0 +1,84 @@
+"""Handlers of the cutover tests (``tests.cutover.handlers:handle``), importable by child processes.
+
+Each execution records an *effect* row: which event and work type ran, in which process, and which
+claim path held the work at that moment — ``wi_held`` (the WorkItem row was ``processing`` under the
+token the handler got) and ``legacy_held`` (the Event was legacy ``processing`` under it). The proofs
+count effects per (event, work type) and path. Behaviour comes from the event body's ``data.mode``:
+``ok``, ``fail`` (permanent), ``retry`` (always), ``retry_once``, ``unknown`` (``outcome_unknown``),
+``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, then succeeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import psycopg
+
+from connector.executor.handlers import HandlerContext, Outcome
+
+EFFECT_TABLE = """
+CREATE TABLE IF NOT EXISTS cutover_test_effect (
+  seq bigserial PRIMARY KEY,
+  event_id bigint NOT NULL,
+  work_type text NOT NULL,
+  attempt int NOT NULL,
+  pid int NOT NULL,
+  wi_held boolean NOT NULL,
+  legacy_held boolean NOT NULL,
+  at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+_EFFECT = """
+INSERT INTO cutover_test_effect (event_id, work_type, attempt, pid, wi_held, legacy_held)
+SELECT %(event)s, %(wt)s, %(attempt)s, %(pid)s,
+  EXISTS (SELECT 1 FROM connector_work_item WHERE work_id = %(work)s AND lease_token = %(token)s
+          AND state = 'processing'),
+  EXISTS (SELECT 1 FROM connector_event WHERE event_id = %(event)s AND legacy_lease_token = %(token)s
+          AND legacy_state = 'processing')
+"""
+
+_conn: psycopg.AsyncConnection[Any] | None = None
+_lock: asyncio.Lock | None = None
+
+
+async def _record(ctx: HandlerContext) -> None:
+    global _conn, _lock
+    if _lock is None:
+        _lock = asyncio.Lock()
+    async with _lock:
+        if _conn is None or _conn.closed:
+            _conn = await psycopg.AsyncConnection.connect(
+                os.environ["CONNECTOR_DATABASE_URL"], autocommit=True
+            )
+        await _conn.execute(
+            _EFFECT,
+            {
+                "event": ctx.event_id,
+                "wt": ctx.work_type,
+                "attempt": ctx.attempt,
+                "pid": os.getpid(),
+                "work": ctx.work_id,
+                "token": ctx.lease_token,
+            },
+        )
+
+
+async def handle(ctx: HandlerContext) -> Outcome | None:
+    doc = json.loads(ctx.payload or b"{}")
+    mode = str(doc.get("data", {}).get("mode", "ok"))
+    if mode == "slow":
+        await asyncio.sleep(float(os.environ.get("CUTOVER_TEST_SLOW_S", "2")))
+    await _record(ctx)
+    if mode == "fail":
+        return Outcome.fail("permanent_test", "the test handler failed permanently")
+    if mode == "retry":
+        return Outcome.retry(0.05, "retry_test", "the test handler asked for a retry")
+    if mode == "retry_once" and ctx.attempt == 1:
+        return Outcome.retry(0.05, "retry_test", "first attempt retries")
+    if mode == "unknown":
+        return Outcome.fail("outcome_unknown", "the remote call timed out after sending")
+    return None
