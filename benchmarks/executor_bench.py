@@ -88,6 +88,22 @@ def _spawn(url: str, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds spent busy by the whole machine (all cores) since boot."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = vals[3] + vals[4]
+    return (sum(vals[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _wait(pred: Any, timeout: float, interval: float = 0.05) -> None:
     end = time.monotonic() + timeout
     while not pred():
@@ -147,6 +163,8 @@ def drain(
                 lambda: db.execute("SELECT count(*) FROM connector_process").fetchone()[0] == procs,  # type: ignore[index]
                 30,
             )
+            cpu0 = [_proc_cpu_s(c.pid) for c in children]
+            busy0 = _machine_busy_s()
             granted = db.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
             seed.grant_authority(db, pack)
             db.execute("NOTIFY connector_work")
@@ -165,6 +183,7 @@ def drain(
                         "raw",
                         "--rate",
                         "250",
+                        "--threads",
                         "-o",
                         "/tmp/executor-bench-profile.txt",
                     ],
@@ -183,6 +202,8 @@ def drain(
                 600,
                 0.5,
             )
+            busy1 = _machine_busy_s()
+            cpu1 = [_proc_cpu_s(c.pid) for c in children]
             last = db.execute("SELECT max(finished_at) FROM connector_work_item").fetchone()[0]  # type: ignore[index]
             elapsed = (last - granted).total_seconds()
             stale = db.execute("SELECT count(*) FROM connector_work_item WHERE lease_token > 1").fetchone()[0]  # type: ignore[index]
@@ -199,9 +220,13 @@ def drain(
                     c.wait(20)
                 except subprocess.TimeoutExpired:
                     c.kill()
+    executor_cpu = sum(cpu1) - sum(cpu0)
+    other_cpu = (busy1 - busy0) - executor_cpu  # PostgreSQL, mostly (plus this poller and the OS)
     return {
         "items": n,
         "seconds": round(elapsed, 3),
+        "executor_cpu_us_per_item": round(executor_cpu / n * 1e6, 1),
+        "postgres_and_other_cpu_us_per_item": round(other_cpu / n * 1e6, 1),
         "items_per_s": round(n / elapsed),
         "reclaimed_or_retried": stale,
         "vacuums": vacuums,
@@ -248,22 +273,42 @@ def claim_latency(ready: int, claims_n: int = 100) -> dict[str, Any]:
     return {"ready": ready, **out}
 
 
-def _profile_summary(path: str, top: int = 25) -> list[tuple[str, float]]:
-    """Self-time share per function from py-spy's raw (collapsed) output."""
-    self_time: dict[str, int] = {}
-    total = 0
+def _profile_summary(path: str, top: int = 25) -> dict[str, Any]:
+    """From py-spy's raw (collapsed) output of the event-loop thread: self time per function and
+    inclusive time of the executor's actors."""
+    stacks: list[tuple[list[str], int]] = []
     with contextlib.suppress(OSError), open(path) as f:
         for line in f:
             stack, _, count = line.rstrip().rpartition(" ")
-            if not stack:
-                continue
-            frames = stack.split(";")
-            c = int(count)
-            total += c
-            leaf = frames[-1]
-            self_time[leaf] = self_time.get(leaf, 0) + c
+            if stack:
+                stacks.append((stack.split(";"), int(count)))
+    by_thread: dict[str, int] = {}
+    for frames, c in stacks:
+        if any("Runner.run" in fr for fr in frames):
+            by_thread[frames[0]] = by_thread.get(frames[0], 0) + c
+    main_thread = max(by_thread, key=lambda k: by_thread[k]) if by_thread else ""
+    main = [(frames, c) for frames, c in stacks if frames and frames[0] == main_thread]
+    total = sum(c for _, c in main) or 1
+    self_time: dict[str, int] = {}
+    for frames, c in main:
+        self_time[frames[-1]] = self_time.get(frames[-1], 0) + c
+    actors = (
+        "Engine._claim_loop",
+        "Engine._worker",
+        "Engine._finalizer",
+        "Engine._lease_keeper",
+        "Engine._listener",
+    )
+    inclusive = {
+        a: round(100.0 * sum(c for frames, c in main if any(a in fr for fr in frames)) / total, 1)
+        for a in actors
+    }
     ranked = sorted(self_time.items(), key=lambda kv: -kv[1])[:top]
-    return [(name, round(100.0 * c / max(1, total), 1)) for name, c in ranked]
+    return {
+        "samples": total,
+        "inclusive_pct": inclusive,
+        "self_pct": [(name, round(100.0 * c / total, 1)) for name, c in ranked],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +359,12 @@ def main(argv: list[str] | None = None) -> int:
             results["drains"][key] = res
             tag = f"vacuum every {vac:g}s" if vac else "no vacuum"
             rate = f"{res['items_per_s']:>8,}"
-            print(f"  {name:14s} {rate} items/s  ({res['items']} in {res['seconds']}s, {tag})", flush=True)
+            print(
+                f"  {name:14s} {rate} items/s  ({res['items']} in {res['seconds']}s, {tag}; CPU/item: "
+                f"executor {res['executor_cpu_us_per_item']} us, postgres+other "
+                f"{res['postgres_and_other_cpu_us_per_item']} us)",
+                flush=True,
+            )
     if not only or "with-event-1p" in only:
         res = drain(
             n,
@@ -339,9 +389,11 @@ def main(argv: list[str] | None = None) -> int:
             vacuum_s=args.vacuum_every,
         )
         summary = _profile_summary("/tmp/executor-bench-profile.txt")
-        results["profile"] = {"drain": res, "self_time_pct": summary}
-        print(f"  profiled drain {res['items_per_s']:,} items/s; py-spy self time (top):")
-        for fn, pct in summary:
+        results["profile"] = {"drain": res, **summary}
+        rate = f"{res['items_per_s']:,}"
+        print(f"  profiled drain {rate} items/s; event-loop thread, {summary['samples']} samples")
+        print("    inclusive: " + ", ".join(f"{k} {v}%" for k, v in summary["inclusive_pct"].items()))
+        for fn, pct in summary["self_pct"]:
             print(f"    {pct:5.1f}%  {fn}")
     if not only or "latency" in only:
         small = claim_latency(10_000)
