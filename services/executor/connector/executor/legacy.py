@@ -440,6 +440,9 @@ async def legacy_outcome_project(
     """Project unprojected legacy outcome receipts onto WorkItems (one transaction per batch; nests as
     a savepoint inside a caller's transaction). Idempotent and safe under concurrent projectors."""
     report = ProjectionReport()
+    scopes: set[tuple[int, int]] = set()
+    if installed_pack_id is not None and generation is not None:
+        scopes.add((installed_pack_id, generation))
     after = 0
     while True:
         async with conn.transaction():
@@ -460,8 +463,15 @@ async def legacy_outcome_project(
             after = int(receipts[-1]["legacy_outcome_receipt_id"])
             part = await _project_batch(conn, receipts)
             report.add(part)
+            scopes.update((int(r["installed_pack_id"]), int(r["generation"])) for r in receipts)
         if len(receipts) < batch:
             break
+    # Fences are resolved after the batches committed: a concurrent projector's rows are then visible
+    # to whichever of the two commits last (resolving inside each batch transaction could leave a
+    # fence open when two projectors finish its last rows at the same time).
+    for pack, gen in sorted(scopes):
+        fence_cur = await conn.execute(ROLLBACK_FENCE_RESOLVE, {"pack": pack, "generation": gen})
+        report.fences_resolved.extend(int(x[0]) for x in await fence_cur.fetchall())
     return report
 
 
@@ -481,7 +491,6 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
             )
     locked = await lane_lock_batch(conn, lanes) if lanes else []
     done: list[int] = []
-    scopes: set[tuple[int, int]] = set()
     for r in receipts:
         result = await _project_one(conn, r)
         PROJECTED.labels(result).inc()
@@ -494,7 +503,6 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
             )
             continue
         done.append(int(r["legacy_outcome_receipt_id"]))
-        scopes.add((int(r["installed_pack_id"]), int(r["generation"])))
         if result == "duplicate":
             report.duplicates += 1
         else:
@@ -505,9 +513,6 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
         settled = await lane_settle_batch(conn, locked)
         if settled.promoted:
             await conn.execute(NOTIFY_WORK)
-    for pack, gen in sorted(scopes):
-        fcur = await conn.execute(ROLLBACK_FENCE_RESOLVE, {"pack": pack, "generation": gen})
-        report.fences_resolved.extend(int(x[0]) for x in await fcur.fetchall())
     return report
 
 
