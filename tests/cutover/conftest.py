@@ -318,3 +318,39 @@ async def rig(db_url: str, adb: psycopg.AsyncConnection[Any]) -> AsyncIterator[R
     finally:
         await r.close()
         os.environ.pop("CONNECTOR_DATABASE_URL", None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Admin API (the real AdminService on a free port) for CLI tests
+# --------------------------------------------------------------------------------------------------
+
+OPERATOR_TOKEN = "cutover-operator-token-0123456789"
+VIEW_TOKEN = "cutover-view-token-0123456789abc"
+
+
+@pytest_asyncio.fixture
+async def admin_port(db_url: str) -> AsyncIterator[int]:
+    from pydantic import SecretStr
+
+    from connector.common import db as common_db
+    from connector.common.grpc_server import GrpcServer
+    from connector.common.settings import AdminSettings, PoolSettings
+    from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
+
+    name = f"cutover-admin-{time.monotonic_ns()}"
+    pool = await common_db.open_pool(
+        name,
+        DatabaseSettings(),
+        PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=5.0),
+        url=db_url,
+    )
+    tokens = f"{OPERATOR_TOKEN}=ConnectorOperator;{VIEW_TOKEN}=ViewConnectorEvents"
+    api = build_admin(pool, AdminSettings(tokens=SecretStr(tokens)), process_stale_s=5.0)
+    server = GrpcServer(port=0, authenticate=api.authenticate, protected_prefixes=PROTECTED_PREFIXES)
+    register(server, api.servicer)
+    await server.start()
+    try:
+        yield server.port
+    finally:
+        await server.stop(0)
+        await common_db.close_pool(name)

@@ -6,6 +6,7 @@
     connector admin lanes blocked             lanes held by a dead, retrying or fenced head
     connector admin packs list|apply|activate pack generations
     connector admin cutover status            claim path, phase, receipts, fences per generation
+    connector admin cutover quiesce|cutover|rollback|abort|reconcile|resolve   gates (docs/cutover.md)
 
 Target ``CONNECTOR_ADMIN_ADDRESS`` (default 127.0.0.1:50053) or ``--address``; bearer token from
 ``CONNECTOR_ADMIN_TOKEN`` or ``--token-file``; TLS with ``--tls-ca-file`` (+ ``--tls-cert-file`` /
@@ -530,8 +531,10 @@ def cutover_status(client: Client, args: argparse.Namespace) -> int:
                 "phase",
                 "receipts",
                 "open_fences",
-                "awaiting",
+                "awaiting(unknown)",
                 "processing",
+                "legacy(pend/run)",
+                "unprojected",
                 "claimers(wi/legacy)",
             ],
             [
@@ -544,8 +547,10 @@ def cutover_status(client: Client, args: argparse.Namespace) -> int:
                     enum_name(types_pb2.CutoverPhase.Name(g.phase), "CUTOVER_PHASE_"),
                     ",".join(f"{r.kind}#{r.cutover_receipt_id}" for r in g.receipts) or "-",
                     g.open_rollback_fences,
-                    g.awaiting_legacy_outcome,
+                    f"{g.awaiting_legacy_outcome}({g.awaiting_legacy_unknown})",
                     g.processing,
+                    f"{g.legacy_pending}/{g.legacy_in_flight}",
+                    g.unprojected_legacy_receipts,
                     f"{g.work_item_claim_processes}/{g.legacy_event_claim_processes}",
                 )
                 for g in response.generations
@@ -746,6 +751,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cutover = group("cutover", "claim path ownership per pack generation")
     p = command(cutover, "status", "claim path, phase, receipts, fences, claimers", cutover_status)
     p.add_argument("--pack", help="pack id or name")
+    from connector.cli import admin_cutover
+
+    admin_cutover.add_commands(cutover, command)
 
 
 def cli(args: argparse.Namespace) -> int:

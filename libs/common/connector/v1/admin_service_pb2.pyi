@@ -17,9 +17,20 @@ class LaneKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LANE_KIND_UNSPECIFIED: _ClassVar[LaneKind]
     LANE_KIND_SOURCE: _ClassVar[LaneKind]
     LANE_KIND_TARGET_MUTATION: _ClassVar[LaneKind]
+
+class LegacyOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LEGACY_OUTCOME_UNSPECIFIED: _ClassVar[LegacyOutcome]
+    LEGACY_OUTCOME_SUCCEEDED: _ClassVar[LegacyOutcome]
+    LEGACY_OUTCOME_FAILED: _ClassVar[LegacyOutcome]
+    LEGACY_OUTCOME_UNKNOWN: _ClassVar[LegacyOutcome]
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
+LEGACY_OUTCOME_UNSPECIFIED: LegacyOutcome
+LEGACY_OUTCOME_SUCCEEDED: LegacyOutcome
+LEGACY_OUTCOME_FAILED: LegacyOutcome
+LEGACY_OUTCOME_UNKNOWN: LegacyOutcome
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -354,7 +365,7 @@ class CutoverReceipt(_message.Message):
     def __init__(self, cutover_receipt_id: _Optional[int] = ..., kind: _Optional[str] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., proof_sha256: _Optional[str] = ..., actor: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class GenerationCutoverState(_message.Message):
-    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "receipts", "open_rollback_fences", "awaiting_legacy_outcome", "processing", "claim_capable_processes", "work_item_claim_processes", "legacy_event_claim_processes", "generation_status", "active")
+    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "receipts", "open_rollback_fences", "awaiting_legacy_outcome", "processing", "claim_capable_processes", "work_item_claim_processes", "legacy_event_claim_processes", "generation_status", "active", "legacy_pending", "legacy_in_flight", "awaiting_legacy_unknown", "unprojected_legacy_receipts", "authority_version", "rollback_fence_id", "admitting_receipt_id")
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -368,6 +379,13 @@ class GenerationCutoverState(_message.Message):
     LEGACY_EVENT_CLAIM_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_STATUS_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_PENDING_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_LEGACY_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    UNPROJECTED_LEGACY_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADMITTING_RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     generation: int
     claim_path: _types_pb2.ClaimPath
@@ -381,7 +399,14 @@ class GenerationCutoverState(_message.Message):
     legacy_event_claim_processes: int
     generation_status: str
     active: bool
-    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., receipts: _Optional[_Iterable[_Union[CutoverReceipt, _Mapping]]] = ..., open_rollback_fences: _Optional[int] = ..., awaiting_legacy_outcome: _Optional[int] = ..., processing: _Optional[int] = ..., claim_capable_processes: _Optional[int] = ..., work_item_claim_processes: _Optional[int] = ..., legacy_event_claim_processes: _Optional[int] = ..., generation_status: _Optional[str] = ..., active: _Optional[bool] = ...) -> None: ...
+    legacy_pending: int
+    legacy_in_flight: int
+    awaiting_legacy_unknown: int
+    unprojected_legacy_receipts: int
+    authority_version: int
+    rollback_fence_id: int
+    admitting_receipt_id: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., receipts: _Optional[_Iterable[_Union[CutoverReceipt, _Mapping]]] = ..., open_rollback_fences: _Optional[int] = ..., awaiting_legacy_outcome: _Optional[int] = ..., processing: _Optional[int] = ..., claim_capable_processes: _Optional[int] = ..., work_item_claim_processes: _Optional[int] = ..., legacy_event_claim_processes: _Optional[int] = ..., generation_status: _Optional[str] = ..., active: _Optional[bool] = ..., legacy_pending: _Optional[int] = ..., legacy_in_flight: _Optional[int] = ..., awaiting_legacy_unknown: _Optional[int] = ..., unprojected_legacy_receipts: _Optional[int] = ..., authority_version: _Optional[int] = ..., rollback_fence_id: _Optional[int] = ..., admitting_receipt_id: _Optional[int] = ...) -> None: ...
 
 class GetCutoverStateRequest(_message.Message):
     __slots__ = ("installed_pack_id",)
@@ -394,3 +419,181 @@ class GetCutoverStateResponse(_message.Message):
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[GenerationCutoverState]
     def __init__(self, generations: _Optional[_Iterable[_Union[GenerationCutoverState, _Mapping]]] = ...) -> None: ...
+
+class CutoverBlocker(_message.Message):
+    __slots__ = ("code", "count", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    count: int
+    message: str
+    def __init__(self, code: _Optional[str] = ..., count: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CutoverTransition(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "claim_path", "phase", "authority_version", "changed", "receipt", "rollback_fence_id", "fenced_work_items", "proof_json", "blockers", "dry_run")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    AUTHORITY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_FENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCED_WORK_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PROOF_JSON_FIELD_NUMBER: _ClassVar[int]
+    BLOCKERS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    claim_path: _types_pb2.ClaimPath
+    phase: _types_pb2.CutoverPhase
+    authority_version: int
+    changed: bool
+    receipt: CutoverReceipt
+    rollback_fence_id: int
+    fenced_work_items: int
+    proof_json: str
+    blockers: _containers.RepeatedCompositeFieldContainer[CutoverBlocker]
+    dry_run: bool
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., claim_path: _Optional[_Union[_types_pb2.ClaimPath, str]] = ..., phase: _Optional[_Union[_types_pb2.CutoverPhase, str]] = ..., authority_version: _Optional[int] = ..., changed: _Optional[bool] = ..., receipt: _Optional[_Union[CutoverReceipt, _Mapping]] = ..., rollback_fence_id: _Optional[int] = ..., fenced_work_items: _Optional[int] = ..., proof_json: _Optional[str] = ..., blockers: _Optional[_Iterable[_Union[CutoverBlocker, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class QuiesceLegacyRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class QuiesceLegacyResponse(_message.Message):
+    __slots__ = ("transition",)
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    transition: CutoverTransition
+    def __init__(self, transition: _Optional[_Union[CutoverTransition, _Mapping]] = ...) -> None: ...
+
+class CompleteCutoverRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CompleteCutoverResponse(_message.Message):
+    __slots__ = ("transition",)
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    transition: CutoverTransition
+    def __init__(self, transition: _Optional[_Union[CutoverTransition, _Mapping]] = ...) -> None: ...
+
+class BeginRollbackRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class BeginRollbackResponse(_message.Message):
+    __slots__ = ("transition",)
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    transition: CutoverTransition
+    def __init__(self, transition: _Optional[_Union[CutoverTransition, _Mapping]] = ...) -> None: ...
+
+class CompleteRollbackRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CompleteRollbackResponse(_message.Message):
+    __slots__ = ("transition",)
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    transition: CutoverTransition
+    def __init__(self, transition: _Optional[_Union[CutoverTransition, _Mapping]] = ...) -> None: ...
+
+class AbortTransitionRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AbortTransitionResponse(_message.Message):
+    __slots__ = ("transition",)
+    TRANSITION_FIELD_NUMBER: _ClassVar[int]
+    transition: CutoverTransition
+    def __init__(self, transition: _Optional[_Union[CutoverTransition, _Mapping]] = ...) -> None: ...
+
+class ReconcileLegacyOutcomesRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReconcileLegacyOutcomesResponse(_message.Message):
+    __slots__ = ("projected", "duplicates", "conflicts", "conflict_receipt_ids", "resolved_fence_ids")
+    PROJECTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_RECEIPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_FENCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    projected: int
+    duplicates: int
+    conflicts: int
+    conflict_receipt_ids: _containers.RepeatedScalarFieldContainer[int]
+    resolved_fence_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, projected: _Optional[int] = ..., duplicates: _Optional[int] = ..., conflicts: _Optional[int] = ..., conflict_receipt_ids: _Optional[_Iterable[int]] = ..., resolved_fence_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ResolveLegacyOutcomeRequest(_message.Message):
+    __slots__ = ("event_id", "work_type", "outcome", "reason", "request_id")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    work_type: str
+    outcome: LegacyOutcome
+    reason: str
+    request_id: str
+    def __init__(self, event_id: _Optional[int] = ..., work_type: _Optional[str] = ..., outcome: _Optional[_Union[LegacyOutcome, str]] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResolveLegacyOutcomeResponse(_message.Message):
+    __slots__ = ("event_id", "work_type", "version", "outcome", "digest", "event_legacy_state", "work_item_state")
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LEGACY_STATE_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEM_STATE_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    work_type: str
+    version: int
+    outcome: LegacyOutcome
+    digest: str
+    event_legacy_state: str
+    work_item_state: _types_pb2.WorkItemState
+    def __init__(self, event_id: _Optional[int] = ..., work_type: _Optional[str] = ..., version: _Optional[int] = ..., outcome: _Optional[_Union[LegacyOutcome, str]] = ..., digest: _Optional[str] = ..., event_legacy_state: _Optional[str] = ..., work_item_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ...) -> None: ...

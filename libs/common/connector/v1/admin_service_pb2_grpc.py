@@ -99,6 +99,41 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.GetCutoverStateRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.GetCutoverStateResponse.FromString,
                 _registered_method=True)
+        self.QuiesceLegacy = channel.unary_unary(
+                '/connector.v1.AdminService/QuiesceLegacy',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyResponse.FromString,
+                _registered_method=True)
+        self.CompleteCutover = channel.unary_unary(
+                '/connector.v1.AdminService/CompleteCutover',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.CompleteCutoverRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.CompleteCutoverResponse.FromString,
+                _registered_method=True)
+        self.BeginRollback = channel.unary_unary(
+                '/connector.v1.AdminService/BeginRollback',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.BeginRollbackRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.BeginRollbackResponse.FromString,
+                _registered_method=True)
+        self.CompleteRollback = channel.unary_unary(
+                '/connector.v1.AdminService/CompleteRollback',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.CompleteRollbackRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.CompleteRollbackResponse.FromString,
+                _registered_method=True)
+        self.AbortTransition = channel.unary_unary(
+                '/connector.v1.AdminService/AbortTransition',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.AbortTransitionRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.AbortTransitionResponse.FromString,
+                _registered_method=True)
+        self.ReconcileLegacyOutcomes = channel.unary_unary(
+                '/connector.v1.AdminService/ReconcileLegacyOutcomes',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesResponse.FromString,
+                _registered_method=True)
+        self.ResolveLegacyOutcome = channel.unary_unary(
+                '/connector.v1.AdminService/ResolveLegacyOutcome',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -194,6 +229,63 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QuiesceLegacy(self, request, context):
+        """Gate 1: stop legacy Event claim admission for a generation and revoke its scheduler lease
+        (role ConnectorOperator; docs/cutover.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteCutover(self, request, context):
+        """Gates 2, 3, 5: prove the drain, complete the WorkItem materialization, switch Event ownership
+        and write the cutover receipt admitting WorkItem claims. Refused (FAILED_PRECONDITION
+        CUTOVER_BLOCKED, blockers in ErrorInfo metadata) when any proof fails; nothing changes then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginRollback(self, request, context):
+        """Gate 4, first step: disable WorkItem claim and reclaim admission for a generation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteRollback(self, request, context):
+        """Gate 4: prove zero WorkItem claimers and started attempts, fence every unstarted WorkItem as
+        awaiting_legacy_outcome and write the rollback receipt admitting the legacy Event path.
+        Refused (FAILED_PRECONDITION ROLLBACK_BLOCKED) when any proof fails; nothing changes then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransition(self, request, context):
+        """Return a generation in transition to the path it came from: quiescing -> legacy (a rollback
+        receipt; WorkItems created meanwhile are fenced), rollback_fenced -> work_item_active.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReconcileLegacyOutcomes(self, request, context):
+        """Project unprojected legacy outcome receipts onto WorkItems and resolve rollback fences (the
+        repair of a crash between a legacy Event/receipt commit and its projection).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveLegacyOutcome(self, request, context):
+        """Confirm the outcome of a quarantined (unknown) legacy work item after checking the external
+        system: the next receipt version, the Event's state and the projection, in one transaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +348,41 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetCutoverState,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.GetCutoverStateRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.GetCutoverStateResponse.SerializeToString,
+            ),
+            'QuiesceLegacy': grpc.unary_unary_rpc_method_handler(
+                    servicer.QuiesceLegacy,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyResponse.SerializeToString,
+            ),
+            'CompleteCutover': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteCutover,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.CompleteCutoverRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.CompleteCutoverResponse.SerializeToString,
+            ),
+            'BeginRollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginRollback,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.BeginRollbackRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.BeginRollbackResponse.SerializeToString,
+            ),
+            'CompleteRollback': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteRollback,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.CompleteRollbackRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.CompleteRollbackResponse.SerializeToString,
+            ),
+            'AbortTransition': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransition,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.AbortTransitionRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.AbortTransitionResponse.SerializeToString,
+            ),
+            'ReconcileLegacyOutcomes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReconcileLegacyOutcomes,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesResponse.SerializeToString,
+            ),
+            'ResolveLegacyOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveLegacyOutcome,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -587,6 +714,195 @@ class AdminService:
             '/connector.v1.AdminService/GetCutoverState',
             connector_dot_v1_dot_admin__service__pb2.GetCutoverStateRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.GetCutoverStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QuiesceLegacy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/QuiesceLegacy',
+            connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.QuiesceLegacyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteCutover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/CompleteCutover',
+            connector_dot_v1_dot_admin__service__pb2.CompleteCutoverRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.CompleteCutoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginRollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/BeginRollback',
+            connector_dot_v1_dot_admin__service__pb2.BeginRollbackRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.BeginRollbackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteRollback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/CompleteRollback',
+            connector_dot_v1_dot_admin__service__pb2.CompleteRollbackRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.CompleteRollbackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/AbortTransition',
+            connector_dot_v1_dot_admin__service__pb2.AbortTransitionRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.AbortTransitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReconcileLegacyOutcomes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ReconcileLegacyOutcomes',
+            connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ReconcileLegacyOutcomesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveLegacyOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ResolveLegacyOutcome',
+            connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,

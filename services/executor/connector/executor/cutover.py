@@ -809,9 +809,7 @@ async def cutover_complete(
         )
     return Transition(
         installed_pack_id, generation, "cutover",
-        str(a["claim_path"]) if dry_run else row["claim_path"],
-        str(a["phase"]) if dry_run else row["phase"],
-        int(a["version"]) if dry_run else row["version"],
+        row["claim_path"], row["phase"], row["version"],  # a dry run: where it would be (rolled back)
         not dry_run,
         receipt_id=None if dry_run else receipt_id, receipt_kind="cutover", proof=proof,
         proof_sha256=digest, dry_run=dry_run,
@@ -866,7 +864,9 @@ async def rollback_complete(
         a = locked.authority
         if a["phase"] == "legacy_active" and not dry_run:
             return _unchanged(installed_pack_id, generation, "rollback", a)
-        if a["phase"] != "rollback_fenced":
+        # A dry run may also preview from work_item_active (items in flight then count as blockers;
+        # normally they finish once admission is disabled).
+        if a["phase"] != "rollback_fenced" and not (dry_run and a["phase"] == "work_item_active"):
             raise _wrong_phase(
                 locked, generation, "rollback", "none/rollback_fenced (run rollback begin first)"
             )
@@ -1051,9 +1051,7 @@ async def _to_legacy(
         )
     return Transition(
         pack, generation, action,
-        str(a["claim_path"]) if dry_run else row["claim_path"],
-        str(a["phase"]) if dry_run else row["phase"],
-        int(a["version"]) if dry_run else row["version"],
+        row["claim_path"], row["phase"], row["version"],  # a dry run: where it would be (rolled back)
         not dry_run,
         receipt_id=None if dry_run else receipt_id, receipt_kind="rollback",
         fence_id=None if dry_run else fence_id, fenced_work_items=fenced,

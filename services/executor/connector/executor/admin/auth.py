@@ -60,6 +60,13 @@ METHOD_ROLES: dict[str, Role] = {
     "ReplayReceipt": Role.REPLAY,
     "ApplyPack": Role.OPERATOR,
     "ActivateGeneration": Role.OPERATOR,
+    "QuiesceLegacy": Role.OPERATOR,
+    "CompleteCutover": Role.OPERATOR,
+    "BeginRollback": Role.OPERATOR,
+    "CompleteRollback": Role.OPERATOR,
+    "AbortTransition": Role.OPERATOR,
+    "ReconcileLegacyOutcomes": Role.OPERATOR,
+    "ResolveLegacyOutcome": Role.OPERATOR,
 }
 
 

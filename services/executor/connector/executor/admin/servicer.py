@@ -18,7 +18,8 @@ from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.grpc_server import current_principal
-from connector.executor.admin import convert, packs, pagination, reads, replay, requests, stats
+from connector.executor import cutover
+from connector.executor.admin import convert, packs, pagination, reads, replay, requests, stats, transitions
 from connector.executor.admin.auth import Principal
 from connector.executor.admin.errors import (
     Reason,
@@ -376,9 +377,90 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     legacy_event_claim_processes=legacy_procs,
                     generation_status=g["status"],
                     active=bool(g["active"]),
+                    legacy_pending=int(g["legacy_pending"]),
+                    legacy_in_flight=int(g["legacy_in_flight"]),
+                    awaiting_legacy_unknown=int(g["awaiting_legacy_unknown"]),
+                    unprojected_legacy_receipts=int(g["unprojected_legacy_receipts"]),
+                    authority_version=int(g["authority_version"] or 0),
+                    rollback_fence_id=int(g["rollback_fence_id"] or 0),
+                    admitting_receipt_id=int(g["cutover_receipt_id"] or 0),
                 )
             )
         return response
+
+    async def QuiesceLegacy(self, request: pb.QuiesceLegacyRequest, context: Any) -> pb.QuiesceLegacyResponse:
+        actor = _actor()
+        return await transitions.transition(
+            self,
+            "QuiesceLegacy",
+            request,
+            pb.QuiesceLegacyResponse,
+            lambda conn, pack, gen: cutover.legacy_quiesce(conn, pack, gen, actor=actor),
+        )
+
+    async def CompleteCutover(
+        self, request: pb.CompleteCutoverRequest, context: Any
+    ) -> pb.CompleteCutoverResponse:
+        actor, stale, dry = _actor(), self._stale_s, request.dry_run
+        return await transitions.transition(
+            self,
+            "CompleteCutover",
+            request,
+            pb.CompleteCutoverResponse,
+            lambda conn, pack, gen: cutover.cutover_complete(
+                conn, pack, gen, actor=actor, process_stale_s=stale, dry_run=dry
+            ),
+            dry_run=dry,
+        )
+
+    async def BeginRollback(self, request: pb.BeginRollbackRequest, context: Any) -> pb.BeginRollbackResponse:
+        actor = _actor()
+        return await transitions.transition(
+            self,
+            "BeginRollback",
+            request,
+            pb.BeginRollbackResponse,
+            lambda conn, pack, gen: cutover.rollback_begin(conn, pack, gen, actor=actor),
+        )
+
+    async def CompleteRollback(
+        self, request: pb.CompleteRollbackRequest, context: Any
+    ) -> pb.CompleteRollbackResponse:
+        actor, stale, dry = _actor(), self._stale_s, request.dry_run
+        return await transitions.transition(
+            self,
+            "CompleteRollback",
+            request,
+            pb.CompleteRollbackResponse,
+            lambda conn, pack, gen: cutover.rollback_complete(
+                conn, pack, gen, actor=actor, process_stale_s=stale, dry_run=dry
+            ),
+            dry_run=dry,
+        )
+
+    async def AbortTransition(
+        self, request: pb.AbortTransitionRequest, context: Any
+    ) -> pb.AbortTransitionResponse:
+        actor, stale = _actor(), self._stale_s
+        return await transitions.transition(
+            self,
+            "AbortTransition",
+            request,
+            pb.AbortTransitionResponse,
+            lambda conn, pack, gen: cutover.transition_abort(
+                conn, pack, gen, actor=actor, process_stale_s=stale
+            ),
+        )
+
+    async def ReconcileLegacyOutcomes(
+        self, request: pb.ReconcileLegacyOutcomesRequest, context: Any
+    ) -> pb.ReconcileLegacyOutcomesResponse:
+        return await transitions.reconcile(self, request)
+
+    async def ResolveLegacyOutcome(
+        self, request: pb.ResolveLegacyOutcomeRequest, context: Any
+    ) -> pb.ResolveLegacyOutcomeResponse:
+        return await transitions.resolve(self, request)
 
     # -- packs (connector.common.pack_store) ------------------------------------------------------
 

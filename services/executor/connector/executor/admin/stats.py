@@ -309,7 +309,21 @@ SELECT g.installed_pack_id, g.generation, g.status,
           AND w.state = 'awaiting_legacy_outcome') AS awaiting_legacy_outcome,
        (SELECT count(*) FROM connector_work_item w
         WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
-          AND w.state = 'processing') AS processing
+          AND w.state = 'processing') AS processing,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
+          AND w.state = 'awaiting_legacy_outcome'
+          AND w.legacy_outcome_receipt_version IS NOT NULL) AS awaiting_legacy_unknown,
+       (SELECT count(*) FROM connector_event e
+        WHERE e.installed_pack_id = g.installed_pack_id AND e.generation = g.generation
+          AND e.legacy_state IN ('pending', 'retry')) AS legacy_pending,
+       (SELECT count(*) FROM connector_event e
+        WHERE e.installed_pack_id = g.installed_pack_id AND e.generation = g.generation
+          AND e.legacy_state = 'processing') AS legacy_in_flight,
+       (SELECT count(*) FROM connector_legacy_outcome_receipt o
+        WHERE NOT o.projected AND o.installed_pack_id = g.installed_pack_id
+          AND o.generation = g.generation) AS unprojected_legacy_receipts,
+       a.version AS authority_version, a.rollback_fence_id, a.cutover_receipt_id
 FROM connector_pack_generation g
 JOIN connector_installed_pack p ON p.installed_pack_id = g.installed_pack_id
 LEFT JOIN connector_claim_authority a

@@ -1,0 +1,214 @@
+"""Cutover and rollback RPCs over ``connector.executor.cutover`` and ``connector.executor.legacy``
+(the one implementation of the gates; docs/cutover.md).
+
+Mutations carry an AIP-155 ``request_id`` (the transition and the stored answer commit together);
+dry runs change nothing and store nothing. Refusals map to canonical codes:
+
+* ``CutoverError`` — NOT_FOUND ``PACK_NOT_FOUND`` / ``GENERATION_NOT_FOUND``, FAILED_PRECONDITION
+  ``CUTOVER_WRONG_PHASE``;
+* ``CutoverBlocked`` — FAILED_PRECONDITION ``CUTOVER_BLOCKED`` (cutover) or ``ROLLBACK_BLOCKED``
+  (rollback, abort of a quiesce); ErrorInfo metadata ``blockers`` holds the blockers as JSON
+  (``[{"code", "count", "message"}]``), the message lists them too;
+* ``LegacyOutcomeError`` — NOT_FOUND ``EVENT_NOT_FOUND``, FAILED_PRECONDITION
+  ``LEGACY_OUTCOME_NOT_UNKNOWN`` / ``LEGACY_OUTCOME_IN_FLIGHT`` / ``LEGACY_NOT_OWNED``,
+  INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from psycopg.rows import dict_row
+
+from connector.common.grpc_server import ServiceError
+from connector.common.packs import canonical_json
+from connector.executor import cutover, legacy
+from connector.executor.admin import convert
+from connector.executor.admin.errors import Reason, invalid_argument
+from connector.executor.admin.session import connection
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import types_pb2
+
+RECEIPT_GET = """
+SELECT cutover_receipt_id, kind, claim_path, proof_sha256, actor, created_at
+FROM connector_cutover_receipt WHERE cutover_receipt_id = %(id)s
+"""
+
+_OUTCOMES = {
+    "succeeded": pb.LEGACY_OUTCOME_SUCCEEDED,
+    "failed": pb.LEGACY_OUTCOME_FAILED,
+    "unknown": pb.LEGACY_OUTCOME_UNKNOWN,
+}
+_OUTCOME_NAMES = {v: k for k, v in _OUTCOMES.items()}
+
+
+def _ids(installed_pack_id: int, generation: int) -> None:
+    if installed_pack_id <= 0:
+        raise invalid_argument("installed_pack_id must be a positive id", field="installed_pack_id")
+    if generation < 0:
+        raise invalid_argument("generation must not be negative", field="generation")
+
+
+def service_error(exc: Exception) -> ServiceError:
+    """Domain refusals of the gates as canonical errors."""
+    if isinstance(exc, cutover.CutoverBlocked):
+        reason = Reason.CUTOVER_BLOCKED if exc.action == "cutover" else Reason.ROLLBACK_BLOCKED
+        return ServiceError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            reason,
+            str(exc),
+            {"blockers": json.dumps([b.as_dict() for b in exc.blockers])},
+        )
+    if isinstance(exc, cutover.CutoverError):
+        if exc.reason == "not_found":
+            reason = Reason.PACK_NOT_FOUND if "generation" not in exc.message else Reason.GENERATION_NOT_FOUND
+            return ServiceError(grpc.StatusCode.NOT_FOUND, reason, exc.message)
+        return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, Reason.CUTOVER_WRONG_PHASE, exc.message)
+    if isinstance(exc, legacy.LegacyOutcomeError):
+        mapping = {
+            "not_found": (grpc.StatusCode.NOT_FOUND, Reason.EVENT_NOT_FOUND),
+            "not_legacy_owned": (grpc.StatusCode.FAILED_PRECONDITION, Reason.LEGACY_NOT_OWNED),
+            "in_flight": (grpc.StatusCode.FAILED_PRECONDITION, Reason.LEGACY_OUTCOME_IN_FLIGHT),
+            "not_unknown": (grpc.StatusCode.FAILED_PRECONDITION, Reason.LEGACY_OUTCOME_NOT_UNKNOWN),
+        }
+        code, why = mapping.get(exc.reason, (grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_ARGUMENT))
+        return ServiceError(code, why, exc.message)
+    raise exc
+
+
+async def _transition_proto(conn: Any, t: cutover.Transition) -> pb.CutoverTransition:
+    out = pb.CutoverTransition(
+        installed_pack_id=t.installed_pack_id,
+        generation=t.generation,
+        claim_path=convert.claim_path(t.claim_path),  # type: ignore[arg-type]
+        phase=convert.cutover_phase(t.phase),  # type: ignore[arg-type]
+        authority_version=t.version,
+        changed=t.changed,
+        rollback_fence_id=t.fence_id or 0,
+        fenced_work_items=t.fenced_work_items,
+        proof_json=canonical_json(t.proof) if t.proof is not None else "",
+        blockers=[pb.CutoverBlocker(code=b.code, count=b.count, message=b.message) for b in t.blockers],
+        dry_run=t.dry_run,
+    )
+    if t.receipt_id:
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(RECEIPT_GET, {"id": t.receipt_id})
+        r = await cur.fetchone()
+        if r is not None:
+            out.receipt.CopyFrom(
+                pb.CutoverReceipt(
+                    cutover_receipt_id=r["cutover_receipt_id"],
+                    kind=r["kind"],
+                    claim_path=convert.claim_path(r["claim_path"]),  # type: ignore[arg-type]
+                    proof_sha256=r["proof_sha256"],
+                    actor=r["actor"],
+                    create_time=convert.ts(r["created_at"]),
+                )
+            )
+    elif t.proof_sha256:
+        out.receipt.CopyFrom(pb.CutoverReceipt(kind=t.receipt_kind or "", proof_sha256=t.proof_sha256))
+    return out
+
+
+Step = Callable[[Any, int, int], Awaitable[cutover.Transition]]
+
+
+async def transition(
+    servicer: Any,
+    method: str,
+    request: Any,
+    response_type: type[Any],
+    step: Step,
+    *,
+    dry_run: bool = False,
+) -> Any:
+    """Resolve the generation, run ``step(conn, pack, generation)``, answer ``response_type``."""
+    _ids(request.installed_pack_id, request.generation)
+
+    async def body(conn: Any) -> Any:
+        try:
+            generation = await cutover.generation_resolve(conn, request.installed_pack_id, request.generation)
+            t = await step(conn, request.installed_pack_id, generation)
+        except (cutover.CutoverError, cutover.CutoverBlocked) as exc:
+            raise service_error(exc) from None
+        return response_type(transition=await _transition_proto(conn, t))
+
+    if dry_run:
+        async with connection(servicer.pool) as conn:
+            return await body(conn)
+    return await servicer.mutate(method, request.request_id, response_type, body)
+
+
+async def reconcile(
+    servicer: Any, request: pb.ReconcileLegacyOutcomesRequest
+) -> pb.ReconcileLegacyOutcomesResponse:
+    if request.installed_pack_id < 0 or request.generation < 0:
+        raise invalid_argument("installed_pack_id and generation must not be negative")
+    if request.generation and not request.installed_pack_id:
+        raise invalid_argument("generation needs installed_pack_id", field="generation")
+
+    async def body(conn: Any) -> pb.ReconcileLegacyOutcomesResponse:
+        report = await cutover.legacy_reconcile(
+            conn, request.installed_pack_id or None, request.generation or None
+        )
+        return pb.ReconcileLegacyOutcomesResponse(
+            projected=report.projected,
+            duplicates=report.duplicates,
+            conflicts=report.conflicts,
+            conflict_receipt_ids=report.conflict_receipt_ids,
+            resolved_fence_ids=report.fences_resolved,
+        )
+
+    return await servicer.mutate(
+        "ReconcileLegacyOutcomes", request.request_id, pb.ReconcileLegacyOutcomesResponse, body
+    )
+
+
+async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.ResolveLegacyOutcomeResponse:
+    if request.event_id <= 0:
+        raise invalid_argument("event_id must be a positive id", field="event_id")
+    if not request.work_type:
+        raise invalid_argument("work_type is required", field="work_type")
+    outcome = _OUTCOME_NAMES.get(request.outcome)
+    if outcome not in ("succeeded", "failed"):
+        raise invalid_argument("outcome must be SUCCEEDED or FAILED", field="outcome")
+    actor = servicer.actor
+
+    async def body(conn: Any) -> pb.ResolveLegacyOutcomeResponse:
+        try:
+            done = await legacy.legacy_outcome_resolve(
+                conn,
+                event_id=request.event_id,
+                work_type=request.work_type,
+                outcome=str(outcome),
+                reason=request.reason,
+                actor=actor,
+            )
+        except legacy.LegacyOutcomeError as exc:
+            raise service_error(exc) from None
+        cur = await conn.execute(
+            "SELECT state FROM connector_work_item WHERE event_id = %s AND work_type = %s",
+            (request.event_id, request.work_type),
+        )
+        row = await cur.fetchone()
+        state = (
+            types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{str(row[0]).upper()}")
+            if row
+            else types_pb2.WORK_ITEM_STATE_UNSPECIFIED
+        )
+        return pb.ResolveLegacyOutcomeResponse(
+            event_id=done.event_id,
+            work_type=done.work_type,
+            version=done.version,
+            outcome=_OUTCOMES[done.outcome],
+            digest=done.digest,
+            event_legacy_state=done.event_legacy_state,
+            work_item_state=state,
+        )
+
+    return await servicer.mutate(
+        "ResolveLegacyOutcome", request.request_id, pb.ResolveLegacyOutcomeResponse, body
+    )
