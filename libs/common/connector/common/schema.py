@@ -513,6 +513,14 @@ legacy_outcome_receipt = Table(
         "legacy_outcome_receipt_id",
         postgresql_where=text("NOT projected"),
     ),
+    # The legacy path's dead letters (failed / unknown outcomes), newest first per generation.
+    Index(
+        "ix_connector_legacy_outcome_receipt_failed",
+        "installed_pack_id",
+        "generation",
+        "legacy_outcome_receipt_id",
+        postgresql_where=text("outcome IN ('failed', 'unknown')"),
+    ),
 )
 
 # Transitional compatibility only: the legacy Event claim path's pack-wide lease. The WorkItem claim

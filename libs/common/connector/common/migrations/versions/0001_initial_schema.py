@@ -212,6 +212,7 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('legacy_outcome_receipt_id', name=op.f('pk_connector_legacy_outcome_receipt')),
     sa.UniqueConstraint('event_id', 'work_type', 'version', name=op.f('uq_connector_legacy_outcome_receipt_event_id_work_type_version'))
     )
+    op.create_index('ix_connector_legacy_outcome_receipt_failed', 'connector_legacy_outcome_receipt', ['installed_pack_id', 'generation', 'legacy_outcome_receipt_id'], unique=False, postgresql_where=sa.text("outcome IN ('failed', 'unknown')"))
     op.create_index('ix_connector_legacy_outcome_receipt_unprojected', 'connector_legacy_outcome_receipt', ['legacy_outcome_receipt_id'], unique=False, postgresql_where=sa.text('NOT projected'))
     op.create_table('connector_route',
     sa.Column('route_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
@@ -296,6 +297,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_route_namespace_route_key', table_name='connector_route')
     op.drop_table('connector_route')
     op.drop_index('ix_connector_legacy_outcome_receipt_unprojected', table_name='connector_legacy_outcome_receipt', postgresql_where=sa.text('NOT projected'))
+    op.drop_index('ix_connector_legacy_outcome_receipt_failed', table_name='connector_legacy_outcome_receipt', postgresql_where=sa.text("outcome IN ('failed', 'unknown')"))
     op.drop_table('connector_legacy_outcome_receipt')
     op.drop_table('connector_pack_generation')
     op.drop_index('ix_connector_event_legacy_source', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
