@@ -1,30 +1,29 @@
 """Executor benchmark: no-op drain throughput and claim latency against backlog depth.
 
-    .venv/bin/python -m benchmarks.executor_bench            # full (100k items per drain, 1M backlog)
-    .venv/bin/python -m benchmarks.executor_bench --quick    # smaller, for a smoke run
-    .venv/bin/python -m benchmarks.executor_bench --profile  # + py-spy of the 1-process drain
+    .venv/bin/python -m benchmarks.executor_bench                    # the suite's workload (50k items)
+    .venv/bin/python -m benchmarks.executor_bench --items 100000 --vacuum-standin --profile
+    .venv/bin/python -m benchmarks.executor_bench --quick --json-out out.json   # harness contract
 
-Each drain scenario gets a fresh database (``connector.common.testdb.fresh_database``), seeds N
-WorkItems of one pack *without* claim authority, starts real ``connector executor`` processes
-(16 workers each, no-op async python handler that needs no event/payload), waits until they are
-registered, then grants the claim authority (+ NOTIFY): the claims fail closed until that instant,
-so it is the start gun. Throughput = N / (last ``finished_at`` - grant time), both database clock.
+Follows the suite contract (docs/benchmarks.md, ``benchmarks.common``): ``--quick``/``--json-out``,
+``bench_lock()``, scratch databases from ``fresh_migrated_database``, the shared drain workload
+(``drain_items``, 16 workers, 100 lanes).
+
+Each drain gets a fresh database, seeds N WorkItems of one pack *without* claim authority, starts
+real ``connector executor`` processes (16 workers each, a no-op async python handler that needs no
+event/payload), waits until they are registered, then grants the claim authority (+ NOTIFY): claims
+fail closed until that instant, so it is the start gun. Throughput = N / (last ``finished_at`` -
+grant time), both read from the database clock. CPU per item: the executor processes' own CPU time
+(/proc/PID/stat) and the rest of the machine's busy time (PostgreSQL, mostly) over the drain.
 
 Scenarios: no lanes / 100 random source lanes / 100 random target lanes, with one and two executor
-processes; then the claim statement's latency (batch 64) with 10k vs 1M ready rows.
-
-The run holds ``flock /tmp/connector-bench.lock`` (set CONNECTOR_BENCH_LOCK_HELD=1 when a parent
-already holds it). Results also go to ``.bench/executor.json`` (not committed; the figures and
-their reading are in docs/executor.md).
+processes; a handler that takes the event + payload; then the claim statement's latency (batch 64)
+with 10k vs 1M ready rows, the claims alternating between the two databases.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import fcntl
-import json
 import os
 import random
 import statistics
@@ -40,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 HANDLER = "benchmarks.executor_bench:noop"
+WORKERS_PER_PROCESS = 16
 
 
 async def noop(ctx: Any) -> None:
@@ -55,23 +55,14 @@ async def noop_with_event(ctx: Any) -> None:
     return None
 
 
-def _lock() -> Any:
-    if os.environ.get("CONNECTOR_BENCH_LOCK_HELD") == "1":
-        return None
-    f = open("/tmp/connector-bench.lock", "w")  # held for the whole run
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print("waiting for /tmp/connector-bench.lock (another benchmark is running)", flush=True)
-        fcntl.flock(f, fcntl.LOCK_EX)
-    return f
+HANDLER_WITH_EVENT = "benchmarks.executor_bench:noop_with_event"
 
 
 def _spawn(url: str, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "CONNECTOR_DATABASE_URL": url,
-        "CONNECTOR_EXECUTOR_WORKERS": "16",
+        "CONNECTOR_EXECUTOR_WORKERS": str(WORKERS_PER_PROCESS),
         "CONNECTOR_EXECUTOR_GRPC_PORT": "0",
         "CONNECTOR_EXECUTOR_METRICS_PORT": "0",
         "CONNECTOR_EXECUTOR_STATS_INTERVAL_S": "0",
@@ -124,12 +115,12 @@ def drain(
 ) -> dict[str, Any]:
     import psycopg
 
-    from connector.common import testdb
+    from benchmarks.common import LANES, fresh_migrated_database
     from tests.executor import seed
 
     rnd = random.Random(42)
-    keys = [f"k{rnd.randrange(100)}" for _ in range(n)] if lanes else None
-    with testdb.fresh_database("connector_bench") as url, psycopg.connect(url, autocommit=True) as db:
+    keys = [f"k{rnd.randrange(LANES)}" for _ in range(n)] if lanes else None
+    with fresh_migrated_database("executor") as url, psycopg.connect(url, autocommit=True) as db:
         pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type(handler)}, authority=False)
         for start in range(0, n, 50_000):
             m = min(50_000, n - start)
@@ -233,44 +224,82 @@ def drain(
     }
 
 
-async def _claim_latency(url: str, pack: int, claims_n: int) -> dict[str, float]:
+async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> list[dict[str, float]]:
+    """Claims of 64 alternating between the databases, so that whatever else runs on the machine
+    weighs on both sides of the ratio alike."""
     import psycopg
 
     from connector.executor import claims
 
-    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    conns = [await psycopg.AsyncConnection.connect(u, autocommit=True) for u in urls]
+    samples: list[list[float]] = [[] for _ in urls]
     try:
-        samples = []
         for _ in range(claims_n):
-            t0 = time.perf_counter()
-            rows = await claims.work_item_claim_batch(
-                conn, [pack], ["default"], [64], owner="bench", lease_s=60
-            )
-            samples.append(time.perf_counter() - t0)
-            assert len(rows) == 64
+            for i, conn in enumerate(conns):
+                t0 = time.perf_counter()
+                rows = await claims.work_item_claim_batch(
+                    conn, [packs[i]], ["default"], [64], owner="bench", lease_s=60
+                )
+                samples[i].append(time.perf_counter() - t0)
+                assert len(rows) == 64
+        buffers = []
+        for i, conn in enumerate(conns):
+            # Buffers one claim touches (EXPLAIN ANALYZE inside a rolled-back transaction): the
+            # load-independent form of "claim cost does not grow with backlog depth".
+            async with conn.transaction(force_rollback=True):
+                cur = await conn.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claims.WORK_ITEM_CLAIM_BATCH,
+                    {
+                        "packs": [packs[i]],
+                        "queue_classes": ["default"],
+                        "limits": [64],
+                        "owner": "bench",
+                        "lease_s": 60.0,
+                    },
+                )
+                plan = (await cur.fetchone())[0][0]["Plan"]  # type: ignore[index]
+                buffers.append(int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0)))
     finally:
-        await conn.close()
-    samples.sort()
-    return {
-        "p50_ms": round(statistics.median(samples) * 1000, 3),
-        "p90_ms": round(samples[int(len(samples) * 0.9)] * 1000, 3),
-    }
+        for conn in conns:
+            await conn.close()
+    out = []
+    for i, xs in enumerate(samples):
+        xs.sort()
+        out.append(
+            {
+                "p50_ms": round(statistics.median(xs) * 1000, 3),
+                "p90_ms": round(xs[int(len(xs) * 0.9)] * 1000, 3),
+                "buffers_per_claim": buffers[i],
+            }
+        )
+    return out
 
 
-def claim_latency(ready: int, claims_n: int = 100) -> dict[str, Any]:
+def claim_latency(small: int, large: int, claims_n: int = 100) -> dict[str, Any]:
     import psycopg
 
-    from connector.common import testdb
+    from benchmarks.common import fresh_migrated_database
     from tests.executor import seed
 
-    with testdb.fresh_database("connector_bench") as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type(HANDLER)})
-        for start in range(0, ready, 100_000):
-            seed.seed_items(db, pack, min(100_000, ready - start))
-        db.execute("VACUUM ANALYZE connector_work_item")
-        db.execute("CHECKPOINT")
-        out = asyncio.run(_claim_latency(url, pack, claims_n))
-    return {"ready": ready, **out}
+    with (
+        fresh_migrated_database("executor_lat") as url_s,
+        fresh_migrated_database("executor_lat") as url_l,
+    ):
+        packs = []
+        for url, ready in ((url_s, small), (url_l, large)):
+            with psycopg.connect(url, autocommit=True) as db:
+                pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type(HANDLER)})
+                for start in range(0, ready, 100_000):
+                    seed.seed_items(db, pack, min(100_000, ready - start))
+                db.execute("VACUUM ANALYZE connector_work_item")
+                db.execute("CHECKPOINT")
+                packs.append(pack)
+        res_s, res_l = asyncio.run(_claim_latency([url_s, url_l], packs, min(claims_n, small // 64 - 2)))
+    return {
+        "small": {"ready": small, **res_s},
+        "large": {"ready": large, **res_l},
+        "ratio_p50": round(res_l["p50_ms"] / res_s["p50_ms"], 3),
+    }
 
 
 def _profile_summary(path: str, top: int = 25) -> dict[str, Any]:
@@ -311,106 +340,143 @@ def _profile_summary(path: str, top: int = 25) -> dict[str, Any]:
     }
 
 
+SCENARIOS = (
+    # name, processes, lanes, contract key (docs/benchmarks.md) or an extra row's key
+    ("nolanes-1p", 1, None, "executor.drain_per_s"),
+    ("nolanes-2p", 2, None, "executor.drain_2proc_per_s"),
+    ("source100-1p", 1, "source", "executor.drain_lanes_per_s"),
+    ("source100-2p", 2, "source", "executor.drain_lanes_2proc_per_s"),
+    ("target100-1p", 1, "target", "executor.drain_target_lanes_per_s"),
+    ("target100-2p", 2, "target", "executor.drain_target_lanes_2proc_per_s"),
+)
+QUICK = ("nolanes-1p", "nolanes-2p", "source100-1p")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.executor_bench", description=__doc__.split("\n")[0]
+    from benchmarks.common import (
+        LANES,
+        WORKERS,
+        bench_lock,
+        drain_items,
+        make_row,
+        stage_argparser,
+        write_json_out,
     )
-    ap.add_argument("--quick", action="store_true", help="20k items per drain, 10k vs 200k latency")
+
+    ap = stage_argparser(__doc__.split("\n")[0])
+    ap.add_argument("--items", type=int, help="items per drain (default: the suite's 50,000; quick 1,000)")
     ap.add_argument("--profile", action="store_true", help="py-spy the 1-process no-lane drain")
     ap.add_argument("--claim-batch", type=int, default=256)
     ap.add_argument(
         "--vacuum-every",
         type=float,
         default=2.0,
-        help="VACUUM the WorkItem table every S seconds during drains, standing in for autovacuum "
-        "(this server runs with autovacuum=off); 0 = never",
+        help="period of the autovacuum stand-in for --vacuum-standin runs (seconds)",
     )
-    ap.add_argument("--both", action="store_true", help="run each drain without and with the vacuum stand-in")
-    ap.add_argument("--only", help="comma-separated scenario names")
+    ap.add_argument(
+        "--vacuum-standin",
+        action="store_true",
+        help="also run every drain with a VACUUM of the WorkItem table every --vacuum-every seconds "
+        "(this server runs with autovacuum=off; the table's own settings assume it is on)",
+    )
+    ap.add_argument("--only", help="comma-separated scenario names (and 'with-event-1p', 'latency')")
     args = ap.parse_args(argv)
-    lock = _lock()
-    n = 20_000 if args.quick else 100_000
-    big = 200_000 if args.quick else 1_000_000
-    scenarios = [
-        ("nolanes-1p", 1, None),
-        ("nolanes-2p", 2, None),
-        ("source100-1p", 1, "source"),
-        ("source100-2p", 2, "source"),
-        ("target100-1p", 1, "target"),
-        ("target100-2p", 2, "target"),
-    ]
-    only = set(args.only.split(",")) if args.only else None
-    results: dict[str, Any] = {
-        "claim_batch": args.claim_batch,
-        "workers": 16,
-        "vacuum_every_s": args.vacuum_every,
-        "drains": {},
-    }
-    print(f"executor benchmark: {n} items per drain, 16 workers per process, claim batch {args.claim_batch}")
-    modes = [0.0, args.vacuum_every] if args.both else [args.vacuum_every]
-    for name, procs, lanes in scenarios:
-        if only and name not in only:
-            continue
-        for vac in modes:
-            res = drain(n, procs=procs, lanes=lanes, claim_batch=args.claim_batch, vacuum_s=vac)
-            key = name if vac else f"{name}-novacuum"
-            if not args.both and not vac:
-                key = name
-            results["drains"][key] = res
-            tag = f"vacuum every {vac:g}s" if vac else "no vacuum"
-            rate = f"{res['items_per_s']:>8,}"
-            print(
-                f"  {name:14s} {rate} items/s  ({res['items']} in {res['seconds']}s, {tag}; CPU/item: "
-                f"executor {res['executor_cpu_us_per_item']} us, postgres+other "
-                f"{res['postgres_and_other_cpu_us_per_item']} us)",
-                flush=True,
+    n = args.items or drain_items(args.quick)
+    small, large = (10_000, 50_000) if args.quick else (10_000, 1_000_000)
+    only = set(args.only.split(",")) if args.only else (set(QUICK) | {"latency"} if args.quick else None)
+    rows: list[dict[str, Any]] = []
+    extra_base = {"items": n, "workers": WORKERS, "lanes": LANES, "claim_batch": args.claim_batch}
+    with bench_lock():
+        batch = args.claim_batch
+        print(f"executor benchmark: {n} items per drain, {WORKERS} workers per process, claim batch {batch}")
+        modes = [0.0, args.vacuum_every] if args.vacuum_standin else [0.0]
+        for name, procs, lanes, key in SCENARIOS:
+            if only and name not in only:
+                continue
+            for vac in modes:
+                res = drain(n, procs=procs, lanes=lanes, claim_batch=args.claim_batch, vacuum_s=vac)
+                tag = f"VACUUM every {vac:g}s (autovacuum stand-in)" if vac else "no vacuum"
+                lane_text = {None: "no lanes", "source": "100 source lanes", "target": "100 target lanes"}[
+                    lanes
+                ]
+                rows.append(
+                    make_row(
+                        key + ("_vacuum_standin" if vac else ""),
+                        f"executor no-op drain, {lane_text}, 16 workers x {procs} process"
+                        + ("es" if procs > 1 else "")
+                        + (f", {tag}" if vac else ""),
+                        res["items_per_s"],
+                        "items/s",
+                        extra={**extra_base, "processes": procs, **res},
+                    )
+                )
+                rate = f"{res['items_per_s']:>8,}"
+                print(
+                    f"  {name:14s} {rate} items/s  ({res['items']} in {res['seconds']}s, {tag}; CPU/item: "
+                    f"executor {res['executor_cpu_us_per_item']} us, postgres+other "
+                    f"{res['postgres_and_other_cpu_us_per_item']} us)",
+                    flush=True,
+                )
+        if not only or "with-event-1p" in only:
+            res = drain(n, procs=1, lanes=None, claim_batch=args.claim_batch, handler=HANDLER_WITH_EVENT)
+            rows.append(
+                make_row(
+                    "executor.drain_with_event_per_s",
+                    "executor no-op drain, handler takes event fact + payload (one batched read per claim)",
+                    res["items_per_s"],
+                    "items/s",
+                    extra={**extra_base, "processes": 1, **res},
+                )
             )
-    if not only or "with-event-1p" in only:
-        res = drain(
-            n,
-            procs=1,
-            lanes=None,
-            claim_batch=args.claim_batch,
-            handler="benchmarks.executor_bench:noop_with_event",
-            vacuum_s=args.vacuum_every,
-        )
-        results["drains"]["with-event-1p"] = res
-        print(
-            f"  {'with-event-1p':14s} {res['items_per_s']:>8,} items/s  (handler reads event + payload)",
-            flush=True,
-        )
-    if args.profile:
-        res = drain(
-            n,
-            procs=1,
-            lanes=None,
-            claim_batch=args.claim_batch,
-            profile_s=4 if args.quick else 6,
-            vacuum_s=args.vacuum_every,
-        )
-        summary = _profile_summary("/tmp/executor-bench-profile.txt")
-        results["profile"] = {"drain": res, **summary}
-        rate = f"{res['items_per_s']:,}"
-        print(f"  profiled drain {rate} items/s; event-loop thread, {summary['samples']} samples")
-        print("    inclusive: " + ", ".join(f"{k} {v}%" for k, v in summary["inclusive_pct"].items()))
-        for fn, pct in summary["self_pct"]:
-            print(f"    {pct:5.1f}%  {fn}")
-    if not only or "latency" in only:
-        small = claim_latency(10_000)
-        large = claim_latency(big)
-        ratio = round(large["p50_ms"] / small["p50_ms"], 2)
-        results["claim_latency"] = {"small": small, "large": large, "ratio_p50": ratio}
-        print(
-            f"  claim p50 (batch 64): {small['p50_ms']} ms at {small['ready']:,} ready, "
-            f"{large['p50_ms']} ms at {large['ready']:,} ready; ratio {ratio}"
-        )
-    out = ROOT / ".bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ("executor-quick.json" if args.quick else "executor.json")).write_text(
-        json.dumps(results, indent=2, default=str)
-    )
-    if lock is not None:
-        lock.close()
+            print(
+                f"  {'with-event-1p':14s} {res['items_per_s']:>8,} items/s  (handler reads event + payload)"
+            )
+        if args.profile:
+            res = drain(
+                n, procs=1, lanes=None, claim_batch=args.claim_batch, profile_s=4 if args.quick else 6
+            )
+            summary = _profile_summary("/tmp/executor-bench-profile.txt")
+            rate = f"{res['items_per_s']:,}"
+            print(f"  profiled drain {rate} items/s; event-loop thread, {summary['samples']} samples")
+            print("    inclusive: " + ", ".join(f"{k} {v}%" for k, v in summary["inclusive_pct"].items()))
+            for fn, pct in summary["self_pct"]:
+                print(f"    {pct:5.1f}%  {fn}")
+        if not only or "latency" in only:
+            lat = claim_latency(small, large)
+            s_, l_ = lat["small"], lat["large"]
+            print(
+                f"  claim p50 (batch 64, interleaved): {s_['p50_ms']} ms at {small:,} ready, "
+                f"{l_['p50_ms']} ms at {large:,} ready; ratio {lat['ratio_p50']}; buffers per claim "
+                f"{s_['buffers_per_claim']} vs {l_['buffers_per_claim']}"
+            )
+            rows.append(
+                make_row(
+                    "executor.claim_p50_10k_ms",
+                    f"claim p50, batch 64, {small:,} ready",
+                    s_["p50_ms"],
+                    "ms",
+                    extra=s_,
+                )
+            )
+            rows.append(
+                make_row(
+                    "executor.claim_p50_1m_ms",
+                    f"claim p50, batch 64, {large:,} ready",
+                    l_["p50_ms"],
+                    "ms",
+                    extra=l_,
+                )
+            )
+            rows.append(
+                make_row(
+                    "executor.claim_ratio",
+                    f"claim latency p50, {large:,} vs {small:,} ready items",
+                    lat["ratio_p50"],
+                    "ratio",
+                    extra={"claims_interleaved": True, **lat},
+                )
+            )
+    write_json_out(args.json_out, rows)
     return 0
 
 
