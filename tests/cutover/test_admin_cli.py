@@ -18,10 +18,10 @@ from .conftest import OPERATOR_TOKEN, VIEW_TOKEN, Rig, wait_until
 def cli(admin_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     monkeypatch.setenv("CONNECTOR_ADMIN_ADDRESS", f"127.0.0.1:{admin_port}")
 
-    async def run(*argv: str, token: str = OPERATOR_TOKEN) -> tuple[int, str, str]:
+    async def run(*argv: str, token: str = OPERATOR_TOKEN, group: str = "cutover") -> tuple[int, str, str]:
         monkeypatch.setenv("CONNECTOR_ADMIN_TOKEN", token)
         capsys.readouterr()
-        code = await asyncio.to_thread(cli_main.main, ["admin", "cutover", *argv])
+        code = await asyncio.to_thread(cli_main.main, ["admin", *group.split(), *argv])
         out, err = capsys.readouterr()
         return code, out, err
 
@@ -96,3 +96,40 @@ async def test_operator_runs_rollback_and_recutover_from_the_cli(rig: Rig, cli) 
     assert code == 0 and "already is work_item/work_item_active" in out, "a repeat is idempotent"
     code, out, err = await cli("quiesce", "--pack", "shop")
     assert code == 1 and "FAILED_PRECONDITION CUTOVER_WRONG_PHASE" in err
+
+
+async def test_legacy_dead_letters_and_operator_resolution(rig: Rig, cli) -> None:
+    from connector.executor import cutover
+
+    await rig.install()
+    failing, unsure, fine = await rig.deliver("fail", "unknown", "ok")
+    await cutover.rollback_begin(rig.conn, rig.pack, rig.generation, actor="test")
+    await cutover.rollback_complete(rig.conn, rig.pack, rig.generation, actor="test")
+    lx = await rig.legacy_executor()
+    await wait_until(
+        lambda: rig.scalar(
+            "SELECT count(*) = 3 FROM connector_event WHERE event_id = ANY(%s)"
+            " AND legacy_state IN ('failed', 'unknown', 'succeeded')",
+            ([failing, unsure, fine],),
+        ),
+        what="legacy outcomes",
+    )
+    await rig.stop(lx)
+
+    code, out, _ = await cli("--pack", "shop", group="dlq legacy")
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert sorted((int(r[0]), r[2], r[4]) for r in rows) == sorted(
+        [(unsure, "unknown", "outcome_unknown"), (failing, "failed", "permanent_test")]
+    )
+
+    code, out, _ = await cli(
+        "resolve", str(unsure), "sync", "failed", "--reason", "no order in the target (ops)"
+    )
+    assert code == 0, out
+    assert "confirmed failed (receipt version 2)" in out and "work item reconciled_legacy_terminal" in out
+    code, out, _ = await cli("--pack", "shop", "--json", group="dlq legacy")
+    latest = {int(f["event"]["event_id"]): f for f in json.loads(out)["failures"]}
+    assert latest[unsure]["version"] == 2 and latest[unsure]["failure_class"] == "operator_confirmed_failed"
+    assert latest[unsure]["actor"].startswith("key:")
+    assert fine not in latest

@@ -1,6 +1,7 @@
 """``connector admin``: operator commands over the admin gRPC API (docs/admin.md).
 
     connector admin dlq list|show|replay      dead letters: list, inspect, replay (one, many, by filter)
+    connector admin dlq legacy                dead letters of the legacy Event path (legacy generations)
     connector admin receipts failed|replay    receipts whose routing failed
     connector admin stats                     queue depth, ready age, in-flight, rates, receipts
     connector admin lanes blocked             lanes held by a dead, retrying or fenced head
@@ -716,6 +717,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rate", type=_positive, help="bulk: items per second at most (server default 100)")
     p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
+    from connector.cli import admin_cutover
+
+    admin_cutover.add_dlq_commands(dlq, command)
 
     receipts = group("receipts", "receipts whose routing failed")
     p = command(receipts, "failed", "list failed receipts, newest first", receipts_failed)
@@ -751,8 +755,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cutover = group("cutover", "claim path ownership per pack generation")
     p = command(cutover, "status", "claim path, phase, receipts, fences, claimers", cutover_status)
     p.add_argument("--pack", help="pack id or name")
-    from connector.cli import admin_cutover
-
     admin_cutover.add_commands(cutover, command)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from connector.cli import admin as base
-from connector.cli.admin_output import enum_name, to_json
+from connector.cli.admin_output import enum_name, table, to_json, when
 from connector.common.grpc_server import error_info
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
@@ -254,6 +254,67 @@ def resolve(client: base.Client, args: argparse.Namespace) -> int:
             f" work item {state}"
         )
     return 0
+
+
+def _work_state(value: int) -> str:
+    return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
+
+
+def legacy_failures(client: base.Client, args: argparse.Namespace) -> int:
+    request = pb.ListLegacyFailuresRequest(
+        installed_pack_id=base._pack_id(client, args.pack),
+        generation=args.generation or 0,
+        page_size=args.limit,
+        page_token=args.page_token or "",
+    )
+    response = base._pages(client, "ListLegacyFailures", request, "failures", args.all)
+    if args.json:
+        print(to_json(response))
+        return 0
+    table(
+        [
+            "event_id",
+            "work_type",
+            "outcome",
+            "v",
+            "failure_class",
+            "event_state",
+            "work_item",
+            "reported",
+            "by",
+        ],
+        [
+            (
+                f.event.event_id,
+                f.work_type,
+                enum_name(pb.LegacyOutcome.Name(f.outcome), "LEGACY_OUTCOME_"),
+                f.version,
+                f.failure_class or "-",
+                f.event_legacy_state or "-",
+                f"{f.work_id}:{_work_state(f.work_item_state)}" if f.work_id else "-",
+                when(f.create_time, f.HasField("create_time")),
+                f.actor,
+            )
+            for f in response.failures
+        ],
+    )
+    base._more(args, response)
+    return 0
+
+
+def add_dlq_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -> None:
+    """``connector admin dlq legacy``: the legacy Event path's dead letters."""
+    p = command(
+        sub,
+        "legacy",
+        "failed/unknown outcomes of the legacy Event path (legacy generations)",
+        legacy_failures,
+    )
+    p.add_argument("--pack", required=True, help="pack id or name")
+    p.add_argument("--generation", type=base._positive, help="generation (default: the active one)")
+    p.add_argument("--limit", type=base._positive, default=50, help="page size (default 50, max 500)")
+    p.add_argument("--page-token", help="continue a listing")
+    p.add_argument("--all", action="store_true", help="follow every page")
 
 
 def add_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -> None:

@@ -597,3 +597,51 @@ class ResolveLegacyOutcomeResponse(_message.Message):
     event_legacy_state: str
     work_item_state: _types_pb2.WorkItemState
     def __init__(self, event_id: _Optional[int] = ..., work_type: _Optional[str] = ..., version: _Optional[int] = ..., outcome: _Optional[_Union[LegacyOutcome, str]] = ..., digest: _Optional[str] = ..., event_legacy_state: _Optional[str] = ..., work_item_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ...) -> None: ...
+
+class LegacyFailure(_message.Message):
+    __slots__ = ("event", "receipt", "work_type", "outcome", "version", "failure_class", "failure_summary", "actor", "create_time", "event_legacy_state", "work_id", "work_item_state")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LEGACY_STATE_FIELD_NUMBER: _ClassVar[int]
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEM_STATE_FIELD_NUMBER: _ClassVar[int]
+    event: _types_pb2.Event
+    receipt: _types_pb2.Receipt
+    work_type: str
+    outcome: LegacyOutcome
+    version: int
+    failure_class: str
+    failure_summary: str
+    actor: str
+    create_time: _timestamp_pb2.Timestamp
+    event_legacy_state: str
+    work_id: int
+    work_item_state: _types_pb2.WorkItemState
+    def __init__(self, event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., work_type: _Optional[str] = ..., outcome: _Optional[_Union[LegacyOutcome, str]] = ..., version: _Optional[int] = ..., failure_class: _Optional[str] = ..., failure_summary: _Optional[str] = ..., actor: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event_legacy_state: _Optional[str] = ..., work_id: _Optional[int] = ..., work_item_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ...) -> None: ...
+
+class ListLegacyFailuresRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "page_size", "page_token")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    page_size: int
+    page_token: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListLegacyFailuresResponse(_message.Message):
+    __slots__ = ("failures", "next_page_token")
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    failures: _containers.RepeatedCompositeFieldContainer[LegacyFailure]
+    next_page_token: str
+    def __init__(self, failures: _Optional[_Iterable[_Union[LegacyFailure, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

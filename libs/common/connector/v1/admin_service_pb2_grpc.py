@@ -134,6 +134,11 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.FromString,
                 _registered_method=True)
+        self.ListLegacyFailures = channel.unary_unary(
+                '/connector.v1.AdminService/ListLegacyFailures',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -286,6 +291,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLegacyFailures(self, request, context):
+        """The legacy Event path's dead letters: per Event and work type the latest legacy outcome when it
+        is failed or unknown, newest first, with the Event and receipt (role ViewConnectorEvents). For a
+        generation whose claim path is legacy_event this is the DLQ read path (ListDeadLetters then
+        only shows dead WorkItems left from its WorkItem period).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -383,6 +398,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResolveLegacyOutcome,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.SerializeToString,
+            ),
+            'ListLegacyFailures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLegacyFailures,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +923,33 @@ class AdminService:
             '/connector.v1.AdminService/ResolveLegacyOutcome',
             connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.ResolveLegacyOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLegacyFailures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ListLegacyFailures',
+            connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.FromString,
             options,
             channel_credentials,
             insecure,

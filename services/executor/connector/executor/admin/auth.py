@@ -55,6 +55,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListBlockedLanes": Role.VIEW,
     "ListPacks": Role.VIEW,
     "GetCutoverState": Role.VIEW,
+    "ListLegacyFailures": Role.VIEW,
     "ReplayWorkItem": Role.REPLAY,
     "ReplayDeadLetters": Role.REPLAY,
     "ReplayReceipt": Role.REPLAY,

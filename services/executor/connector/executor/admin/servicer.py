@@ -462,6 +462,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     ) -> pb.ResolveLegacyOutcomeResponse:
         return await transitions.resolve(self, request)
 
+    async def ListLegacyFailures(
+        self, request: pb.ListLegacyFailuresRequest, context: Any
+    ) -> pb.ListLegacyFailuresResponse:
+        return await transitions.legacy_failures(self, request)
+
     # -- packs (connector.common.pack_store) ------------------------------------------------------
 
     async def ApplyPack(self, request: pb.ApplyPackRequest, context: Any) -> pb.ApplyPackResponse:

@@ -212,3 +212,76 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
     return await servicer.mutate(
         "ResolveLegacyOutcome", request.request_id, pb.ResolveLegacyOutcomeResponse, body
     )
+
+
+# The latest receipt per (event, work type) when it is failed or unknown, newest first: a backward
+# range of the partial index ix_connector_legacy_outcome_receipt_failed, each row checked for a newer
+# version by the unique (event_id, work_type, version) index.
+LEGACY_FAILURE_LIST = f"""
+SELECT o.legacy_outcome_receipt_id, o.work_type, o.version, o.outcome, o.failure_class,
+       o.failure_summary, o.actor, o.created_at, e.legacy_state, w.work_id, w.state AS work_state,
+       {convert.EVENT_COLUMNS}, {convert.RECEIPT_COLUMNS}
+FROM connector_legacy_outcome_receipt o
+JOIN connector_event e ON e.event_id = o.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+LEFT JOIN connector_work_item w ON w.event_id = o.event_id AND w.work_type = o.work_type
+WHERE o.installed_pack_id = %(pack)s AND o.generation = %(generation)s
+  AND o.outcome IN ('failed', 'unknown') AND o.legacy_outcome_receipt_id < %(after)s
+  AND NOT EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt n
+                  WHERE n.event_id = o.event_id AND n.work_type = o.work_type AND n.version > o.version)
+ORDER BY o.legacy_outcome_receipt_id DESC
+LIMIT %(limit)s
+"""
+
+
+async def legacy_failures(
+    servicer: Any, request: pb.ListLegacyFailuresRequest
+) -> pb.ListLegacyFailuresResponse:
+    from connector.executor.admin import pagination
+
+    _ids(request.installed_pack_id, request.generation)
+    size = pagination.page_size(request.page_size)
+    async with connection(servicer.pool) as conn:
+        try:
+            generation = await cutover.generation_resolve(conn, request.installed_pack_id, request.generation)
+        except cutover.CutoverError as exc:
+            raise service_error(exc) from None
+        filters = {"pack": request.installed_pack_id, "generation": generation}
+        key = pagination.decode(request.page_token, filters, arity=1)
+        try:
+            after = int(key[0]) if key is not None else 2**62
+        except (TypeError, ValueError):
+            raise pagination.bad_page_token() from None
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(
+            LEGACY_FAILURE_LIST,
+            {"pack": request.installed_pack_id, "generation": generation, "after": after, "limit": size + 1},
+        )
+        rows = await cur.fetchall()
+    response = pb.ListLegacyFailuresResponse()
+    for row in rows[:size]:
+        response.failures.append(
+            pb.LegacyFailure(
+                event=convert.event(row),
+                receipt=convert.receipt(row),
+                work_type=row["work_type"],
+                outcome=_OUTCOMES[str(row["outcome"])],
+                version=int(row["version"]),
+                failure_class=row["failure_class"] or "",
+                failure_summary=row["failure_summary"] or "",
+                actor=row["actor"],
+                create_time=convert.ts(row["created_at"]),
+                event_legacy_state=row["legacy_state"] or "",
+                work_id=int(row["work_id"] or 0),
+                work_item_state=(
+                    types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{str(row['work_state']).upper()}")
+                    if row["work_state"]
+                    else types_pb2.WORK_ITEM_STATE_UNSPECIFIED
+                ),
+            )
+        )
+    if len(rows) > size:
+        response.next_page_token = pagination.encode(
+            [int(rows[size - 1]["legacy_outcome_receipt_id"])], filters
+        )
+    return response
