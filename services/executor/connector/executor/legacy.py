@@ -1327,7 +1327,11 @@ def cli(args: argparse.Namespace, db: DatabaseSettings, cfg: ExecutorSettings) -
         print("connector executor: --claim-path event needs --pack NAME_OR_ID", file=sys.stderr)
         return 2
     db.url()
-    service = LegacyService(db, cfg, pack=str(pack), generation=getattr(args, "generation", None))
+    # Heartbeat well inside the lease, so "a live legacy process" is visible to the cutover gate.
+    heartbeat_s = max(0.5, min(5.0, cfg.lease_s / 3.0))
+    service = LegacyService(
+        db, cfg, pack=str(pack), generation=getattr(args, "generation", None), heartbeat_s=heartbeat_s
+    )
     refused: list[str] = []
 
     async def main() -> None:
