@@ -38,7 +38,15 @@ CONNECTOR = ROOT / ".venv" / "bin" / "connector"
 HANDLER = "tests.cutover.handlers:handle"
 
 
-def manifest(work_types: Sequence[str] = ("sync",), *, max_attempts: int = 5) -> dict[str, Any]:
+def manifest(
+    work_types: Sequence[str] = ("sync",), *, max_attempts: int = 5, lanes: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    extract: dict[str, Any] = {
+        "source_object_kind": {"const": "order"},
+        "source_object_id": {"pointer": "/data/id"},
+    }
+    if lanes and lanes.get("target_serialization"):
+        extract["target_lane_key"] = {"pointer": "/data/target"}
     return {
         "name": "shop",
         "namespace": "shop",
@@ -46,6 +54,7 @@ def manifest(work_types: Sequence[str] = ("sync",), *, max_attempts: int = 5) ->
             wt: {
                 "handler": {"kind": "python", "target": HANDLER, "timeout_s": 30},
                 "retry": {"max_attempts": max_attempts, "backoff_base_s": 0.05, "backoff_cap_s": 0.2},
+                **({"lanes": lanes} if lanes else {}),
             }
             for wt in work_types
         },
@@ -53,10 +62,7 @@ def manifest(work_types: Sequence[str] = ("sync",), *, max_attempts: int = 5) ->
             {
                 "key": "orders",
                 "verification": {"scheme": "none"},
-                "extract": {
-                    "source_object_kind": {"const": "order"},
-                    "source_object_id": {"pointer": "/data/id"},
-                },
+                "extract": extract,
                 "required": ["source_object_id"],
                 "fan_out": [{"work_type": wt} for wt in work_types],
             }
@@ -89,10 +95,16 @@ class Rig:
 
     # ------------------------------------------------------------------ setup and reads
 
-    async def install(self, work_types: Sequence[str] = ("sync",), *, max_attempts: int = 5) -> int:
+    async def install(
+        self,
+        work_types: Sequence[str] = ("sync",),
+        *,
+        max_attempts: int = 5,
+        lanes: dict[str, Any] | None = None,
+    ) -> int:
         applied = await pack_store.pack_apply(
             self.conn,
-            parse_manifest(manifest(work_types, max_attempts=max_attempts)),
+            parse_manifest(manifest(work_types, max_attempts=max_attempts, lanes=lanes)),
             activate=True,
             actor="test",
         )
@@ -144,13 +156,20 @@ class Rig:
 
     # ------------------------------------------------------------------ deliveries
 
-    async def deliver(self, *modes: str, object_ids: Sequence[str] | None = None) -> list[int]:
+    async def deliver(
+        self, *modes: str, object_ids: Sequence[str] | None = None, targets: Sequence[str] | None = None
+    ) -> list[int]:
         """Receipts (as the ingress writes them) materialized by the real router; the event ids."""
         bodies = []
         for i, mode in enumerate(modes):
             self._seq += 1
-            oid = object_ids[i] if object_ids is not None else f"o{self._seq}"
-            bodies.append(json.dumps({"type": "order.updated", "data": {"id": oid, "mode": mode}}).encode())
+            data: dict[str, Any] = {
+                "id": object_ids[i] if object_ids is not None else f"o{self._seq}",
+                "mode": mode,
+            }
+            if targets is not None:
+                data["target"] = targets[i]
+            bodies.append(json.dumps({"type": "order.updated", "data": data}).encode())
         cur = await self.conn.execute(
             """INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
                  content_type, received_at, payload_sha256, body, verification)

@@ -5,7 +5,8 @@ claim path held the work at that moment — ``wi_held`` (the WorkItem row was ``
 token the handler got) and ``legacy_held`` (the Event was legacy ``processing`` under it). The proofs
 count effects per (event, work type) and path. Behaviour comes from the event body's ``data.mode``:
 ``ok``, ``fail`` (permanent), ``retry`` (always), ``retry_once``, ``unknown`` (``outcome_unknown``),
-``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, then succeeds).
+``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, then succeeds), ``fail_once`` (fails
+permanently the first time the work runs, succeeds afterwards, e.g. after a replay).
 """
 
 from __future__ import annotations
@@ -42,18 +43,23 @@ SELECT %(event)s, %(wt)s, %(attempt)s, %(pid)s,
 """
 
 _conn: psycopg.AsyncConnection[Any] | None = None
+_conn_url = ""
 _lock: asyncio.Lock | None = None
 
 
-async def _record(ctx: HandlerContext) -> None:
-    global _conn, _lock
+async def _record(ctx: HandlerContext) -> int:
+    """Record the effect; how many effects this (event, work type) has now."""
+    global _conn, _conn_url, _lock
     if _lock is None:
         _lock = asyncio.Lock()
     async with _lock:
-        if _conn is None or _conn.closed:
-            _conn = await psycopg.AsyncConnection.connect(
-                os.environ["CONNECTOR_DATABASE_URL"], autocommit=True
-            )
+        url = os.environ["CONNECTOR_DATABASE_URL"]
+        if _conn is None or _conn.closed or _conn.broken or _conn_url != url:
+            # One connection per test database (in-process tests use one database after another).
+            if _conn is not None and not _conn.closed:
+                await _conn.close()
+            _conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            _conn_url = url
         await _conn.execute(
             _EFFECT,
             {
@@ -65,6 +71,12 @@ async def _record(ctx: HandlerContext) -> None:
                 "token": ctx.lease_token,
             },
         )
+        cur = await _conn.execute(
+            "SELECT count(*) FROM cutover_test_effect WHERE event_id = %s AND work_type = %s",
+            (ctx.event_id, ctx.work_type),
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
 
 
 async def handle(ctx: HandlerContext) -> Outcome | None:
@@ -72,8 +84,8 @@ async def handle(ctx: HandlerContext) -> Outcome | None:
     mode = str(doc.get("data", {}).get("mode", "ok"))
     if mode == "slow":
         await asyncio.sleep(float(os.environ.get("CUTOVER_TEST_SLOW_S", "2")))
-    await _record(ctx)
-    if mode == "fail":
+    runs = await _record(ctx)
+    if mode == "fail" or (mode == "fail_once" and runs == 1):
         return Outcome.fail("permanent_test", "the test handler failed permanently")
     if mode == "retry":
         return Outcome.retry(0.05, "retry_test", "the test handler asked for a retry")

@@ -46,6 +46,7 @@ async def _finalize(rig: Rig, event_id: int, token: int, outcome: str = "succeed
                 "token": token,
                 "state": outcome,
                 "delay_s": 0.0,
+                "refund": 0,
                 "work_types": ["sync"],
                 "outcomes": [outcome],
                 "classes": [cls],

@@ -316,6 +316,30 @@ WHERE e.installed_pack_id = %(pack)s AND e.generation = %(generation)s
   AND e.execution_owner = 'legacy_event'
 """
 
+# An unfinished member is *held by a dead lane head* when an earlier member of its source or target
+# lane is dead and, by the route's policy, keeps holding the lane. It cannot run on any path until the
+# head is replayed (a WorkItem-path operation), so the fence leaves it blocked on the WorkItem path.
+_HELD_BY_DEAD_HEAD = """(
+  (w.source_lane_key IS NOT NULL AND EXISTS (
+     SELECT 1 FROM connector_work_item d
+     WHERE d.installed_pack_id = w.installed_pack_id AND d.source_lane_key = w.source_lane_key
+       AND d.state = 'dead' AND d.dead_blocks_lane
+       AND (d.delivery_seq, d.work_id) < (w.delivery_seq, w.work_id)))
+  OR (w.target_mutation_lane_key IS NOT NULL AND EXISTS (
+     SELECT 1 FROM connector_work_item d
+     WHERE d.installed_pack_id = w.installed_pack_id
+       AND d.target_mutation_lane_key = w.target_mutation_lane_key
+       AND d.state = 'dead' AND d.dead_blocks_lane
+       AND (d.delivery_seq, d.work_id) < (w.delivery_seq, w.work_id))))"""
+
+WORK_ITEM_FENCE_PLAN = f"""
+SELECT count(*) FILTER (WHERE NOT {_HELD_BY_DEAD_HEAD})::bigint AS fenceable,
+       count(*) FILTER (WHERE {_HELD_BY_DEAD_HEAD})::bigint AS held_by_dead_head
+FROM connector_work_item w
+WHERE w.installed_pack_id = %(pack)s AND w.generation = %(generation)s
+  AND w.state IN ('pending', 'blocked', 'retry') AND w.attempts = 0
+"""
+
 ROLLBACK_FENCE_INSERT = """
 INSERT INTO connector_rollback_fence (installed_pack_id, generation, status, fenced_work_items)
 VALUES (%(pack)s, %(generation)s, 'open', %(n)s)
@@ -325,13 +349,14 @@ RETURNING fence_id
 # Gate 4's fence: every unstarted unfinished WorkItem becomes non-executable awaiting the legacy
 # outcome, and its Event is handed to the legacy path (an Event already waiting there keeps its
 # legacy state and attempts).
-WORK_ITEM_ROLLBACK_FENCE = """
+WORK_ITEM_ROLLBACK_FENCE = f"""
 WITH fenced AS (
   UPDATE connector_work_item w
   SET state = 'awaiting_legacy_outcome', rollback_execution_fence_id = %(fence_id)s,
       updated_at = clock_timestamp()
   WHERE w.installed_pack_id = %(pack)s AND w.generation = %(generation)s
     AND w.state IN ('pending', 'blocked', 'retry') AND w.attempts = 0
+    AND NOT {_HELD_BY_DEAD_HEAD}
   RETURNING w.work_id, w.event_id
 ), events AS (
   UPDATE connector_event e
@@ -958,7 +983,10 @@ async def _to_legacy(
             )
         )
     schema = await _schema_proof(conn, blockers)
-    fenceable = sum(int(counts[s]["n"]) for s in ("pending", "blocked", "retry"))
+    cur2 = await conn.execute(WORK_ITEM_FENCE_PLAN, p)
+    plan = await cur2.fetchone()
+    assert plan is not None
+    fenceable, held_by_dead_head = int(plan[0]), int(plan[1])
     cur2 = await conn.execute(PROCESS_WORK_ITEM_FRESH, {"stale_s": process_stale_s})
     wi_row = await cur2.fetchone()
     work_item_procs = int(wi_row[0]) if wi_row is not None else 0
@@ -1024,6 +1052,7 @@ async def _to_legacy(
             "events_to_legacy": fenced_events,
             "previously_awaiting": int(counts["awaiting_legacy_outcome"]["n"]),
             "dead_kept_on_work_item_path": int(counts["dead"]["n"]),
+            "held_by_dead_lane_head_kept_on_work_item_path": held_by_dead_head,
         },
     }
     receipt_id, digest = await _receipt(

@@ -70,7 +70,7 @@ from connector.common import runtime
 from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.packs import sha256_hex
 from connector.common.process_registry import ProcessRegistration
-from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
+from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK, LANE_HOLDING_PREDICATE
 from connector.common.settings import DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.executor import claims
 from connector.executor.handlers import (
@@ -221,12 +221,26 @@ WHERE e.installed_pack_id = %(pack)s AND e.generation = %(generation)s
 RETURNING e.event_id
 """
 
-# Per claimed event: the route's fan-out work types in order, the WorkItem of each (if any) and the
-# latest legacy outcome receipt of each (if any).
-EVENT_LEGACY_WORK_PLAN = """
+_HOLD_P = LANE_HOLDING_PREDICATE.replace("state", "p.state").replace("dead_blocks_lane", "p.dead_blocks_lane")
+
+# Per claimed event: the route's fan-out work types in order, the WorkItem of each (if any), the
+# latest legacy outcome receipt of each (if any), and whether a fenced WorkItem must still wait for an
+# earlier member of its source or target lane (ADR 003 order, kept on the legacy path too).
+EVENT_LEGACY_WORK_PLAN = f"""
 SELECT e.event_id, f.ord::int AS ord, f.spec->>'work_type' AS work_type,
        w.work_id, w.state AS work_state, w.source_lane_key, w.target_mutation_lane_key,
-       w.queue_class, l.version AS receipt_version, l.outcome AS receipt_outcome
+       w.queue_class, l.version AS receipt_version, l.outcome AS receipt_outcome,
+       coalesce(w.state = 'awaiting_legacy_outcome' AND (
+         (w.source_lane_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM connector_work_item p
+            WHERE p.installed_pack_id = w.installed_pack_id AND p.source_lane_key = w.source_lane_key
+              AND {_HOLD_P} AND (p.delivery_seq, p.work_id) < (w.delivery_seq, w.work_id)))
+         OR (w.target_mutation_lane_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM connector_work_item p
+            WHERE p.installed_pack_id = w.installed_pack_id
+              AND p.target_mutation_lane_key = w.target_mutation_lane_key
+              AND {_HOLD_P} AND (p.delivery_seq, p.work_id) < (w.delivery_seq, w.work_id)))), false)
+         AS lane_wait
 FROM connector_event e
 JOIN connector_route r ON r.route_id = e.route_id
 CROSS JOIN LATERAL jsonb_array_elements(r.config->'fan_out') WITH ORDINALITY AS f(spec, ord)
@@ -246,6 +260,7 @@ EVENT_LEGACY_FINALIZE = """
 WITH ev AS (
   UPDATE connector_event e
   SET legacy_state = %(state)s, legacy_lease_owner = NULL, legacy_lease_until = NULL,
+      legacy_attempts = e.legacy_attempts - %(refund)s,
       legacy_run_after = CASE WHEN %(state)s = 'retry'
                               THEN now() + make_interval(secs => %(delay_s)s::float8) END
   WHERE e.event_id = %(event_id)s AND e.legacy_lease_token = %(token)s
@@ -698,6 +713,7 @@ class _TypeRun:
     source_lane_key: str | None
     target_lane_key: str | None
     #: ``run`` | ``done`` (a receipt is final) | ``quarantined`` (unknown receipt) | ``work_item``
+    #: (the WorkItem path owns it) | ``lane_wait`` (an earlier lane member is not finished)
     decision: str
     prior_outcome: str | None
 
@@ -1015,6 +1031,8 @@ class LegacyExecutor:
                 decision = "quarantined"
             elif r["work_id"] is not None and r["work_state"] != "awaiting_legacy_outcome":
                 decision = "work_item"
+            elif r["lane_wait"]:
+                decision = "lane_wait"
             else:
                 decision = "run"
             plan.append(
@@ -1052,13 +1070,15 @@ class LegacyExecutor:
             results.append(await self._execute_type(h, t, fact, payload, content_type))
         if h.lost:
             return
-        state, delay = _event_outcome(plan, results)
+        state, delay = _event_outcome(plan, results, self.cfg.poll_interval_s)
         finals = [r for r in results if r.outcome != "retry"]
         params = {
             "event_id": h.event_id,
             "token": h.token,
             "state": state,
             "delay_s": delay,
+            # Waiting for a lane is not an attempt: give it back when nothing ran.
+            "refund": 1 if not results and any(t.decision == "lane_wait" for t in plan) else 0,
             "work_types": [r.work_type for r in finals],
             "outcomes": [r.outcome for r in finals],
             "classes": [r.failure_class for r in finals],
@@ -1155,11 +1175,14 @@ class LegacyExecutor:
         return _TypeResult(t.work_type, "retry", out.failure_class, summary, max(0.0, float(delay)))
 
 
-def _event_outcome(plan: list[_TypeRun], results: list[_TypeResult]) -> tuple[str, float]:
+def _event_outcome(
+    plan: list[_TypeRun], results: list[_TypeResult], lane_wait_s: float = 0.5
+) -> tuple[str, float]:
     """The Event's legacy state after an attempt, and the retry delay."""
-    retries = [r for r in results if r.outcome == "retry"]
+    retries = [r.delay_s for r in results if r.outcome == "retry"]
+    retries += [lane_wait_s for t in plan if t.decision == "lane_wait"]
     if retries:
-        return "retry", min(r.delay_s for r in retries)
+        return "retry", min(retries)
     outcomes = [r.outcome for r in results]
     outcomes += [t.prior_outcome for t in plan if t.decision in ("done", "quarantined") and t.prior_outcome]
     if not plan or all(t.decision == "work_item" for t in plan):
