@@ -389,10 +389,13 @@ async def work_item_finalize(
     complete_tokens: list[int],
     fail: FailBatch,
     lanes: Iterable[Lane] = (),
+    *,
+    notify_above: int = 0,
 ) -> FinalizeResult:
     """Apply one flush of finalizes. Without lanes: at most two autocommit statements. With lanes:
-    one transaction ``lane_lock_batch`` → fenced updates → ``lane_settle_batch`` (+ a NOTIFY when a
-    lane member was promoted, so idle claimers everywhere look again)."""
+    one transaction ``lane_lock_batch`` → fenced updates → ``lane_settle_batch``, plus a NOTIFY
+    when more lane members were promoted than ``notify_above`` (the caller's free capacity: what it
+    cannot claim itself right away, other claimers should look at)."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
@@ -414,7 +417,7 @@ async def work_item_finalize(
             result.fail_stale = len(fail) - len(result.transitions)
         settled = await lane_settle_batch(conn, locked)
         result.promoted = settled.promoted
-        if settled.promoted:
+        if settled.promoted > notify_above:
             await conn.execute(NOTIFY_WORK, {"hint": "lanes"}, prepare=True)
     return result
 

@@ -597,8 +597,16 @@ class Engine:
         if batch.lanes:
             # Lane members and plain items of one flush share the transaction: the plain ones just
             # ride along (no lock is taken for them).
+            # The members this flush promotes are claimed by this process's own loop (woken below)
+            # as far as its window allows; only what it cannot take is announced to the others.
+            free = self.capacity - len(self.held) + len(batch)
             res = await claims.work_item_finalize(
-                conn, batch.complete_ids, batch.complete_tokens, batch.fail, batch.lanes
+                conn,
+                batch.complete_ids,
+                batch.complete_tokens,
+                batch.fail,
+                batch.lanes,
+                notify_above=free if self._claiming else 0,
             )
         else:
             res = await claims.work_item_finalize(conn, batch.complete_ids, batch.complete_tokens, batch.fail)
@@ -613,6 +621,7 @@ class Engine:
         if res.promoted:
             m.LANE_PROMOTIONS.inc(res.promoted)
             self.scheduler.mark_ready({lane[0] for lane in batch.lanes})
+            self._wake.set()
         held = self.held
         hbp = self.held_by_pack
         for ctx in batch.ctxs:
