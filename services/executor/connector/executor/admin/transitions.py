@@ -32,7 +32,7 @@ from connector.executor.admin.session import connection
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
-RECEIPT_GET = """
+CUTOVER_RECEIPT_GET = """
 SELECT cutover_receipt_id, kind, claim_path, proof_sha256, actor, created_at
 FROM connector_cutover_receipt WHERE cutover_receipt_id = %(id)s
 """
@@ -95,7 +95,7 @@ async def _transition_proto(conn: Any, t: cutover.Transition) -> pb.CutoverTrans
     )
     if t.receipt_id:
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(RECEIPT_GET, {"id": t.receipt_id})
+        await cur.execute(CUTOVER_RECEIPT_GET, {"id": t.receipt_id})
         r = await cur.fetchone()
         if r is not None:
             out.receipt.CopyFrom(
