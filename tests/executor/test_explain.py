@@ -10,12 +10,14 @@ the claim path never reads ``connector_event`` at all.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from connector.common import testdb
 from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from connector.executor import claims
 from tests.executor import seed
@@ -50,8 +52,25 @@ def _explain(db: psycopg.Connection, name: str, query: str, params: dict[str, An
     return "\n".join(r[0] for r in rows)
 
 
+@pytest.fixture(scope="module")
+def explain_db() -> Iterator[tuple[psycopg.Connection, dict[str, Any]]]:
+    """One 100k-backlog database for the module: every EXPLAIN ANALYZE runs in a rolled-back
+    transaction, so the tests cannot change it for each other."""
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as conn:
+        yield conn, _seed_backlog(conn)
+
+
 @pytest.fixture
-def backlog(db: psycopg.Connection) -> dict[str, Any]:
+def db(explain_db: tuple[psycopg.Connection, dict[str, Any]]) -> psycopg.Connection:
+    return explain_db[0]
+
+
+@pytest.fixture
+def backlog(explain_db: tuple[psycopg.Connection, dict[str, Any]]) -> dict[str, Any]:
+    return explain_db[1]
+
+
+def _seed_backlog(db: psycopg.Connection) -> dict[str, Any]:
     pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
     seed.seed_items(db, pack, BACKLOG)
     lane_ids = seed.seed_items(

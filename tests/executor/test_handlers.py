@@ -163,7 +163,7 @@ async def test_http_handler_statuses_headers_and_retry_after() -> None:
         return web.Response(status=status, text=f"echo {doc['work_item']['work_id']}", headers=headers)
 
     async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
+        await asyncio.sleep(1.0)
         return web.Response()
 
     app = web.Application()

@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 
 monotonic = time.monotonic  # the only clock this module reads (local intervals, never compared to the DB)
 
-FINALIZERS = 1  # concurrent finalize flushes (connections); 2 measured no better (docs/executor.md)
-LANE_FLUSH_MAX = 1024  # lane members per flush (bounds one lane transaction)
+FINALIZERS = 2  # concurrent finalize flushes, one connection each (docs/executor.md: measured)
+LANE_FLUSH_MAX = 50  # lane members per flush: a round of 100 lanes splits between the two
 FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fine) is abandoned
 
 
