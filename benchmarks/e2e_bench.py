@@ -402,13 +402,19 @@ def _histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[
     return out
 
 
-def _dead_tuples(conn: Any) -> dict[str, int]:
-    """Dead row versions left in the queue tables (autovacuum is off on the shared server)."""
+def _dead_tuples(conn: Any) -> dict[str, dict[str, int]]:
+    """Per queue table: dead row versions left (autovacuum is off on the shared server), rows
+    inserted, updated, and updated in place (HOT: no new index entries)."""
     rows = conn.execute(
-        "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+        "SELECT relname, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relname = ANY(%s)",
         (["connector_ingress_receipt", "connector_event", "connector_work_item"],),
     ).fetchall()
-    return {r[0]: int(r[1]) for r in rows}
+    return {
+        r[0].removeprefix("connector_"): {"dead": int(r[1]), "inserted": int(r[2]), "updated": int(r[3]),
+                                          "hot_updated": int(r[4])}
+        for r in rows
+    }  # fmt: skip
 
 
 def _wait_ready(port: int, procs: dict[str, subprocess.Popen[bytes]], timeout: float = 60.0) -> None:
@@ -837,7 +843,7 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
             "  stage internals over the load (mean): "
             + ", ".join(f"{k} {v['mean']:,}" for k, v in internals.items())
         )
-    print(f"  dead row versions at load end: {res['dead_tuples_at_load_end']}")
+    print(f"  queue tables at load end (rows; dead = row versions left): {res['dead_tuples_at_load_end']}")
     srv = res["server_per_s"]
     if srv:
         print("  server-wide per s of load: " + ", ".join(f"{k} {v:,.1f}" for k, v in srv.items()))
