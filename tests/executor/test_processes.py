@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 
@@ -93,8 +94,25 @@ def test_kill_9_items_are_reclaimed_after_lease_expiry_and_finished_by_the_other
         10,
         "A holds items",
     )
+    # A's database sessions (by client port): a statement A sent just before dying still completes on
+    # the server, so the orphan snapshot is taken only once every one of them has gone.
+    a_ports = {
+        c.laddr.port
+        for c in psutil.Process(a.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == db.info.port
+    }
     a.signal(signal.SIGKILL)
     killed_at = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    wait_for(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)", (list(a_ports),)
+            ).fetchone()[0]
+            == 0
+        ),
+        10,
+        "A's sessions gone",
+    )
     orphans = [
         r[0]
         for r in db.execute(
