@@ -290,3 +290,19 @@ async def test_a_finalize_that_keeps_failing_is_abandoned_then_reclaimed(
     monkeypatch.setattr(claims, "work_item_finalize", real)
     await await_for(lambda: states(db) == {"succeeded": 5}, 15, "reclaimed and finished")
     assert svc.engine.stats["reclaimed"] >= 5
+
+
+async def test_unreadable_manifest_fails_closed_and_retries(db, executor_factory) -> None:
+    """A stored manifest this version cannot validate never runs handlers and never dead-letters:
+    the items are retried (an operator can fix the pack) and the manifest is read again later."""
+    pack = seed.seed_pack(db, "p", {"w": _wt("noop")})
+    db.execute(
+        "UPDATE connector_pack_generation SET manifest = manifest - 'routes' WHERE installed_pack_id = %s",
+        (pack,),
+    )
+    seed.seed_items(db, pack, 3)
+    await executor_factory()
+    await await_for(lambda: states(db) == {"retry": 3}, 10, "retried")
+    assert db.execute("SELECT DISTINCT failure_class FROM connector_work_item").fetchall() == [
+        ("handler_unavailable",)
+    ]

@@ -40,6 +40,7 @@ from connector.executor.handlers import (
     Outcome,
     backoff_delay,
     classify,
+    sanitize_summary,
 )
 from connector.executor.handlers.registry import HandlerRegistry, WorkTypeRuntime
 from connector.executor.scheduler import Scheduler
@@ -93,7 +94,9 @@ class _Pending:
 def _unknown_outcome(rt: WorkTypeRuntime) -> Outcome:
     if rt.unknown:
         return Outcome.fail("unknown_work_type", "the pack generation declares no such work type")
-    return Outcome.retry(None, "handler_unavailable", rt.unavailable or "handler unavailable")
+    return Outcome.retry(
+        None, "handler_unavailable", sanitize_summary(rt.unavailable or "handler unavailable")
+    )
 
 
 class Engine:
@@ -380,14 +383,16 @@ class Engine:
     async def _load_generation(self, conn: AsyncConnection[Any], pack: int, generation: int) -> None:
         found = await claims.pack_generation_manifest(conn, pack, generation)
         if found is None:
-            self.registry.install_missing(pack, generation)
+            self.registry.install_broken(pack, generation, "the pack generation has no manifest row")
             return
         doc, name = found
         try:
             self.registry.install(pack, generation, doc, name)
-        except Exception as exc:  # an invalid stored manifest: its work types fail closed
+        except Exception as exc:  # a stored manifest this version cannot read: fail closed, retry
             self._error("manifest", exc)
-            self.registry.install_missing(pack, generation)
+            self.registry.install_broken(
+                pack, generation, f"the pack generation's manifest is not valid here ({type(exc).__name__})"
+            )
 
     async def _attach_events(self, conn: AsyncConnection[Any], ctxs: list[HandlerContext]) -> None:
         rows = await claims.work_item_event_batch(conn, sorted({c.event_id for c in ctxs}))

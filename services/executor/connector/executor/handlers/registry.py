@@ -3,8 +3,10 @@
 The manifest of ``(installed_pack_id, generation)`` is read from ``connector_pack_generation`` the
 first time an item of that generation is claimed; generations are immutable, so the cache never
 goes stale. A python handler that cannot be imported is *unavailable* (retryable, re-imported after
-``retry_import_s``): a deploy may still be rolling out. A work type the manifest does not declare is
-permanent (dead, ``unknown_work_type``).
+``retry_import_s``): a deploy may still be rolling out. A generation whose manifest row is missing
+or does not validate under this version's model is unavailable the same way (retry, re-read after
+``retry_import_s``) — its items never run without a spec, and never die for a reason an operator can
+fix. A work type a valid manifest does not declare is permanent (dead, ``unknown_work_type``).
 """
 
 from __future__ import annotations
@@ -41,15 +43,22 @@ class HandlerRegistry:
         self._retry_import_s = retry_import_s
         self._by_key: dict[tuple[int, int, str], WorkTypeRuntime] = {}
         self._generations: dict[tuple[int, int], str] = {}
+        self._broken: dict[tuple[int, int], tuple[str, float]] = {}  # reason, retry at (monotonic)
         self._remote: dict[tuple[str, str, float], Any] = {}
 
     def loaded(self, pack: int, generation: int) -> bool:
+        broken = self._broken.get((pack, generation))
+        if broken is not None:
+            return time.monotonic() < broken[1]
         return (pack, generation) in self._generations
 
     def pack_name(self, pack: int, generation: int) -> str | None:
         return self._generations.get((pack, generation))
 
     def lookup(self, pack: int, generation: int, work_type: str) -> WorkTypeRuntime:
+        broken = self._broken.get((pack, generation))
+        if broken is not None:
+            return WorkTypeRuntime(None, False, RetryPolicy(), 30.0, unavailable=broken[0])
         rt = self._by_key.get((pack, generation, work_type))
         if rt is None:
             rt = WorkTypeRuntime(None, False, RetryPolicy(), 30.0, unknown=True)
@@ -61,15 +70,20 @@ class HandlerRegistry:
     def install(self, pack: int, generation: int, manifest_doc: Any, name: str) -> None:
         """Resolve every work type of a generation's manifest (called once per generation)."""
         manifest = Manifest.model_validate(manifest_doc)
+        self._broken.pop((pack, generation), None)
         for work_type, spec in manifest.work_types.items():
             rt = WorkTypeRuntime(None, True, spec.retry, spec.handler.timeout_s, spec=spec.handler)
             self._resolve_into(rt, spec.handler)
             self._by_key[(pack, generation, work_type)] = rt
         self._generations[(pack, generation)] = name
 
-    def install_missing(self, pack: int, generation: int) -> None:
-        """A generation whose manifest row is missing: every work type is unknown (fails closed)."""
-        self._generations[(pack, generation)] = ""
+    def install_broken(self, pack: int, generation: int, reason: str) -> None:
+        """A generation whose manifest is missing or invalid: nothing of it runs (fails closed);
+        its items are retried, and the manifest is read again after ``retry_import_s``."""
+        self._broken[(pack, generation)] = (reason, time.monotonic() + self._retry_import_s)
+        log.warning(
+            "pack generation unavailable", extra={"pack": pack, "generation": generation, "reason": reason}
+        )
 
     def _resolve_into(self, rt: WorkTypeRuntime, spec: HandlerSpec) -> None:
         try:
