@@ -9,6 +9,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
+HORIZON_VISIBLE = Gauge(
+    "connector_materializer_commit_horizon_visible",
+    "1 when this role can see every session's transaction ids (commit horizon exact), 0 when it sees "
+    "only its own role's sessions (superuser or pg_read_all_stats needed; see docs/materializer.md)",
+)
 ROUTING_LAG = Gauge(
     "connector_materializer_routing_lag_seconds",
     "Age of the oldest due unrouted receipt, or of the oldest receipt claimed but not finished",

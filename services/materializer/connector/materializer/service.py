@@ -68,6 +68,7 @@ class MaterializerService:
         self.pool = await common_db.open_pool("materializer", self.db, self.cfg, url=self.url)
         async with self.pool.connection() as conn:
             await self.cache.refresh(conn)
+            await self._check_horizon_visibility(conn)
         self.router = Router(self.pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
         listening = await self._listen_connect()
         self._tasks.append(asyncio.create_task(self._listen(listening), name="materializer-listen"))
@@ -86,6 +87,22 @@ class MaterializerService:
                 "packs": len(self.cache.packs),
             },
         )
+
+    async def _check_horizon_visibility(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The commit horizon reads other sessions' ``backend_xid`` from pg_stat_activity, which
+        PostgreSQL shows only to superusers, members of pg_read_all_stats and the same role."""
+        cur = await conn.execute(
+            "SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')"
+            " FROM pg_roles WHERE rolname = current_user"
+        )
+        row = await cur.fetchone()
+        visible = bool(row and row[0])
+        metrics.HORIZON_VISIBLE.set(1 if visible else 0)
+        if not visible:
+            log.warning(
+                "commit horizon sees only this role's sessions: grant pg_read_all_stats to the "
+                "materializer role, or run ingress and materializer as the same role"
+            )
 
     async def stop(self) -> None:
         if self._grpc is not None:
