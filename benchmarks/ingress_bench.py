@@ -273,7 +273,7 @@ def _pgbench(url: str, table: str, args: argparse.Namespace) -> dict[str, float]
     try:
         out = subprocess.run(
             [pgbench, "-n", "-M", "prepared", "-f", path, "-c", clients, "-j", "2",
-             "-T", str(int(args.duration)), "-d", url],
+             "-T", str(int(args.duration)), url],
             capture_output=True,
             text=True,
             check=True,
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 3 s load, 3 s pgbench, receipt row only"
+        "--quick", action="store_true", help="smoke run: 2 s load, 2 s pgbench, receipt row only"
     )
     parser.add_argument("--json-out", type=Path, help='write {"rows": [...]} (docs/benchmarks.md contract)')
     parser.add_argument("--concurrency", type=int, default=64)
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         loadgen_main(args.loadgen)
         return 0
     if args.quick:
-        args.duration, args.warmup = 3.0, 0.5
+        args.duration, args.warmup = 2.0, 0.5
 
     if __package__ in (None, ""):  # run as a file: make ``benchmarks`` importable
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
