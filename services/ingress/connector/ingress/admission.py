@@ -18,8 +18,8 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
+from connector.common.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
-from connector.ingress.extract import MAX_VALUE_CHARS, scalar_text
 from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
 from connector.ingress.routes import CompiledRoute, RouteTable
 

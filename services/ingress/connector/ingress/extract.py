@@ -15,65 +15,21 @@ refer to) are evaluated per delivery, in dependency order.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from connector.common.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
 from connector.common.packs import ValueSpec
 
 #: Longest envelope value kept (same bound as the materializer's).
-MAX_VALUE_CHARS = 512
 #: Extracted fields the ingress stores on the receipt.
 ENVELOPE_FIELDS = ("event_kind", "delivery_id")
 
-_MISSING = object()
 _PIECE_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 
 HeaderGet = Callable[[str], str | None]
 Getter = Callable[[HeaderGet, Any, Mapping[str, str | None]], str | None]
-
-
-def scalar_text(value: Any) -> str | None:
-    """A JSON scalar as bounded, printable text; anything else is no value."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = value
-    elif isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, float):
-        text = json.dumps(value)
-    else:
-        return None
-    if not text or len(text) > MAX_VALUE_CHARS or not text.isprintable():
-        return None
-    return text
-
-
-def pointer_tokens(pointer: str) -> tuple[str, ...]:
-    if pointer == "":
-        return ()
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
-
-
-def resolve_tokens(doc: Any, tokens: tuple[str, ...]) -> Any:
-    node = doc
-    for token in tokens:
-        if isinstance(node, dict):
-            node = node.get(token, _MISSING)
-            if node is _MISSING:
-                return None
-        elif isinstance(node, list):
-            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
-                return None
-            index = int(token)
-            if index >= len(node):
-                return None
-            node = node[index]
-        else:
-            return None
-    return node
 
 
 def references(template: str) -> list[str]:

@@ -27,11 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from connector.common.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, ValueSpec, template_references
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
-MAX_VALUE_CHARS = 512
 #: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).
 MAX_LANE_KEY_BYTES = 1024
 
@@ -50,8 +50,6 @@ FAILURE_CLASSES = (
     NO_ROUTE, PARSE_ERROR, REQUIRED_MISSING, ROUTE_UNAVAILABLE, BODY_UNAVAILABLE, NO_CLAIM_AUTHORITY,
     ATTEMPTS_EXHAUSTED, DB_ERROR, INTERNAL,
 )  # fmt: skip
-
-_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,49 +120,6 @@ Plan = EventDraft | Failure
 # --------------------------------------------------------------------------------------------------
 # Values
 # --------------------------------------------------------------------------------------------------
-
-
-def scalar_text(value: Any) -> str | None:
-    """A JSON scalar as bounded, printable text; anything else is no value."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = value
-    elif isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, float):
-        text = json.dumps(value)
-    else:
-        return None
-    if not text or len(text) > MAX_VALUE_CHARS or not text.isprintable():
-        return None
-    return text
-
-
-def pointer_tokens(pointer: str) -> tuple[str, ...]:
-    """RFC 6901: ``/a/b~1c/0`` → ``('a', 'b/c', '0')``; ``""`` is the whole document."""
-    if pointer == "":
-        return ()
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
-
-
-def resolve_tokens(doc: Any, tokens: tuple[str, ...]) -> Any:
-    node = doc
-    for token in tokens:
-        if isinstance(node, dict):
-            node = node.get(token, _MISSING)
-            if node is _MISSING:
-                return None
-        elif isinstance(node, list):
-            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
-                return None
-            index = int(token)
-            if index >= len(node):
-                return None
-            node = node[index]
-        else:
-            return None
-    return node
 
 
 @dataclass(slots=True)
