@@ -76,6 +76,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file, or the loadgen child
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.webhook_load import read_status, signed_request  # noqa: E402
+
 NAMESPACE = "bench"
 ROUTE_KEY = "events"
 WORK_TYPE = "noop"
@@ -142,23 +144,11 @@ async def _loadgen(cfg: dict[str, Any], secret: str) -> dict[str, Any]:
             body = b'{"type":"bench.event","id":"%s","sent":%.6f,"data":{"seq":%d,"pad":"%s"}}' % (
                 msg_id, sent, i, pad,
             )  # fmt: skip
-            sig = base64.b64encode(hmac.digest(key, msg_id + b"." + ts + b"." + body, "sha256"))
-            request = (
-                b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nwebhook-id: %s\r\nwebhook-timestamp: %s\r\n"
-                b"webhook-signature: v1,%s\r\n\r\n%s"
-            ) % (path, host.encode(), port, len(body), msg_id, ts, sig, body)
+            request = signed_request(path, host, port, key, msg_id, ts, body)
             t0 = time.perf_counter()
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
+            status = await read_status(reader)
             elapsed = time.perf_counter() - t0
-            status = int(head[9:12])
             statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
                 ok_total += 1

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import hmac
 import json
 import os
 import resource
@@ -45,6 +44,12 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file, or the loadgen child
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.webhook_load import read_status, signed_request  # noqa: E402
 
 NAMESPACE = "bench"
 ROUTE_KEY = "events"
@@ -85,23 +90,11 @@ async def _loadgen(cfg: dict[str, Any]) -> dict[str, Any]:
             msg_id = f"msg_{run_tag}_{n}_{counter}".encode()
             ts = str(int(time.time())).encode()
             body = b'{"type":"bench.event","id":"%s","data":{"seq":%d,"pad":"%s"}}' % (msg_id, counter, pad)
-            sig = base64.b64encode(hmac.digest(key, msg_id + b"." + ts + b"." + body, "sha256"))
-            request = (
-                b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nwebhook-id: %s\r\nwebhook-timestamp: %s\r\n"
-                b"webhook-signature: v1,%s\r\n\r\n%s"
-            ) % (path, host.encode(), port, len(body), msg_id, ts, sig, body)
+            request = signed_request(path, host, port, key, msg_id, ts, body)
             started = time.perf_counter()
             writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
+            status = await read_status(reader)
             elapsed = time.perf_counter() - started
-            status = int(head[9:12])
             ok_total += status == 200
             if now >= warmup_until:
                 statuses[status] = statuses.get(status, 0) + 1
