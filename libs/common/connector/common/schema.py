@@ -360,10 +360,13 @@ work_item = Table(
         "work_id",
         postgresql_where=text(_in("state", WORK_READY)),
     ),
-    # In-flight rows (reclaim of expired leases, drain proofs). Small: slots x processes.
+    # In-flight rows by id: fenced by-id renew/finalize/reclaim and the reclaim candidate read.
+    # Small once vacuumed (slots x processes). ``work_id`` leads so a by-id lookup is an exact
+    # descent: with a leading ``installed_pack_id`` the planner used it for ``work_id = ANY(ids)``
+    # as a full scan of the index, whose dead entries grow with every item finished between two
+    # vacuums (executor finalize 3.5 -> 10 ms in end-to-end runs; docs/benchmarks.md).
     Index(
         "ix_connector_work_item_processing",
-        "installed_pack_id",
         "work_id",
         postgresql_where=text("state = 'processing'"),
     ),

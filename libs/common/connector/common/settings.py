@@ -8,10 +8,12 @@ problem.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from connector.common.upkeep import UpkeepConfig
 
 
 class SettingsError(SystemExit):
@@ -53,6 +55,30 @@ class PoolSettings(BaseSettings):
     pool_timeout_s: float = Field(default=2.0, gt=0)
 
 
+class UpkeepSettings(PoolSettings):
+    """Queue-table VACUUM/ANALYZE by the service itself (connector.common.upkeep, ADR 008)."""
+
+    #: ``auto``: only while autovacuum is off for a table; ``on``: always; ``off``: never.
+    upkeep_mode: Literal["auto", "on", "off"] = "auto"
+    upkeep_interval_s: float = Field(default=2.0, gt=0)
+    #: VACUUM when dead row versions exceed rows + fraction x live rows.
+    upkeep_vacuum_dead_rows: int = Field(default=20_000, ge=0)
+    upkeep_vacuum_dead_fraction: float = Field(default=0.05, ge=0)
+    #: ANALYZE when rows changed since the last analyze exceed rows + fraction x live rows.
+    upkeep_analyze_rows: int = Field(default=50_000, ge=0)
+    upkeep_analyze_fraction: float = Field(default=0.10, ge=0)
+
+    def upkeep_config(self) -> UpkeepConfig:
+        return UpkeepConfig(
+            mode=self.upkeep_mode,
+            interval_s=self.upkeep_interval_s,
+            vacuum_dead_rows=self.upkeep_vacuum_dead_rows,
+            vacuum_dead_fraction=self.upkeep_vacuum_dead_fraction,
+            analyze_rows=self.upkeep_analyze_rows,
+            analyze_fraction=self.upkeep_analyze_fraction,
+        )
+
+
 class IngressSettings(PoolSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_INGRESS_", extra="ignore")
 
@@ -85,7 +111,7 @@ class IngressSettings(PoolSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
 
 
-class MaterializerSettings(PoolSettings):
+class MaterializerSettings(UpkeepSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_MATERIALIZER_", extra="ignore")
 
     #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).
@@ -109,7 +135,7 @@ class MaterializerSettings(PoolSettings):
     routes_refresh_s: float = Field(default=30.0, gt=0)
 
 
-class ExecutorSettings(PoolSettings):
+class ExecutorSettings(UpkeepSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_EXECUTOR_", extra="ignore")
 
     #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).

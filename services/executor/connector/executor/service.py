@@ -32,12 +32,15 @@ from connector.common import logs, runtime
 from connector.common.grpc_server import Authenticator, GrpcServer
 from connector.common.process_registry import ProcessRegistration
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
+from connector.common.upkeep import Upkeep
 from connector.executor import stats
 from connector.executor.engine import Engine, engine_config_from_settings
 
 log = logging.getLogger(__name__)
 
 SERVICE = "executor"
+# Tables whose VACUUM/ANALYZE this service does when autovacuum does not (ADR 008).
+UPKEEP_TABLES = ("connector_work_item", "connector_process", "connector_scheduler_lease")
 CLAIM_PATHS = ("work_item", "event")
 
 
@@ -84,6 +87,7 @@ class ExecutorService:
         self._servicers: list[tuple[Callable[[Any, Any], None], Any, str]] = []
         self.pool: AsyncConnectionPool | None = None
         self.admin_pool: AsyncConnectionPool | None = None
+        self.upkeep: Upkeep | None = None
         self.registration: ProcessRegistration | None = None
         self.engine: Engine | None = None
         self.grpc: GrpcServer | None = None
@@ -128,6 +132,8 @@ class ExecutorService:
             await self.engine.start()
             if cfg.stats_interval_s > 0:
                 self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
+            self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, cfg.upkeep_config())
+            self.upkeep.start()
             if self._serve_metrics:
                 server, _thread = start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=REGISTRY)
                 self._metrics_server = server
@@ -153,10 +159,16 @@ class ExecutorService:
             cur = await conn.execute("SELECT current_setting('autovacuum')")
             row = await cur.fetchone()
         if row is not None and row[0] != "on":
+            mode = self.cfg.upkeep_mode
             log.warning(
-                "autovacuum is off: the WorkItem table and its partial indexes will bloat and claims "
-                "and lane settles slow down over time (DESIGN §8 trap 6); turn it on or vacuum "
-                "connector_work_item regularly"
+                "autovacuum is off on this server: the queue tables bloat and claims slow down over "
+                "time without vacuum (DESIGN §8 trap 6); "
+                + (
+                    "the services vacuum and analyze their own tables (upkeep, ADR 008)"
+                    if mode != "off"
+                    else "upkeep mode is off too: turn autovacuum on or vacuum connector_work_item regularly"
+                ),
+                extra={"upkeep_mode": mode},
             )
 
     async def _start_grpc(self, url: str) -> None:
@@ -217,6 +229,9 @@ class ExecutorService:
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
+        if self.upkeep is not None:
+            await self.upkeep.stop()
+            self.upkeep = None
         if self._stats_task is not None:
             self._stats_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -32,6 +32,7 @@ from connector.common.pack_store import RouteCache
 from connector.common.runtime import run, run_until_signal
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.common.upkeep import Upkeep
 from connector.materializer import metrics, routing
 from connector.materializer.router import Router, RouterConfig
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: How often the routing lag gauge is sampled (one index probe).
 LAG_SAMPLE_S = 2.0
+#: Tables whose VACUUM/ANALYZE this service does when autovacuum does not (ADR 008).
+UPKEEP_TABLES = ("connector_ingress_receipt", "connector_event")
 
 
 class MaterializerService:
@@ -58,6 +61,7 @@ class MaterializerService:
         self._tasks: list[asyncio.Task[None]] = []
         self._listener_conn: psycopg.AsyncConnection[Any] | None = None
         self._stopping = asyncio.Event()
+        self.upkeep: Upkeep | None = None
 
     @property
     def url(self) -> str:
@@ -74,6 +78,8 @@ class MaterializerService:
         self._tasks.append(asyncio.create_task(self._listen(listening), name="materializer-listen"))
         self.router.start()
         self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
+        self.upkeep = Upkeep(self.url, "materializer", UPKEEP_TABLES, self.cfg.upkeep_config())
+        self.upkeep.start()
         self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
         await self._grpc.start()
         self.grpc_port = self._grpc.port
@@ -121,6 +127,9 @@ class MaterializerService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        if self.upkeep is not None:
+            await self.upkeep.stop()
+            self.upkeep = None
         await common_db.close_pool("materializer")
         log.info("materializer stopped")
 

@@ -1,0 +1,321 @@
+"""Queue-table upkeep: VACUUM and ANALYZE of the runtime's own churning tables when autovacuum
+does not run (ADR 008).
+
+Every claim, finish and routing step rewrites a row (no update is HOT: each changes ``state``), so
+the queue tables and their partial indexes fill with dead row versions, and the planner keeps the
+statistics of the day the table was empty. PostgreSQL's autovacuum is the remedy, with the
+per-table settings the schema sets (DESIGN §8 trap 6). Where it is off — the server's
+``autovacuum`` setting or a table's ``autovacuum_enabled`` storage parameter — the services do it
+themselves, each for the tables it writes most:
+
+* every ``interval_s`` one cheap read of ``pg_stat_user_tables`` for the owned tables;
+* ``VACUUM (SKIP_LOCKED)`` of a table whose dead row versions exceed ``vacuum_dead_rows +
+  vacuum_dead_fraction x live rows``, and ``ANALYZE`` when rows changed since the last analyze
+  exceed ``analyze_rows + analyze_fraction x live rows`` (or the table was never analyzed). An
+  ANALYZE also invalidates the cached plans of prepared statements, so a plan made while the table
+  was empty is re-made for the table as it is;
+* one process at a time per table, across all processes and services: a session advisory lock
+  ``(UPKEEP_LOCK_CLASS, table oid)`` taken with ``pg_try_advisory_lock`` (a busy table is skipped,
+  never waited for) on the upkeep's own autocommit connection (not from the service's pool, as a
+  VACUUM may take seconds);
+* a table the role may not vacuum (not its owner) is reported once and skipped.
+
+Modes: ``auto`` (default: only while autovacuum is off for the table, re-checked every minute),
+``on`` (always, in addition to autovacuum), ``off``. Metrics: ``connector_upkeep_active``,
+``connector_upkeep_dead_rows``, ``connector_upkeep_runs_total``, ``connector_upkeep_seconds``,
+``connector_upkeep_errors_total``; labels are service, table and operation only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from prometheus_client import Counter, Gauge, Histogram
+from psycopg import sql
+
+from connector.common.metrics import LATENCY_BUCKETS
+
+log = logging.getLogger("connector.upkeep")
+
+UPKEEP_LOCK_CLASS = 7234102
+MODES = ("auto", "on", "off")
+SETTINGS_RECHECK_S = 60.0
+
+UPKEEP_ACTIVE = Gauge(
+    "connector_upkeep_active",
+    "1 when this process vacuums/analyzes the table (autovacuum off for it, or mode on), else 0",
+    ["service", "table"],
+)
+UPKEEP_DEAD_ROWS = Gauge(
+    "connector_upkeep_dead_rows",
+    "Dead row versions of the table at the last upkeep check (pg_stat_user_tables.n_dead_tup)",
+    ["service", "table"],
+)
+UPKEEP_RUNS = Counter(
+    "connector_upkeep_runs_total", "VACUUM / ANALYZE runs done by this process", ["service", "table", "op"]
+)
+UPKEEP_SECONDS = Histogram(
+    "connector_upkeep_seconds",
+    "Duration of upkeep VACUUM / ANALYZE runs",
+    ["service", "table", "op"],
+    buckets=(*LATENCY_BUCKETS, 30.0, 60.0, 300.0),
+)
+UPKEEP_ERRORS = Counter(
+    "connector_upkeep_errors_total",
+    "Upkeep runs that failed or were refused (permission, lock timeout, connection)",
+    ["service", "table"],
+)
+
+# One row per owned table: the activity counters and what decides whether autovacuum covers it.
+_TABLE_STATE = """
+SELECT c.relname, c.oid::int, s.n_live_tup, s.n_dead_tup, s.n_mod_since_analyze, c.reltuples,
+       greatest(s.last_analyze, s.last_autoanalyze) IS NOT NULL AS analyzed,
+       coalesce(c.reloptions, '{}'::text[]) @> ARRAY['autovacuum_enabled=false']
+         OR coalesce(c.reloptions, '{}'::text[]) @> ARRAY['autovacuum_enabled=off'] AS table_autovacuum_off,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS may_vacuum
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relname = ANY(%(tables)s::text[]) AND c.relnamespace = to_regnamespace(current_schema())::oid
+"""
+
+_SERVER_AUTOVACUUM = "SELECT current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on'"
+
+
+@dataclass(frozen=True, slots=True)
+class UpkeepConfig:
+    mode: str = "auto"
+    interval_s: float = 2.0
+    vacuum_dead_rows: int = 20_000
+    vacuum_dead_fraction: float = 0.05
+    analyze_rows: int = 50_000
+    analyze_fraction: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"upkeep mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+
+@dataclass(slots=True)
+class TableStatus:
+    name: str
+    oid: int
+    live: int
+    dead: int
+    changed: int
+    analyzed: bool
+    autovacuum_off: bool
+    may_vacuum: bool
+
+
+@dataclass(slots=True)
+class PassResult:
+    """What one ``run_once`` did, per table (for tests, the CLI and the benchmark)."""
+
+    vacuumed: list[str] = field(default_factory=list)
+    analyzed: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    inactive: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def is_active(mode: str, server_autovacuum: bool, table_autovacuum_off: bool) -> bool:
+    """Whether this process maintains a table: always in mode ``on``, never in ``off``, and in
+    ``auto`` exactly when autovacuum does not cover it."""
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    return not server_autovacuum or table_autovacuum_off
+
+
+def vacuum_due(cfg: UpkeepConfig, t: TableStatus) -> bool:
+    return t.dead > cfg.vacuum_dead_rows + cfg.vacuum_dead_fraction * t.live
+
+
+def analyze_due(cfg: UpkeepConfig, t: TableStatus) -> bool:
+    if not t.analyzed and t.live + t.dead >= 1_000:
+        return True
+    return t.changed > cfg.analyze_rows + cfg.analyze_fraction * t.live
+
+
+class Upkeep:
+    """The upkeep loop of one service process for its ``tables``."""
+
+    def __init__(self, url: str, service: str, tables: Sequence[str], cfg: UpkeepConfig) -> None:
+        self.url = url
+        self.service = service
+        self.tables = list(tables)
+        self.cfg = cfg
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._server_autovacuum: bool | None = None
+        self._settings_at = 0.0
+        self._refused_reported: set[str] = set()
+        self._error_reported_at: dict[str, float] = {}
+        self._active_reported: dict[str, bool] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.cfg.mode == "off":
+            for t in self.tables:
+                UPKEEP_ACTIVE.labels(self.service, t).set(0)
+            return
+        self._task = asyncio.create_task(self._loop(), name=f"{self.service}-upkeep")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # connection lost, server restart: retried next tick
+                await self._close()
+                self._report_error("*", exc)
+            await asyncio.sleep(self.cfg.interval_s)
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.url, autocommit=True, application_name=f"connector-{self.service}-upkeep"
+            )
+            # A VACUUM of a large table may run for minutes; a lock it cannot have is skipped
+            # (SKIP_LOCKED), never queued for.
+            await self._conn.execute("SET statement_timeout = 0")
+            await self._conn.execute("SET lock_timeout = '1s'")
+        return self._conn
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    async def table_status(self) -> list[TableStatus]:
+        conn = await self._connection()
+        cur = await conn.execute(_TABLE_STATE, {"tables": self.tables})
+        return [
+            TableStatus(
+                name=str(r[0]),
+                oid=int(r[1]),
+                live=int(r[2]),
+                dead=int(r[3]),
+                changed=int(r[4]),
+                analyzed=bool(r[6]) or float(r[5]) >= 0,
+                autovacuum_off=bool(r[7]),
+                may_vacuum=bool(r[8]),
+            )
+            for r in await cur.fetchall()
+        ]
+
+    async def run_once(self) -> PassResult:
+        """Check every owned table once and vacuum / analyze those that are due."""
+        conn = await self._connection()
+        now = time.monotonic()
+        if self._server_autovacuum is None or now - self._settings_at > SETTINGS_RECHECK_S:
+            cur = await conn.execute(_SERVER_AUTOVACUUM)
+            row = await cur.fetchone()
+            self._server_autovacuum = bool(row and row[0])
+            self._settings_at = now
+        result = PassResult()
+        for t in await self.table_status():
+            UPKEEP_DEAD_ROWS.labels(self.service, t.name).set(t.dead)
+            active = is_active(self.cfg.mode, self._server_autovacuum, t.autovacuum_off)
+            UPKEEP_ACTIVE.labels(self.service, t.name).set(1 if active and t.may_vacuum else 0)
+            self._report_activity(t.name, active)
+            if not active:
+                result.inactive.append(t.name)
+                continue
+            do_vacuum, do_analyze = vacuum_due(self.cfg, t), analyze_due(self.cfg, t)
+            if not (do_vacuum or do_analyze):
+                continue
+            if not t.may_vacuum:
+                result.refused.append(t.name)
+                if t.name not in self._refused_reported:
+                    self._refused_reported.add(t.name)
+                    log.warning(
+                        "upkeep: this role does not own the table and cannot vacuum it; grant "
+                        "ownership or turn autovacuum on",
+                        extra={"table": t.name},
+                    )
+                continue
+            await self._maintain(conn, t, do_vacuum, do_analyze, result)
+        return result
+
+    async def _maintain(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        t: TableStatus,
+        do_vacuum: bool,
+        do_analyze: bool,
+        result: PassResult,
+    ) -> None:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (UPKEEP_LOCK_CLASS, t.oid))
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            result.busy.append(t.name)  # another process is on it
+            return
+        try:
+            ident = sql.Identifier(t.name)
+            ops = [("vacuum", do_vacuum), ("analyze", do_analyze)]
+            for op, due in ops:
+                if not due:
+                    continue
+                stmt = "VACUUM (SKIP_LOCKED) {}" if op == "vacuum" else "ANALYZE (SKIP_LOCKED) {}"
+                t0 = time.perf_counter()
+                try:
+                    await conn.execute(sql.SQL(stmt).format(ident))
+                except psycopg.Error as exc:
+                    self._report_error(t.name, exc)
+                    UPKEEP_ERRORS.labels(self.service, t.name).inc()
+                    return
+                UPKEEP_SECONDS.labels(self.service, t.name, op).observe(time.perf_counter() - t0)
+                UPKEEP_RUNS.labels(self.service, t.name, op).inc()
+                (result.vacuumed if op == "vacuum" else result.analyzed).append(t.name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s, %s)", (UPKEEP_LOCK_CLASS, t.oid))
+
+    # -- reporting (never per run: state changes and rate-limited errors only) -----------------
+
+    def _report_activity(self, table: str, active: bool) -> None:
+        if self._active_reported.get(table) == active:
+            return
+        self._active_reported[table] = active
+        if active:
+            log.info(
+                "upkeep: vacuuming and analyzing this table from the service (autovacuum does not "
+                "cover it, or upkeep mode is on)",
+                extra={"table": table, "mode": self.cfg.mode},
+            )
+        else:
+            log.info("upkeep: autovacuum covers this table", extra={"table": table})
+
+    def _report_error(self, table: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._error_reported_at.get(table, -1e9) < 300:
+            return
+        self._error_reported_at[table] = now
+        log.warning(
+            "upkeep run failed; retried next interval",
+            extra={
+                "table": table,
+                "exc_type": type(exc).__name__,
+                "sqlstate": getattr(exc, "sqlstate", None),
+            },
+        )
