@@ -39,13 +39,16 @@ What one run does (under the benchmark lock, ``benchmarks.common.bench_lock``):
      per second, and CPU (cores busy) per process (ingress, materializer, executor, load generator,
      PostgreSQL for this database, everything else on the machine) from ``/proc``.
 
-The shared server runs with ``autovacuum`` off, so every claimed, finished or routed row leaves a
-dead row version behind for the whole run. The full run therefore measures twice, each time on a
-fresh database: first as the server is configured (rows ``e2e.*``), then with a stand-in for
-autovacuum that runs ``VACUUM`` on the receipt and WorkItem tables every 2 s during the load (rows
-``e2e.vacuum2s.*``); ``--vacuum-every S`` runs only the one configuration. Each run also records the
-services' own histograms (group commit, materializer batches, claim/finalize statements), dead row
-versions, and server-wide WAL counters.
+The shared server runs with ``autovacuum`` off, so the services' own upkeep (ADR 008,
+``connector.common.upkeep``, mode ``auto``) vacuums and analyzes the queue tables during the run, as
+it does in any deployment where autovacuum does not cover them: the default run measures the system
+as it ships (rows ``e2e.*``), and the report counts the upkeep's VACUUM / ANALYZE runs and their
+mean duration. ``--vacuum-every S`` adds an external ``VACUUM`` of the receipt and WorkItem tables
+every S s (rows ``e2e.vacuum<S>s.*``; the stand-in used before the upkeep existed) and
+``--upkeep off`` turns the services' upkeep off (rows ``e2e.upkeep-off.*``), to measure the server
+as configured with nothing vacuuming. Each run also records the services' own histograms (group
+commit, materializer batches, claim/finalize statements), dead row versions at the end of the load,
+and server-wide WAL counters.
 
 Exactly-once is checked after the drain: one receipt, one event, one WorkItem per 200 answer. Nothing
 here asserts anything about speed.
@@ -61,6 +64,7 @@ import hmac
 import json
 import math
 import os
+import re
 import resource
 import signal
 import socket
@@ -355,6 +359,7 @@ SCRAPED = (
     "connector_executor_claim_batch_size",
     "connector_executor_finalize_seconds",
     "connector_executor_finalize_batch_size",
+    "connector_upkeep_seconds",
 )
 
 
@@ -370,6 +375,13 @@ def _scrape(ports: dict[str, int]) -> dict[str, float]:
         for line in text.splitlines():
             name, _, rest = line.partition(" ")
             base = name.split("{", 1)[0]
+            if base.startswith("connector_upkeep_seconds_"):
+                op = re.search(r'op="(\w+)"', name)
+                if op is not None:  # per operation: vacuum / analyze
+                    base = base.replace("upkeep_seconds", f"upkeep_{op.group(1)}_seconds")
+                    with contextlib.suppress(ValueError):
+                        out[base] = out.get(base, 0.0) + float(rest.split()[0])
+                continue
             for metric in SCRAPED:
                 if base in (f"{metric}_sum", f"{metric}_count"):
                     with contextlib.suppress(ValueError):
@@ -380,7 +392,8 @@ def _scrape(ports: dict[str, int]) -> dict[str, float]:
 def _histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """Per histogram, between two scrapes: how many observations and their mean (ms for seconds)."""
     out: dict[str, dict[str, float]] = {}
-    for metric in SCRAPED:
+    upkeep = ("connector_upkeep_vacuum_seconds", "connector_upkeep_analyze_seconds")
+    for metric in (*(m for m in SCRAPED if m != "connector_upkeep_seconds"), *upkeep):
         n = after.get(f"{metric}_count", 0.0) - before.get(f"{metric}_count", 0.0)
         total = after.get(f"{metric}_sum", 0.0) - before.get(f"{metric}_sum", 0.0)
         if n > 0:
@@ -684,6 +697,8 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "CONNECTOR_MATERIALIZER_METRICS_PORT": str(metrics["materializer"]),
         "CONNECTOR_EXECUTOR_GRPC_PORT": str(_free_port()),
         "CONNECTOR_EXECUTOR_METRICS_PORT": str(metrics["executor"]),
+        "CONNECTOR_EXECUTOR_UPKEEP_MODE": args.upkeep,
+        "CONNECTOR_MATERIALIZER_UPKEEP_MODE": args.upkeep,
     }
     ingress_args = ["ingress", "--http-port", str(http_port), "--grpc-port", str(_free_port()),
                     "--metrics-port", str(metrics["ingress"])]  # fmt: skip
@@ -776,6 +791,7 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "server_per_s": server,
         "cpu_us_per_delivery": per,
         "vacuum_every_s": args.vacuum_every,
+        "upkeep": args.upkeep,
         "mode": f"open loop, {args.rate:g}/s due" if args.rate else "closed loop",
         "load": load,
         "figures": figures,
@@ -798,6 +814,7 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
         f"e2e: {res['mode']}, concurrency {args.concurrency}, window {f['window_s']:.1f} s (after "
         f"{args.warmup:g} s warm-up), ~{args.body_bytes} B bodies, Standard Webhooks HMAC-SHA256"
         + (f"; VACUUM every {args.vacuum_every:g} s" if args.vacuum_every else "")
+        + (f"; services' upkeep {args.upkeep}" if args.upkeep != "auto" else "")
     )
     print(
         f"  accepted (HTTP 200)/s     {load['accepted_in_window'] / f['window_s']:>9,.0f}   ack p50/p99 "
@@ -831,8 +848,12 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     if internals:
         print(
             "  stage internals over the load (mean): "
-            + ", ".join(f"{k} {v['mean']:,}" for k, v in internals.items())
+            + ", ".join(f"{k} {v['mean']:,}" for k, v in internals.items() if not k.startswith("upkeep_"))
         )
+    runs = {k: v for k, v in internals.items() if k.startswith("upkeep_")}
+    done = [f"{k.removesuffix('_ms')} {v['n']:.0f} runs, mean {v['mean']:,} ms" for k, v in runs.items()]
+    none = "none (autovacuum covers the tables, or upkeep off)"
+    print("  services' upkeep during the load: " + (", ".join(done) if done else none))
     print(f"  queue tables at load end (rows; dead = row versions left): {res['dead_tuples_at_load_end']}")
     srv = res["server_per_s"]
     if srv:
@@ -856,6 +877,9 @@ def _scenario_key(args: argparse.Namespace) -> tuple[str, str]:
     if args.vacuum_every:
         prefix += f".vacuum{args.vacuum_every:g}s"
         parts.append(f"VACUUM every {args.vacuum_every:g} s")
+    if args.upkeep != "auto":
+        prefix += f".upkeep-{args.upkeep}"
+        parts.append(f"upkeep {args.upkeep}")
     return prefix, (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -867,6 +891,7 @@ def _rows(args: argparse.Namespace, res: dict[str, Any]) -> list[dict[str, Any]]
     extra: dict[str, Any] = {
         "mode": res["mode"],
         "vacuum_every_s": args.vacuum_every,
+        "upkeep": args.upkeep,
         "concurrency": args.concurrency,
         "window_s": round(f["window_s"], 2),
         "warmup_s": args.warmup,
@@ -950,8 +975,14 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="VACUUM the receipt and WorkItem tables every S s during the load, standing in for "
-        "autovacuum (off on the shared server); 0 = never, as the server is configured. Default: a "
-        "run without, then (not in --quick) a second run with S = 2",
+        "autovacuum (off on the shared server; the services' upkeep does it by default); 0 = never "
+        "(default)",
+    )
+    parser.add_argument(
+        "--upkeep",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the services' own VACUUM/ANALYZE (CONNECTOR_*_UPKEEP_MODE; ADR 008). Default: auto, as shipped",
     )
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -966,7 +997,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchmarks import common
 
-    vacuums = [args.vacuum_every] if args.vacuum_every is not None else [0.0] + ([] if args.quick else [2.0])
+    vacuums = [args.vacuum_every or 0.0]
     rows: list[dict[str, Any]] = []
     failed = False
     with common.bench_lock():

@@ -23,7 +23,7 @@ from benchmarks import common, e2e_bench  # noqa: E402
 
 def _args(**kw: object) -> argparse.Namespace:
     base = {"concurrency": 2, "duration": 1.0, "warmup": 0.3, "body_bytes": 256, "rate": 0.0,
-            "drain_limit": 30.0, "vacuum_every": 0.0}  # fmt: skip
+            "drain_limit": 30.0, "vacuum_every": 0.0, "upkeep": "auto"}  # fmt: skip
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -37,9 +37,9 @@ def test_percentile_nearest_rank() -> None:
     assert math.isinf(e2e_bench._pct([1.0, math.inf], 0.99))
 
 
-@pytest.mark.parametrize(("rate", "vacuum_every"), [(0.0, 0.0), (40.0, 0.3)])
-def test_tiny_run_produces_contract_rows(db_url: str, rate: float, vacuum_every: float) -> None:
-    args = _args(rate=rate, vacuum_every=vacuum_every)
+@pytest.mark.parametrize(("rate", "vacuum_every", "upkeep"), [(0.0, 0.0, "auto"), (40.0, 0.3, "off")])
+def test_tiny_run_produces_contract_rows(db_url: str, rate: float, vacuum_every: float, upkeep: str) -> None:
+    args = _args(rate=rate, vacuum_every=vacuum_every, upkeep=upkeep)
     res = e2e_bench.run_once(args, db_url)
 
     counts = res["counts"]
@@ -67,7 +67,7 @@ def test_tiny_run_produces_contract_rows(db_url: str, rate: float, vacuum_every:
 
     rows = common.validate_rows({"rows": e2e_bench._rows(args, res)})
     keys = {r["key"] for r in rows}
-    prefix = "e2e" if not rate else "e2e.open40.vacuum0.3s"
+    prefix = "e2e" if not rate else "e2e.open40.vacuum0.3s.upkeep-off"
     expected = {f"{prefix}.deliveries_per_s", f"{prefix}.delivery_p50_ms", f"{prefix}.delivery_p99_ms",
                 f"{prefix}.backlog_at_end"}  # fmt: skip
     assert keys == expected
