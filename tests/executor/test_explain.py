@@ -303,3 +303,52 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
             # An exact lookup costs a few pages per id; walking 20k dead entries costs thousands.
             for line, hits in scans:
                 assert hits <= 8 * n, f"{name}: {line} read {hits} buffers for {n} ids:\n{plan}"
+
+
+def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
+    """The claim's generic plan is made with statistics taken at an idle moment (no ready rows:
+    everything finished), then a backlog of 30,000 ready items builds up. The update must still find
+    its rows by primary key; with a state re-check in it, the planner drove it from the ready index
+    instead, whose estimate said "almost empty": a walk of the whole backlog per claim."""
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
+        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
+        seed.seed_items(db, pack, 2_000)
+        db.execute("UPDATE connector_work_item SET state = 'succeeded', finished_at = now()")
+        db.execute("VACUUM ANALYZE connector_work_item")
+        db.execute("SET plan_cache_mode = force_generic_plan")
+        params = {
+            "packs": [pack],
+            "queue_classes": ["default"],
+            "limits": [64],
+            "owner": "o",
+            "lease_s": 30.0,
+        }
+        order = _prepare(db, "claim", claims.WORK_ITEM_CLAIM_BATCH)
+        call = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({})").format(
+            sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+        )
+
+        def nodes() -> list[dict[str, Any]]:
+            with db.transaction(force_rollback=True):
+                row = db.execute(call).fetchone()
+            assert row is not None
+            out, todo = [], [row[0][0]["Plan"]]
+            while todo:
+                n = todo.pop()
+                out.append(n)
+                todo.extend(n.get("Plans", []))
+            return out
+
+        nodes()  # the generic plan is made here, with no ready rows
+        seed.seed_items(db, pack, 30_000)
+        plan = nodes()
+        assert plan[0]["Node Type"] == "ModifyTable" and plan[0]["Actual Rows"] == 64, plan[0]
+        target = [
+            n
+            for n in plan[1:]
+            if n.get("Relation Name") == "connector_work_item" and n.get("Alias") == "w" and "Index Name" in n
+        ]
+        assert target, [(n["Node Type"], n.get("Alias"), n.get("Index Name")) for n in plan]
+        for n in target:
+            assert n["Index Name"] == "pk_connector_work_item", n
+            assert n["Actual Rows"] <= 64, n

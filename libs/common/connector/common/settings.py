@@ -65,8 +65,8 @@ class UpkeepSettings(PoolSettings):
     upkeep_vacuum_dead_rows: int = Field(default=20_000, ge=0)
     upkeep_vacuum_dead_fraction: float = Field(default=0.05, ge=0)
     #: ANALYZE when rows changed since the last analyze exceed rows + fraction x live rows.
-    upkeep_analyze_rows: int = Field(default=50_000, ge=0)
-    upkeep_analyze_fraction: float = Field(default=0.10, ge=0)
+    upkeep_analyze_rows: int = Field(default=100_000, ge=0)
+    upkeep_analyze_fraction: float = Field(default=0.50, ge=0)
 
     def upkeep_config(self) -> UpkeepConfig:
         return UpkeepConfig(

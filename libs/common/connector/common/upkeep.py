@@ -93,8 +93,8 @@ class UpkeepConfig:
     interval_s: float = 2.0
     vacuum_dead_rows: int = 20_000
     vacuum_dead_fraction: float = 0.05
-    analyze_rows: int = 50_000
-    analyze_fraction: float = 0.10
+    analyze_rows: int = 100_000
+    analyze_fraction: float = 0.50
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -5,7 +5,11 @@ The WorkItem row is the sole distributed execution authority. Rules every statem
 * **Claim** is one statement: per (pack, queue class) group a candidate read of the partial ready
   index ``ORDER BY run_after, work_id LIMIT n FOR UPDATE SKIP LOCKED`` (never waits on a row), then a
   primary-key update of exactly those rows that sets ``processing``, ``lease_token + 1`` (strictly
-  increasing per row), the owner and ``lease_until`` from the *database* clock. The statement joins
+  increasing per row), the owner and ``lease_until`` from the *database* clock. The update re-checks
+  no state: the candidates are locked by this statement with their conditions re-evaluated on the
+  newest row version (READ COMMITTED EvalPlanQual) and stay locked until commit; a state predicate
+  there would let the planner drive the update from the ready index, whose row estimate comes from
+  statistics taken when the backlog was small (a walk of the whole backlog per claim). The statement joins
   ``connector_claim_authority`` and locks the authority rows ``FOR SHARE``: it claims only where the
   WorkItem path is the active owner with a cutover receipt, and an authority change (an ``UPDATE`` of
   that row) waits for claim transactions in flight, so every later claim sees the new phase. Anything
@@ -94,7 +98,6 @@ SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner
     lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
     attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE w.work_id = ANY (ARRAY(SELECT cand.work_id FROM cand))
-  AND w.state IN ('pending', 'retry') AND w.run_after <= now()
 RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
 """
 
