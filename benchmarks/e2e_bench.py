@@ -377,8 +377,9 @@ def _scrape(ports: dict[str, int]) -> dict[str, float]:
             base = name.split("{", 1)[0]
             if base.startswith("connector_upkeep_seconds_"):
                 op = re.search(r'op="(\w+)"', name)
-                if op is not None:  # per operation: vacuum / analyze
-                    base = base.replace("upkeep_seconds", f"upkeep_{op.group(1)}_seconds")
+                table = re.search(r'table="connector_(\w+)"', name)
+                if op is not None and table is not None:  # per operation and table
+                    base = base.replace("upkeep_seconds", f"upkeep_{op.group(1)}.{table.group(1)}_seconds")
                     with contextlib.suppress(ValueError):
                         out[base] = out.get(base, 0.0) + float(rest.split()[0])
                 continue
@@ -392,7 +393,13 @@ def _scrape(ports: dict[str, int]) -> dict[str, float]:
 def _histogram_means(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """Per histogram, between two scrapes: how many observations and their mean (ms for seconds)."""
     out: dict[str, dict[str, float]] = {}
-    upkeep = ("connector_upkeep_vacuum_seconds", "connector_upkeep_analyze_seconds")
+    upkeep = sorted(
+        {
+            k.removesuffix("_count")
+            for k in after
+            if k.startswith("connector_upkeep_") and k.endswith("_count")
+        }
+    )
     for metric in (*(m for m in SCRAPED if m != "connector_upkeep_seconds"), *upkeep):
         n = after.get(f"{metric}_count", 0.0) - before.get(f"{metric}_count", 0.0)
         total = after.get(f"{metric}_sum", 0.0) - before.get(f"{metric}_sum", 0.0)
