@@ -21,6 +21,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("up",): ("connector.cli.up:cli", "run all three services locally (embedded PostgreSQL by default)"),
     ("pack", "apply"): ("connector.materializer.packs_cli:apply", "install a pack manifest"),
     ("admin",): ("connector.cli.admin:cli", "operator commands over the admin API"),
+    ("retention", "sweep"): (
+        "connector.cli.retention:sweep",
+        "delete retired deliveries and expired admin request ids now (--dry-run counts them)",
+    ),
 }
 
 

@@ -167,6 +167,15 @@ class ExecutorSettings(UpkeepSettings):
     handler_threads: int = Field(default=0, ge=0)
     #: Queue depth / oldest-ready / blocked-lane sampling for metrics (0 disables).
     stats_interval_s: float = Field(default=15.0, ge=0)
+    #: Retention (connector.common.retention, ADR 009): retired deliveries (receipt, events, all
+    #: WorkItems succeeded) accepted longer ago than this are deleted; 0 = keep forever. Must exceed
+    #: the providers' redelivery windows (a redelivery of a deleted delivery is a new delivery).
+    retention_delivered_s: float = Field(default=604_800.0, ge=0)
+    #: Admin request ids (AIP-155 de-duplication window) older than this are deleted; 0 = keep forever.
+    retention_admin_requests_s: float = Field(default=86_400.0, ge=0)
+    retention_interval_s: float = Field(default=60.0, gt=0)
+    #: Receipts per sweep chunk (one transaction each).
+    retention_batch: int = Field(default=1_000, ge=1, le=100_000)
 
 
 class AdminSettings(BaseSettings):

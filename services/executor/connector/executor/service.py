@@ -31,6 +31,7 @@ from connector.common import db as dbmod
 from connector.common import logs, runtime
 from connector.common.grpc_server import Authenticator, GrpcServer
 from connector.common.process_registry import ProcessRegistration
+from connector.common.retention import Retention, RetentionConfig
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
 from connector.common.upkeep import Upkeep
 from connector.executor import stats
@@ -88,6 +89,7 @@ class ExecutorService:
         self.pool: AsyncConnectionPool | None = None
         self.admin_pool: AsyncConnectionPool | None = None
         self.upkeep: Upkeep | None = None
+        self.retention: Retention | None = None
         self.registration: ProcessRegistration | None = None
         self.engine: Engine | None = None
         self.grpc: GrpcServer | None = None
@@ -134,6 +136,8 @@ class ExecutorService:
                 self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
             self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, cfg.upkeep_config())
             self.upkeep.start()
+            self.retention = Retention(url, RetentionConfig.from_settings(cfg), SERVICE)
+            self.retention.start()
             if self._serve_metrics:
                 server, _thread = start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=REGISTRY)
                 self._metrics_server = server
@@ -229,6 +233,9 @@ class ExecutorService:
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
+        if self.retention is not None:
+            await self.retention.stop()
+            self.retention = None
         if self.upkeep is not None:
             await self.upkeep.stop()
             self.upkeep = None

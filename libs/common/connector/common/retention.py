@@ -1,0 +1,565 @@
+"""Retention of retired deliveries and expired admin request ids (ADR 009).
+
+Without it nothing is ever deleted: receipts (with their bodies), events and succeeded WorkItems grow
+forever, and every VACUUM scans every index of those tables in full.
+
+A delivery (one ingress receipt, its events and their WorkItems) is **retired** when all of this
+holds, and it is then deleted as a whole, never in part:
+
+* the receipt is ``materialized`` and was accepted before ``now() - delivered_s``;
+* every event of the receipt is owned by the WorkItem path (``execution_owner = 'work_item'``) and
+  has no legacy history (``legacy_state IS NULL``);
+* no ``connector_legacy_outcome_receipt`` references one of its events (permanent facts, protected
+  by a trigger);
+* every event has at least one WorkItem (an event without one may still be backfilled), and every
+  WorkItem is ``succeeded`` and was never rollback-fenced or reconciled from a legacy outcome
+  (``rollback_execution_fence_id`` and ``legacy_outcome_receipt_version`` are null). A dead letter,
+  a retry, a blocked or in-flight item, ``awaiting_legacy_outcome`` or ``reconciled_legacy_terminal``
+  keeps the whole delivery.
+
+A sweep walks the receipts by primary key in chunks of ``batch`` from the lowest id and stops at
+the first chunk whose receipts are all younger than the cutoff (receipt ids follow acceptance).
+Per chunk, one transaction classifies the receipts (index probes per receipt: events by
+``receipt_id``, WorkItems and legacy outcome receipts by ``event_id``) and deletes the retired
+deliveries' WorkItems, events and receipts with three set-based statements, in foreign-key order.
+Each delete repeats its part of the predicate (``state = 'succeeded'``, WorkItem ownership,
+``materialized``), so a row that changed after the classification is not deleted and the foreign
+keys then refuse the rest of the delivery: the chunk rolls back and is re-checked by the next sweep.
+Old deliveries that are not retired are skipped and re-checked by every sweep.
+
+Succeeded WorkItems hold no lane (``LANE_HOLDING_PREDICATE``), so deleting them changes no lane.
+
+One sweeper at a time across all processes: a session advisory lock ``(RETENTION_LOCK_CLASS, 0)``
+taken with ``pg_try_advisory_lock`` on the sweeper's own autocommit connection; a busy lock skips the
+round. ``connector_admin_request`` rows (AIP-155 request ids) older than ``admin_requests_s`` are
+deleted by the same sweep. A retention of 0 keeps that kind of row forever.
+
+Metrics: ``connector_retention_deleted_total{table}``, ``connector_retention_sweep_seconds``,
+``connector_retention_runs_total{result}`` (done / busy / error),
+``connector_retention_oldest_receipt_age_seconds``. One INFO line per sweep that deleted something
+(counts only); failures are warnings, at most one per five minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import random
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+from prometheus_client import Counter, Gauge, Histogram
+
+from connector.common.metrics import LATENCY_BUCKETS
+
+log = logging.getLogger("connector.retention")
+
+RETENTION_LOCK_CLASS = 7234103
+RETENTION_LOCK_OBJECT = 0
+
+TABLES = (
+    "connector_work_item",
+    "connector_event",
+    "connector_ingress_receipt",
+    "connector_admin_request",
+)
+RESULTS = ("done", "busy", "error")
+# Why an old receipt's delivery is kept, first matching reason (fixed vocabulary, in this order).
+KEEP_REASONS = (
+    "not_materialized",  # pending, routing, retry or failed receipt
+    "legacy_owned",  # an event is owned by the legacy Event claim path
+    "legacy_history",  # an event carries a legacy state (executed or reconciled under legacy ownership)
+    "legacy_outcome",  # a legacy outcome receipt references an event (permanent fact)
+    "dead_letter",  # a WorkItem is dead
+    "unfinished",  # a WorkItem is pending, blocked, processing, retry, awaiting or reconciled
+    "rollback_fenced",  # a succeeded WorkItem was once fenced or reconciled (fence / proof bookkeeping)
+    "no_work_item",  # an event has no WorkItem yet (may still be backfilled)
+    "changed",  # the delivery changed between classification and delete; re-checked next sweep
+    "locked",  # a row of the chunk was locked by another transaction; re-checked next sweep
+)
+
+RETENTION_DELETED = Counter(
+    "connector_retention_deleted_total", "Rows deleted by the retention sweep", ["table"]
+)
+RETENTION_SWEEP_SECONDS = Histogram(
+    "connector_retention_sweep_seconds",
+    "Duration of retention sweeps (lock held)",
+    buckets=(*LATENCY_BUCKETS, 30.0, 60.0, 300.0, 900.0),
+)
+RETENTION_RUNS = Counter(
+    "connector_retention_runs_total", "Retention sweep rounds by result (done, busy, error)", ["result"]
+)
+RETENTION_OLDEST_AGE = Gauge(
+    "connector_retention_oldest_receipt_age_seconds",
+    "Age of the oldest ingress receipt left after the last sweep (0: none)",
+)
+for _table in TABLES:
+    RETENTION_DELETED.labels(_table)
+for _result in RESULTS:
+    RETENTION_RUNS.labels(_result)
+
+
+# --------------------------------------------------------------------------------------------------
+# Statements
+# --------------------------------------------------------------------------------------------------
+
+DATABASE_CUTOFF = "SELECT now() - make_interval(secs => %(s)s::float8)"
+
+# One chunk of receipts in primary-key order, each with its verdict: NULL keep_reason = retired.
+# The per-receipt lateral runs only for old materialized receipts (a one-time filter), and every
+# probe is an index lookup: events by (receipt_id, event_index), WorkItems by (event_id, work_type),
+# legacy outcome receipts by (event_id, work_type, version). One row per (event, WorkItem) is
+# aggregated per receipt; ``work_ids`` / ``event_ids`` are what the chunk's deletes look up by key.
+RECEIPT_CHUNK_CLASSIFY = """
+WITH chunk AS MATERIALIZED (
+  SELECT r.receipt_id, r.router_status, r.accepted_at
+  FROM connector_ingress_receipt r
+  WHERE r.receipt_id > %(after)s::bigint
+  ORDER BY r.receipt_id
+  LIMIT %(batch)s::int
+)
+SELECT c.receipt_id,
+       c.accepted_at < %(cutoff)s::timestamptz AS old,
+       CASE
+         WHEN c.accepted_at >= %(cutoff)s::timestamptz THEN 'young'
+         WHEN c.router_status <> 'materialized' THEN 'not_materialized'
+         WHEN d.legacy_owned THEN 'legacy_owned'
+         WHEN d.legacy_history THEN 'legacy_history'
+         WHEN d.legacy_outcome THEN 'legacy_outcome'
+         WHEN d.dead THEN 'dead_letter'
+         WHEN d.unfinished THEN 'unfinished'
+         WHEN d.fenced THEN 'rollback_fenced'
+         WHEN d.no_work_item THEN 'no_work_item'
+       END AS keep_reason,
+       coalesce(d.event_ids, '{}') AS event_ids,
+       coalesce(d.work_ids, '{}') AS work_ids
+FROM chunk c
+LEFT JOIN LATERAL (
+  SELECT array_agg(DISTINCT e.event_id) AS event_ids,
+         array_agg(x.work_id) FILTER (WHERE x.work_id IS NOT NULL) AS work_ids,
+         bool_or(e.execution_owner <> 'work_item') AS legacy_owned,
+         bool_or(e.legacy_state IS NOT NULL) AS legacy_history,
+         bool_or(EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt l
+                         WHERE l.event_id = e.event_id)) AS legacy_outcome,
+         bool_or(x.state = 'dead') AS dead,
+         bool_or(x.state <> 'succeeded') AS unfinished,
+         bool_or(x.rollback_execution_fence_id IS NOT NULL
+                 OR x.legacy_outcome_receipt_version IS NOT NULL) AS fenced,
+         bool_or(x.work_id IS NULL) AS no_work_item
+  FROM connector_event e
+  LEFT JOIN connector_work_item x ON x.event_id = e.event_id
+  WHERE e.receipt_id = c.receipt_id
+    AND c.accepted_at < %(cutoff)s::timestamptz AND c.router_status = 'materialized'
+) d ON true
+ORDER BY c.receipt_id
+"""
+
+# The deletes of one chunk, by key, in foreign-key order. The ids are looked up one by one: an
+# ``ANY(ARRAY(subquery))`` has no length the planner can see (it assumes a few elements), so it is
+# never planned as a sequential scan of a table it takes for small (a literal array of ~1,000 ids
+# was: 50k WorkItems, 8 ms instead of 1.3 ms per chunk, growing with the table). Each statement
+# repeats its part of the predicate: a row that changed since the classification stays, and a
+# WorkItem that appeared since is not in the list; the next delete then fails on the foreign key
+# (the chunk rolls back) instead of deleting part of a delivery.
+WORK_ITEM_DELETE_RETIRED = """
+DELETE FROM connector_work_item
+WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[]))) AND state = 'succeeded'
+  AND rollback_execution_fence_id IS NULL AND legacy_outcome_receipt_version IS NULL
+"""
+EVENT_DELETE_RETIRED = """
+DELETE FROM connector_event
+WHERE event_id = ANY(ARRAY(SELECT unnest(%(event_ids)s::bigint[])))
+  AND execution_owner = 'work_item' AND legacy_state IS NULL
+"""
+RECEIPT_DELETE_RETIRED = """
+DELETE FROM connector_ingress_receipt
+WHERE receipt_id = ANY(ARRAY(SELECT unnest(%(receipt_ids)s::bigint[])))
+  AND router_status = 'materialized' AND accepted_at < %(cutoff)s::timestamptz
+"""
+
+# AIP-155 request ids past their de-duplication window (a small table: operator mutations only).
+ADMIN_REQUEST_DELETE_EXPIRED = """
+DELETE FROM connector_admin_request WHERE created_at < now() - make_interval(secs => %(s)s::float8)
+"""
+ADMIN_REQUEST_COUNT_EXPIRED = """
+SELECT count(*) FROM connector_admin_request WHERE created_at < now() - make_interval(secs => %(s)s::float8)
+"""
+
+# The lowest receipt id is the oldest receipt left (ids follow acceptance): one primary-key probe.
+RECEIPT_OLDEST_AGE = """
+SELECT coalesce((SELECT extract(epoch FROM now() - accepted_at)::float8
+                 FROM connector_ingress_receipt ORDER BY receipt_id LIMIT 1), 0)
+"""
+
+LOCK_TRY = "SELECT pg_try_advisory_lock(%s, %s)"
+LOCK_RELEASE = "SELECT pg_advisory_unlock(%s, %s)"
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and results
+# --------------------------------------------------------------------------------------------------
+
+
+class _RetentionSettings(Protocol):
+    retention_delivered_s: float
+    retention_admin_requests_s: float
+    retention_interval_s: float
+    retention_batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionConfig:
+    #: Retired deliveries accepted longer ago than this are deleted (0 = keep forever).
+    delivered_s: float = 604_800.0
+    #: Admin request ids older than this are deleted (0 = keep forever).
+    admin_requests_s: float = 86_400.0
+    interval_s: float = 60.0
+    batch: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.delivered_s < 0 or self.admin_requests_s < 0:
+            raise ValueError("retention periods must be >= 0 (0 = keep forever)")
+        if self.interval_s <= 0:
+            raise ValueError("retention interval must be > 0")
+        if self.batch < 1:
+            raise ValueError("retention batch must be >= 1")
+
+    @classmethod
+    def from_settings(cls, s: _RetentionSettings) -> RetentionConfig:
+        return cls(
+            delivered_s=float(s.retention_delivered_s),
+            admin_requests_s=float(s.retention_admin_requests_s),
+            interval_s=float(s.retention_interval_s),
+            batch=int(s.retention_batch),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.delivered_s > 0 or self.admin_requests_s > 0
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """What one sweep did (or, with ``dry_run``, would do): counts only, never ids."""
+
+    dry_run: bool = False
+    #: done / busy / error
+    result: str = "done"
+    cutoff: dt.datetime | None = None
+    chunks: int = 0
+    receipts_scanned: int = 0
+    #: Receipts older than the cutoff among those scanned.
+    receipts_old: int = 0
+    #: Retired deliveries deleted (or that would be): one per receipt.
+    deliveries: int = 0
+    #: Rows deleted (or that would be) per table.
+    deleted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TABLES, 0))
+    #: Old receipts whose delivery was kept, by the first reason (KEEP_REASONS).
+    kept: Tally[str] = field(default_factory=Tally)
+    oldest_receipt_age_s: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(self.deleted.values())
+
+
+Progress = Callable[[SweepResult], None]
+
+
+class _Changed(Exception):
+    """A chunk's delete did not match its classification: roll the chunk back."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The sweep (caller holds the lock, or runs a dry run)
+# --------------------------------------------------------------------------------------------------
+
+
+async def connect(url: str, application_name: str = "connector-retention") -> psycopg.AsyncConnection[Any]:
+    """The sweeper's own autocommit connection. Statements are never prepared: each chunk's arrays
+    get a plan for the table as it is (ADR 008)."""
+    conn = await psycopg.AsyncConnection.connect(
+        url, autocommit=True, prepare_threshold=None, application_name=application_name
+    )
+    await conn.execute("SET statement_timeout = '300s'")
+    # A row some transaction holds (an FK insert, a cutover) makes the chunk fail fast and be
+    # re-checked by the next sweep; it is never queued for.
+    await conn.execute("SET lock_timeout = '5s'")
+    return conn
+
+
+async def try_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    cur = await conn.execute(LOCK_TRY, (RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def unlock(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute(LOCK_RELEASE, (RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT))
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str, Any]) -> Any:
+    cur = await conn.execute(query, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def sweep(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    delivered_s: float,
+    admin_requests_s: float,
+    batch: int,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """One sweep over ``conn`` (autocommit). The caller holds the advisory lock (``try_lock``) unless
+    this is a dry run, which deletes nothing and counts what the sweep would delete."""
+    t0 = time.perf_counter()
+    res = SweepResult(dry_run=dry_run)
+    if delivered_s > 0:
+        res.cutoff = await _scalar(conn, DATABASE_CUTOFF, {"s": delivered_s})
+        after = 0
+        while True:
+            rows: list[tuple[Any, ...]] = []
+            retired: list[tuple[Any, ...]] = []
+            if dry_run:
+                rows = await _classify(conn, after, batch, res.cutoff)
+                retired = _tally(res, rows)
+                _count(res, retired)
+            else:
+                done: tuple[int, int, int] | None = None
+                try:
+                    async with conn.transaction():
+                        rows = await _classify(conn, after, batch, res.cutoff)
+                        retired = _tally(res, rows)
+                        if retired:
+                            done = await _delete(conn, res.cutoff, retired)
+                except (psycopg.errors.ForeignKeyViolation, _Changed):
+                    # Something referenced or changed a delivery after it was classified: nothing
+                    # of the chunk was deleted; its receipts are re-checked by the next sweep.
+                    res.kept["changed"] += len(retired)
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+                    # A row of the chunk is locked by another transaction for longer than the
+                    # lock timeout (a cutover's backfill, say): skip the chunk, never wait.
+                    res.kept["locked"] += len(retired)
+                if done is not None:  # committed
+                    _record(res, *done)
+            if not rows:
+                break
+            res.chunks += 1
+            after = int(rows[-1][0])
+            if progress is not None:
+                progress(res)
+            if not any(r[1] for r in rows):  # the whole chunk is younger than the cutoff
+                break
+    if admin_requests_s > 0:
+        if dry_run:
+            n = int(await _scalar(conn, ADMIN_REQUEST_COUNT_EXPIRED, {"s": admin_requests_s}))
+        else:
+            n = (await conn.execute(ADMIN_REQUEST_DELETE_EXPIRED, {"s": admin_requests_s})).rowcount
+            RETENTION_DELETED.labels("connector_admin_request").inc(n)
+        res.deleted["connector_admin_request"] += n
+    res.oldest_receipt_age_s = float(await _scalar(conn, RECEIPT_OLDEST_AGE, {}))
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+async def _classify(
+    conn: psycopg.AsyncConnection[Any], after: int, batch: int, cutoff: dt.datetime | None
+) -> list[tuple[Any, ...]]:
+    cur = await conn.execute(RECEIPT_CHUNK_CLASSIFY, {"after": after, "batch": batch, "cutoff": cutoff})
+    return await cur.fetchall()
+
+
+def _tally(res: SweepResult, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Count the chunk's receipts; return the retired ones."""
+    res.receipts_scanned += len(rows)
+    retired = []
+    for r in rows:
+        if not r[1]:
+            continue
+        res.receipts_old += 1
+        if r[2] is None:
+            retired.append(r)
+        else:
+            res.kept[str(r[2])] += 1
+    return retired
+
+
+def _count(res: SweepResult, retired: list[tuple[Any, ...]]) -> None:
+    res.deliveries += len(retired)
+    res.deleted["connector_ingress_receipt"] += len(retired)
+    res.deleted["connector_event"] += sum(len(r[3]) for r in retired)
+    res.deleted["connector_work_item"] += sum(len(r[4]) for r in retired)
+
+
+async def _delete(
+    conn: psycopg.AsyncConnection[Any], cutoff: dt.datetime | None, retired: list[tuple[Any, ...]]
+) -> tuple[int, int, int]:
+    """Inside the chunk's transaction: the retired deliveries, in foreign-key order. Returns the
+    WorkItems, events and receipts deleted."""
+    event_ids = [int(e) for r in retired for e in r[3]]
+    work_ids = [int(w) for r in retired for w in r[4]]
+    receipt_ids = [int(r[0]) for r in retired]
+    n_items = n_events = 0
+    if work_ids:
+        n_items = (await conn.execute(WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids})).rowcount
+    if event_ids:
+        n_events = (await conn.execute(EVENT_DELETE_RETIRED, {"event_ids": event_ids})).rowcount
+    n_receipts = (
+        await conn.execute(RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff})
+    ).rowcount
+    if (n_items, n_events, n_receipts) != (len(work_ids), len(event_ids), len(receipt_ids)):
+        # A row left out by its delete's own predicate without a foreign key to refuse the rest
+        # (the schema's keys make this unreachable): never commit part of a chunk's deliveries.
+        raise _Changed
+    return n_items, n_events, n_receipts
+
+
+def _record(res: SweepResult, n_items: int, n_events: int, n_receipts: int) -> None:
+    res.deliveries += n_receipts
+    res.deleted["connector_work_item"] += n_items
+    res.deleted["connector_event"] += n_events
+    res.deleted["connector_ingress_receipt"] += n_receipts
+    RETENTION_DELETED.labels("connector_work_item").inc(n_items)
+    RETENTION_DELETED.labels("connector_event").inc(n_events)
+    RETENTION_DELETED.labels("connector_ingress_receipt").inc(n_receipts)
+
+
+# --------------------------------------------------------------------------------------------------
+# One locked round (the service loop and the CLI) and the service loop
+# --------------------------------------------------------------------------------------------------
+
+
+async def run_locked(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    delivered_s: float,
+    admin_requests_s: float,
+    batch: int,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Take the lock (busy: return at once with ``result = 'busy'``), sweep, release; metrics."""
+    if not await try_lock(conn):
+        RETENTION_RUNS.labels("busy").inc()
+        return SweepResult(result="busy")
+    try:
+        res = await sweep(
+            conn, delivered_s=delivered_s, admin_requests_s=admin_requests_s, batch=batch, progress=progress
+        )
+    except BaseException:
+        RETENTION_RUNS.labels("error").inc()
+        with contextlib.suppress(Exception):
+            await unlock(conn)
+        raise
+    await unlock(conn)
+    RETENTION_RUNS.labels("done").inc()
+    RETENTION_SWEEP_SECONDS.observe(res.seconds)
+    RETENTION_OLDEST_AGE.set(res.oldest_receipt_age_s)
+    return res
+
+
+class Retention:
+    """The retention loop of one service process (the executor runs it)."""
+
+    def __init__(self, url: str, cfg: RetentionConfig, service: str = "executor") -> None:
+        self.url = url
+        self.cfg = cfg
+        self.service = service
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._error_reported_at = -1e9
+
+    def start(self) -> None:
+        if not self.cfg.enabled:
+            return
+        self._task = asyncio.create_task(self._loop(), name=f"{self.service}-retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _loop(self) -> None:
+        while True:
+            # First round one interval after start (never in the start-up rush); +-10 % jitter keeps
+            # replicas started together from trying at the same moment.
+            await asyncio.sleep(self.cfg.interval_s * random.uniform(0.9, 1.1))
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # connection lost, timeout, server restart: retried next round
+                await self._close()
+                self._report_error(exc)
+
+    async def run_once(self) -> SweepResult:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = await connect(self.url, f"connector-{self.service}-retention")
+            except Exception:
+                RETENTION_RUNS.labels("error").inc()
+                raise
+        res = await run_locked(
+            self._conn,
+            delivered_s=self.cfg.delivered_s,
+            admin_requests_s=self.cfg.admin_requests_s,
+            batch=self.cfg.batch,
+        )
+        if res.deleted_rows:
+            log.info(
+                "retention sweep deleted retired deliveries",
+                extra={
+                    "deliveries": res.deliveries,
+                    "work_items": res.deleted["connector_work_item"],
+                    "events": res.deleted["connector_event"],
+                    "receipts": res.deleted["connector_ingress_receipt"],
+                    "admin_requests": res.deleted["connector_admin_request"],
+                    "receipts_kept_old": sum(res.kept.values()),
+                    "chunks": res.chunks,
+                    "seconds": round(res.seconds, 3),
+                },
+            )
+        return res
+
+    def _report_error(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._error_reported_at < 300:
+            return
+        self._error_reported_at = now
+        log.warning(
+            "retention sweep failed; retried next interval",
+            extra={"exc_type": type(exc).__name__, "sqlstate": getattr(exc, "sqlstate", None)},
+        )
+
+
+__all__ = [
+    "KEEP_REASONS",
+    "RETENTION_LOCK_CLASS",
+    "Retention",
+    "RetentionConfig",
+    "SweepResult",
+    "connect",
+    "run_locked",
+    "sweep",
+    "try_lock",
+    "unlock",
+]
