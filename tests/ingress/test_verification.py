@@ -255,6 +255,46 @@ def test_hubspot_v3_method_uri_body_timestamp_in_ms() -> None:
     assert rejected(verifier, stale, body, uri=uri) == verify.TIMESTAMP_STALE
 
 
+def test_hubspot_v3_signs_the_uri_with_its_twelve_escapes_decoded() -> None:
+    """HubSpot decodes %3A %2F %3F %40 %21 %24 %27 %28 %29 %2A %2C %3B in the request URI before
+    signing, and no other escape. The provider computes the signature over the decoded form; the
+    request arrives encoded."""
+    verifier = compile_spec({"preset": "hubspot-v3", "secrets": [{"env": "INGRESS_T_HUBSPOT"}]})
+    sent = (
+        "https://hooks.example.com/v1/webhooks/shop/hubspot"
+        "?next=https%3A%2F%2Fapp.example%2Fa%28b%29%2a&who=%40me%3b%21%24%27%2C%3F&keep=%7Bx%7D%20y"
+    )
+    signed = "https://hooks.example.com/v1/webhooks/shop/hubspot?next=https://app.example/a(b)*&who=@me;!$',?&keep=%7Bx%7D%20y"
+    body = b'[{"eventId":2}]'
+    ts = str(int(time.time() * 1000))
+
+    def headers_for(uri: str) -> dict[str, str]:
+        mac = hmac.new(
+            SECRETS["INGRESS_T_HUBSPOT"].encode(), b"POST" + uri.encode() + body + ts.encode(), "sha256"
+        )
+        return {
+            "X-HubSpot-Signature-v3": base64.b64encode(mac.digest()).decode(),
+            "X-HubSpot-Request-Timestamp": ts,
+        }
+
+    assert run(verifier, headers_for(signed), body, uri=sent)
+    # Signed over the URI as sent (nothing decoded), or with every escape decoded: not HubSpot's.
+    assert rejected(verifier, headers_for(sent), body, uri=sent) == verify.SIGNATURE_MISMATCH
+    everything = signed.replace("%7B", "{").replace("%7D", "}").replace("%20", " ")
+    assert rejected(verifier, headers_for(everything), body, uri=sent) == verify.SIGNATURE_MISMATCH
+    # A route that sets its own empty list signs the URI as sent.
+    plain = compile_spec(
+        {"preset": "hubspot-v3", "uri_decode": [], "secrets": [{"env": "INGRESS_T_HUBSPOT"}]}
+    )
+    assert run(plain, headers_for(sent), body, uri=sent)
+
+
+def test_uri_decoder_decodes_only_what_it_is_given() -> None:
+    decode = verify.uri_decoder(["%2F", "%3a"])
+    assert decode("a%2fb%3Ac%2Fd%20e%3a") == "a/b:c/d%20e:"
+    assert verify.uri_decoder([])("a%2Fb") == "a%2Fb"
+
+
 # -- Generic config (no preset) and rotation -----------------------------------------------------------
 
 
@@ -319,6 +359,8 @@ def test_a_repeated_signature_header_is_ambiguous() -> None:
         ({"preset": "github", "signature_header": "X Sig", "secrets": [{"env": "X"}]}, "not a valid header"),
         ({"preset": "github", "tolerance_s": 5, "secrets": [{"env": "X"}]}, "carries no timestamp"),
         ({"preset": "github", "signed_content": "{timestamp}", "secrets": [{"env": "X"}]}, "{body}"),
+        ({"preset": "hubspot-v3", "uri_decode": ["%3A", "3B"], "secrets": [{"env": "X"}]}, "percent-escapes"),
+        ({"preset": "github", "uri_decode": ["%3A"], "secrets": [{"env": "X"}]}, "has no {uri}"),
     ],
 )
 def test_check_spec_refuses_impossible_configs(spec: dict[str, Any], problem: str) -> None:

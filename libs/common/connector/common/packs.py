@@ -129,6 +129,9 @@ class VerificationSpec(_Model):
     kv_timestamp_key: str | None = None
     #: Template of the signed content: ``{body}``, ``{timestamp}``, ``{id}``, ``{method}``, ``{uri}``.
     signed_content: str | None = None
+    #: Percent-escapes (e.g. ``"%3A"``) decoded in ``{uri}`` before signing, as the sender does
+    #: (HubSpot v3 signs its URI with twelve escapes decoded). Matched case-insensitively.
+    uri_decode: tuple[str, ...] | None = None
     id_header: str | None = None
     timestamp_header: str | None = None
     timestamp_unit: Literal["s", "ms"] | None = None

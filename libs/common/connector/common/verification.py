@@ -65,12 +65,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "scheme": "hmac", "algorithm": "sha256", "encoding": "base64",
         "signature_header": "X-Shopify-Hmac-Sha256", "signature_format": "plain", "signed_content": "{body}",
     },
-    # X-HubSpot-Signature-v3: base64 over method + full URI + body + timestamp (milliseconds).
+    # X-HubSpot-Signature-v3: base64 over method + full URI + body + timestamp (milliseconds); the
+    # URI with these twelve escapes decoded (HubSpot's request-validation page).
     "hubspot-v3": {
         "scheme": "hmac", "algorithm": "sha256", "encoding": "base64",
         "signature_header": "X-HubSpot-Signature-v3", "signature_format": "plain",
         "signed_content": "{method}{uri}{body}{timestamp}", "timestamp_header": "X-HubSpot-Request-Timestamp",
         "timestamp_unit": "ms", "tolerance_s": 300,
+        "uri_decode": ("%3A", "%2F", "%3F", "%40", "%21", "%24", "%27", "%28", "%29", "%2A", "%2C", "%3B"),
     },
 }  # fmt: skip
 
@@ -78,6 +80,7 @@ PLACEHOLDERS = ("{body}", "{timestamp}", "{id}", "{method}", "{uri}")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 # RFC 9110 token characters: a header name we can look up (no spaces, colons or controls).
 _TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+_ESCAPE_RE = re.compile(r"^%[0-9A-Fa-f]{2}$")
 #: Default tolerance for schemes that sign a timestamp but do not say how much skew to accept.
 DEFAULT_TOLERANCE_S = 300
 
@@ -136,6 +139,13 @@ def check_spec(spec: VerificationSpec) -> list[str]:
         errors.append(f"signed_content has unknown placeholders {unknown}; known: {list(PLACEHOLDERS)}")
     if content.count("{body}") != 1:
         errors.append("signed_content must include {body} exactly once")
+    uri_decode = cfg.get("uri_decode")
+    if uri_decode:
+        bad = [e for e in uri_decode if not _ESCAPE_RE.match(str(e))]
+        if bad:
+            errors.append(f"uri_decode entries must be percent-escapes like '%3A', got {bad}")
+        if "{uri}" not in content:
+            errors.append("uri_decode is set but signed_content has no {uri}")
     fmt = cfg.get("signature_format") or "plain"
     if "{timestamp}" in content and not (
         cfg.get("timestamp_header") or (fmt == "kv" and cfg.get("kv_timestamp_key"))

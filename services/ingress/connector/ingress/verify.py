@@ -105,6 +105,15 @@ def compile_template(template: str) -> tuple[bytes | int, ...]:
     return tuple(parts)
 
 
+def uri_decoder(escapes: Sequence[str]) -> Callable[[str], str]:
+    """Decode exactly the given percent-escapes (case-insensitive), leaving every other one as sent."""
+    codes = sorted({e[1:].upper() for e in escapes})
+    if not codes:
+        return lambda u: u
+    pattern = re.compile("%(" + "|".join(codes) + ")", re.IGNORECASE)
+    return lambda u: pattern.sub(lambda m: chr(int(m.group(1), 16)), u)
+
+
 class HmacVerifier:
     """HMAC over a templated string, signatures in a header (plain, ``k=v`` list or spaced list)."""
 
@@ -132,6 +141,7 @@ class HmacVerifier:
         self._body_only = self._parts == (_BODY,)
         self._uses = {p for p in self._parts if isinstance(p, int)}
         self._has_timestamp = bool(self._ts_header or self._kv_ts_key)
+        self._uri_decode = uri_decoder(cfg.get("uri_decode") or ())
         tolerance = cfg.get("tolerance_s")
         self._tolerance = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE_S)
 
@@ -235,5 +245,5 @@ class HmacVerifier:
         if _METHOD in self._uses:
             values[_METHOD] = method.encode()
         if _URI in self._uses:
-            values[_URI] = uri().encode()
+            values[_URI] = self._uri_decode(uri()).encode()
         return b"".join(p if isinstance(p, bytes) else values[p] for p in self._parts)
