@@ -418,11 +418,16 @@ work_item = Table(
         "work_id",
         postgresql_where=text("state = 'awaiting_legacy_outcome'"),
     ),
+    # Depth per (pack, generation, state) for stats and cutover proofs. Partial: succeeded rows are
+    # history, never counted, and the majority; a finish to succeeded then adds no entry here (one
+    # index insertion fewer per item) and the index stays the size of the queue, not of the history.
+    # Queries must say ``state <> 'succeeded'`` when their state is not a constant.
     Index(
         "ix_connector_work_item_installed_pack_id_generation_state",
         "installed_pack_id",
         "generation",
         "state",
+        postgresql_where=text("state <> 'succeeded'"),
     ),
 )
 

@@ -238,6 +238,7 @@ FROM (VALUES ('pending'), ('blocked'), ('processing'), ('retry'), ('awaiting_leg
              ('dead')) AS s(state)
 LEFT JOIN connector_work_item w
   ON w.installed_pack_id = %(pack)s AND w.generation = %(generation)s AND w.state = s.state
+     AND w.state <> 'succeeded'  -- lets the planner use the partial (pack, generation, state) index
 LEFT JOIN connector_event e ON e.event_id = w.event_id
 GROUP BY s.state
 """

@@ -50,6 +50,7 @@ CROSS JOIN (VALUES {_STATES_VALUES}) AS s(state)
 CROSS JOIN LATERAL (
   SELECT count(*) AS n FROM connector_work_item w
   WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation AND w.state = s.state
+    AND w.state <> 'succeeded'  -- lets the planner use the partial (pack, generation, state) index
 ) c
 WHERE {_pack_filter("g", pack)}
 GROUP BY g.installed_pack_id, s.state
@@ -264,7 +265,7 @@ WITH cand AS (
   CROSS JOIN LATERAL (
     SELECT w.* FROM connector_work_item w
     WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
-      AND w.state = s.state
+      AND w.state = s.state AND w.state <> 'succeeded'  -- (the partial state index's predicate)
       AND (w.source_lane_key IS NOT NULL OR w.target_mutation_lane_key IS NOT NULL)
       AND (w.state <> 'dead' OR w.dead_blocks_lane)
     OFFSET 0) w  -- a fence: keep the per-(pack, generation, state) index range (no hash join)
