@@ -40,6 +40,10 @@ if str(ROOT) not in sys.path:
 
 HANDLER = "benchmarks.executor_bench:noop"
 WORKERS_PER_PROCESS = 16
+# Items a process holds ahead of its workers (CONNECTOR_EXECUTOR_PREFETCH): the same local window as
+# graphile-worker's batched configuration (localQueue size 500, graphile_worker_peer.LOCAL_QUEUE_SIZE),
+# so both hold 516 jobs at most. The service's default is one claim batch.
+PREFETCH = 500
 
 
 async def noop(ctx: Any) -> None:
@@ -143,7 +147,11 @@ def drain(
             )
         db.execute("VACUUM ANALYZE connector_work_item")
         db.execute("CHECKPOINT")
-        children = [_spawn(url, {"CONNECTOR_EXECUTOR_CLAIM_BATCH": str(claim_batch)}) for _ in range(procs)]
+        env = {
+            "CONNECTOR_EXECUTOR_CLAIM_BATCH": str(claim_batch),
+            "CONNECTOR_EXECUTOR_PREFETCH": str(PREFETCH),
+        }
+        children = [_spawn(url, env) for _ in range(procs)]
         spy = None
         stop_vacuum = threading.Event()
         vacuums = 0
@@ -406,10 +414,19 @@ def main(argv: list[str] | None = None) -> int:
     small, large = (10_000, 30_000) if args.quick else (10_000, 1_000_000)
     only = set(args.only.split(",")) if args.only else (set(QUICK) | {"latency"} if args.quick else None)
     rows: list[dict[str, Any]] = []
-    extra_base = {"items": n, "workers": WORKERS, "lanes": LANES, "claim_batch": args.claim_batch}
+    extra_base = {
+        "items": n,
+        "workers": WORKERS,
+        "lanes": LANES,
+        "claim_batch": args.claim_batch,
+        "prefetch": PREFETCH,
+    }
     with bench_lock():
         batch = args.claim_batch
-        print(f"executor benchmark: {n} items per drain, {WORKERS} workers per process, claim batch {batch}")
+        print(
+            f"executor benchmark: {n} items per drain, {WORKERS} workers per process, claim batch {batch},"
+            f" prefetch {PREFETCH}"
+        )
         modes = [0.0, args.vacuum_every] if args.vacuum_standin else [0.0]
         for name, procs, lanes, key in SCENARIOS:
             if only and name not in only:
