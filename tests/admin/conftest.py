@@ -288,13 +288,23 @@ class Seed:
         assert row is not None
         return row
 
-    async def process(self, capability: str, *, age_s: float = 0.0, process_id: str | None = None) -> None:
+    async def process(
+        self,
+        capability: str,
+        *,
+        age_s: float = 0.0,
+        process_id: str | None = None,
+        service: str = "executor",
+        pid: int = 1,
+    ) -> str:
         self._seq += 1
+        process_id = process_id or f"p-{self._seq}"
         await self.conn.execute(
             "INSERT INTO connector_process (process_id, service, hostname, pid, version, claim_capability,"
-            " heartbeat_at) VALUES (%s, 'executor', 'h', 1, 'test', %s, now() - make_interval(secs => %s))",
-            (process_id or f"p-{self._seq}", capability, age_s),
+            " heartbeat_at) VALUES (%s, %s, 'h', %s, 'test', %s, now() - make_interval(secs => %s))",
+            (process_id, service, pid, capability, age_s),
         )
+        return process_id
 
 
 @dataclass

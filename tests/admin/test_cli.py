@@ -148,6 +148,45 @@ async def test_stats_lanes_cutover(cli, seed: Seed) -> None:
     assert row[:6] == [str(pack), "1", "active", "yes", "work_item", "work_item_active"]
 
 
+async def test_processes(cli, seed: Seed) -> None:
+    await seed.process("none", process_id="m-1", service="materializer", pid=13, age_s=120)
+    await seed.process("none", process_id="i-1", service="ingress", pid=12)
+    await seed.process("work_item", process_id="x-1", service="executor", pid=11)
+
+    code, out, _ = await cli("processes", token=VIEW)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "SERVICE", "PROCESS_ID", "HOST", "PID", "VERSION", "CAPABILITY", "HEARTBEAT_AGE", "STALE",
+    ]  # fmt: skip
+    rows = [line.split() for line in lines[1:4]]
+    assert [r[:6] for r in rows] == [
+        ["executor", "x-1", "h", "11", "test", "work_item"],
+        ["ingress", "i-1", "h", "12", "test", "none"],
+        ["materializer", "m-1", "h", "13", "test", "none"],
+    ]
+    assert [r[6:] for r in rows] == [["0s"], ["0s"], ["2m", "yes"]]
+    assert lines[4] == "3 processes, 1 stale (no heartbeat for 15s)"
+
+    code, out, _ = await cli("processes", "--service", "ingress")
+    assert code == 0 and [line.split()[:2] for line in out.splitlines()[1:2]] == [["ingress", "i-1"]]
+    assert out.splitlines()[2] == "1 process, 0 stale (no heartbeat for 15s)"
+
+    code, out, _ = await cli("processes", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [(p["process_id"], p["service"], p["claim_capability"], p["pid"]) for p in data["processes"]] == [
+        ("i-1", "ingress", "none", 12),
+        ("m-1", "materializer", "none", 13),
+        ("x-1", "executor", "work_item", 11),
+    ]
+    assert [p.get("stale", False) for p in data["processes"]] == [False, True, False]
+    assert data["stale_after"] == "15s" and float(data["processes"][1]["heartbeat_age"].rstrip("s")) >= 120
+
+    code, out, _ = await cli("processes", "--service", "nope")
+    assert code == 0 and out.splitlines()[1:] == ["(none)"]
+
+
 async def test_packs(cli, tmp_path: Path) -> None:
     path = tmp_path / "pack.yaml"
     path.write_text(yaml.safe_dump(manifest("billing", "billing")))

@@ -1,4 +1,5 @@
-"""``connector ingress`` as a real process: starts from the environment, serves, stops on SIGTERM."""
+"""``connector ingress`` as a real process: starts from the environment, registers in
+``connector_process``, serves, stops on SIGTERM (and deregisters)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 import time
 import urllib.request
 
+import psycopg
+
 from .conftest import SECRETS, github_headers, install_routes, receipt_count
 
 
@@ -17,6 +20,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _registered(db_url: str, pid: int) -> list[tuple[str, str]]:
+    with psycopg.connect(db_url) as conn:
+        return [
+            (str(r[0]), str(r[1]))
+            for r in conn.execute(
+                "SELECT service, claim_capability FROM connector_process WHERE pid = %s", (pid,)
+            ).fetchall()
+        ]
 
 
 def test_connector_ingress_process_serves_and_stops_on_sigterm(db_url: str) -> None:
@@ -53,6 +66,7 @@ def test_connector_ingress_process_serves_and_stops_on_sigterm(db_url: str) -> N
         )
         with urllib.request.urlopen(request, timeout=10) as r:
             assert r.status == 200
+        assert _registered(db_url, proc.pid) == [("ingress", "none")]  # registered before ready
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
         logs = proc.stderr.read().decode() if proc.stderr else ""
@@ -60,5 +74,6 @@ def test_connector_ingress_process_serves_and_stops_on_sigterm(db_url: str) -> N
         if proc.poll() is None:
             proc.kill()
     assert receipt_count(db_url) == 1
+    assert _registered(db_url, proc.pid) == []  # deregistered on the clean stop
     assert '"msg":"ingress started"' in logs and '"msg":"ingress stopped"' in logs
     assert not any(value in logs for value in SECRETS.values())

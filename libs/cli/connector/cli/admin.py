@@ -8,6 +8,7 @@
     connector admin packs list|apply|activate pack generations
     connector admin cutover status            claim path, phase, receipts, fences per generation
     connector admin cutover quiesce|cutover|rollback|abort|reconcile|resolve   gates (docs/cutover.md)
+    connector admin processes                 registered service processes, heartbeat age, stale
 
 Target ``CONNECTOR_ADMIN_ADDRESS`` (default 127.0.0.1:50053) or ``--address``; bearer token from
 ``CONNECTOR_ADMIN_TOKEN`` or ``--token-file``; TLS with ``--tls-ca-file`` (+ ``--tls-cert-file`` /
@@ -33,7 +34,7 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from connector.cli.admin_output import Progress, age, ago, enum_name, table, to_json, when
+from connector.cli.admin_output import Progress, age, ago, enum_name, process_table, table, to_json, when
 from connector.common.grpc_server import error_info
 from connector.common.settings import AdminSettings, load
 from connector.v1 import admin_service_pb2 as pb
@@ -563,6 +564,18 @@ def cutover_status(client: Client, args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------------
+
+
+def processes_list(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ListProcessesRequest(page_size=500, service=args.service or "")
+    response = _pages(client, "ListProcesses", request, "processes", True)
+    _emit(args, response, lambda: process_table(response))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
 # packs
 # --------------------------------------------------------------------------------------------------
 
@@ -757,6 +770,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pack", help="pack id or name")
     admin_cutover.add_commands(cutover, command)
 
+    p = groups.add_parser(
+        "processes",
+        parents=[common],
+        help="registered service processes: heartbeat age, stale",
+        description="Registered service processes (executor, ingress, materializer; connector_process)"
+        " with their heartbeat age; stale = no heartbeat for 3 intervals.",
+    )
+    p.set_defaults(admin_run=processes_list)
+    p.add_argument("--service", help="only this service (e.g. executor, ingress, materializer)")
+
 
 def cli(args: argparse.Namespace) -> int:
     run = getattr(args, "admin_run", None)
@@ -766,7 +789,7 @@ def cli(args: argparse.Namespace) -> int:
             helper()
         else:
             print(
-                "usage: connector admin {dlq,receipts,stats,lanes,packs,cutover} ... (see --help)",
+                "usage: connector admin {dlq,receipts,stats,lanes,packs,cutover,processes} ... (see --help)",
                 file=sys.stderr,
             )
         return 2

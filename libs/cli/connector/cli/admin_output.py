@@ -47,6 +47,35 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO | N
         print("(none)", file=out)
 
 
+def process_table(response: Any, out: TextIO | None = None) -> None:
+    """``connector admin processes``: one row per registered process, by service then host and pid."""
+    rows = sorted(response.processes, key=lambda p: (p.service, p.hostname, p.pid, p.process_id))
+    table(
+        ["service", "process_id", "host", "pid", "version", "capability", "heartbeat_age", "stale"],
+        [
+            (
+                p.service,
+                p.process_id,
+                p.hostname,
+                p.pid,
+                p.version,
+                p.claim_capability,
+                age(p.heartbeat_age, p.HasField("heartbeat_age")),
+                "yes" if p.stale else "",
+            )
+            for p in rows
+        ],
+        out,
+    )
+    if rows and response.HasField("stale_after"):
+        stale = sum(1 for p in rows if p.stale)
+        print(
+            f"{len(rows)} process{'' if len(rows) == 1 else 'es'}, {stale} stale"
+            f" (no heartbeat for {age(response.stale_after)})",
+            file=out or sys.stdout,
+        )
+
+
 def when(ts: Timestamp, present: bool = True) -> str:
     if not present or (ts.seconds == 0 and ts.nanos == 0):
         return "-"

@@ -645,3 +645,47 @@ class ListLegacyFailuresResponse(_message.Message):
     failures: _containers.RepeatedCompositeFieldContainer[LegacyFailure]
     next_page_token: str
     def __init__(self, failures: _Optional[_Iterable[_Union[LegacyFailure, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class Process(_message.Message):
+    __slots__ = ("process_id", "service", "hostname", "pid", "version", "claim_capability", "start_time", "heartbeat_time", "heartbeat_age", "stale")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    process_id: str
+    service: str
+    hostname: str
+    pid: int
+    version: str
+    claim_capability: str
+    start_time: _timestamp_pb2.Timestamp
+    heartbeat_time: _timestamp_pb2.Timestamp
+    heartbeat_age: _duration_pb2.Duration
+    stale: bool
+    def __init__(self, process_id: _Optional[str] = ..., service: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., claim_capability: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "service")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    service: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., service: _Optional[str] = ...) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes", "next_page_token", "stale_after")
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STALE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[Process]
+    next_page_token: str
+    stale_after: _duration_pb2.Duration
+    def __init__(self, processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., stale_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...

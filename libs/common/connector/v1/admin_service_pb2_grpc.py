@@ -139,6 +139,11 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.FromString,
                 _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/connector.v1.AdminService/ListProcesses',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -301,6 +306,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProcesses(self, request, context):
+        """Registered service processes (connector_process: executors, ingress, materializer), by process
+        id, with heartbeat age and staleness computed by the database (role ViewConnectorEvents).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +416,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListLegacyFailures,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -950,6 +968,33 @@ class AdminService:
             '/connector.v1.AdminService/ListLegacyFailures',
             connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.ListLegacyFailuresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ListProcesses',
+            connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.FromString,
             options,
             channel_credentials,
             insecure,

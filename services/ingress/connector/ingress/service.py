@@ -11,9 +11,11 @@ Use in-process (``connector up``, tests)::
 Metrics are served on ``settings.metrics_port`` unless ``serve_metrics=False`` (when the host
 process serves the shared registry itself).
 
-Start order: pool → route table (first load) → writers → gRPC → HTTP (ready last).
+Start order: pool → process row (``connector_process``, service ``ingress``, claim capability
+``none``, heartbeat every ``heartbeat_s`` on this pool) → route table (first load) → writers → gRPC
+→ HTTP (ready last).
 Stop order: gRPC health NOT_SERVING → HTTP stops accepting, in-flight requests finish (their
-batches commit) → gRPC stops → writers drain → route watcher → pool.
+batches commit) → gRPC stops → writers drain → route watcher → deregister → pool.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common import db as dbmod
 from connector.common import logs, runtime
 from connector.common.grpc_server import GrpcServer
+from connector.common.process_registry import ProcessRegistration
 from connector.common.settings import DatabaseSettings, IngressSettings, load
 from connector.ingress import metrics
 from connector.ingress.admission import Admission
@@ -54,12 +57,15 @@ class IngressService:
         url: str | None = None,
         *,
         serve_metrics: bool = True,
+        heartbeat_s: float = 5.0,
     ) -> None:
         self.db = db
         self.settings = settings
         self._url = url
         self._serve_metrics = serve_metrics
+        self._heartbeat_s = heartbeat_s
         self.pool: AsyncConnectionPool | None = None
+        self.registration: ProcessRegistration | None = None
         self.routes: RouteTable | None = None
         self.writer: ReceiptWriter | None = None
         self.admission: Admission | None = None
@@ -71,12 +77,21 @@ class IngressService:
         self.grpc_port = 0
         self.metrics_port = 0
 
+    @property
+    def process_id(self) -> str | None:
+        """This instance's ``connector_process`` id while it runs."""
+        return self.registration.process_id if self.registration else None
+
     async def start(self) -> None:
         s = self.settings
         url = self._url or self.db.url()
         pool_db = self.db.model_copy(update={"statement_timeout_ms": s.statement_timeout_ms})
         try:
             self.pool = await dbmod.open_pool(SERVICE, pool_db, s, url=url)
+            self.registration = ProcessRegistration(
+                self.pool, service=SERVICE, capability="none", interval_s=self._heartbeat_s
+            )
+            await self.registration.start()
             self.routes = RouteTable(
                 dbmod.conninfo_with(url, application_name="connector-ingress-routes", statement_timeout_ms=0),
                 refresh_s=s.routes_refresh_s,
@@ -135,6 +150,7 @@ class IngressService:
                 "grpc_port": self.grpc_port,
                 "metrics_port": self.metrics_port,
                 "routes": len(self.routes),
+                "process_id": self.process_id,
             },
         )
 
@@ -164,6 +180,9 @@ class IngressService:
             self.writer = None
         if self.routes is not None:
             await self.routes.stop()
+        if self.registration is not None:
+            await self.registration.stop()
+            self.registration = None
         if self.pool is not None:
             pool, self.pool = self.pool, None
             # The shared pool registry is keyed by service name: close ours, leave another's alone.

@@ -1,9 +1,12 @@
 """The materializer service: wiring of the routing loop, the route cache, wake-ups, metrics, gRPC.
 
 ``MaterializerService`` runs in its own process (``connector materializer``) or inside ``connector
-up``. Start order: own pool → route cache loaded → LISTEN connection → routing workers → lag sampler
-→ gRPC (health, reflection) → metrics endpoint. Stop order (SIGTERM): health NOT_SERVING and stop
-accepting → routing workers finish (or release) the batch in hand → listener → pool closed.
+up``. Start order: own pool → process row (``connector_process``, service ``materializer``, claim
+capability ``none``, heartbeat every ``heartbeat_s`` on this pool) → route cache loaded → LISTEN
+connection → routing workers → lag sampler → upkeep → gRPC (health, reflection) → metrics endpoint;
+a start that fails stops what it started. Stop order (SIGTERM): health NOT_SERVING and stop
+accepting → routing workers finish (or release) the batch in hand → listener → upkeep → deregister →
+pool closed.
 
 Wake-ups: a dedicated connection (not from the pool) LISTENs on ``connector_receipts`` (new
 receipts: idle workers claim at once) and ``connector_packs`` (an activation: reload the route
@@ -29,6 +32,7 @@ from connector.common import logs, settings
 from connector.common import metrics as common_metrics
 from connector.common.grpc_server import GrpcServer
 from connector.common.pack_store import RouteCache
+from connector.common.process_registry import ProcessRegistration
 from connector.common.runtime import run, run_until_signal
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.common.settings import DatabaseSettings, MaterializerSettings
@@ -47,10 +51,19 @@ UPKEEP_TABLES = ("connector_ingress_receipt", "connector_event")
 class MaterializerService:
     name = "materializer"
 
-    def __init__(self, db: DatabaseSettings, cfg: MaterializerSettings, url: str | None = None) -> None:
+    def __init__(
+        self,
+        db: DatabaseSettings,
+        cfg: MaterializerSettings,
+        url: str | None = None,
+        *,
+        heartbeat_s: float = 5.0,
+    ) -> None:
         self.db = db
         self.cfg = cfg
         self._url = url
+        self._heartbeat_s = heartbeat_s
+        self.registration: ProcessRegistration | None = None
         self.cache = RouteCache()
         self.router: Router | None = None
         self.pool: Any = None
@@ -67,9 +80,35 @@ class MaterializerService:
     def url(self) -> str:
         return self._url or self.db.url()
 
+    @property
+    def process_id(self) -> str | None:
+        """This instance's ``connector_process`` id while it runs."""
+        return self.registration.process_id if self.registration else None
+
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "materializer started",
+            extra={
+                "owner": self.owner,
+                "process_id": self.process_id,
+                "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port,
+                "packs": len(self.cache.packs),
+            },
+        )
+
+    async def _start(self) -> None:
         self._stopping.clear()
         self.pool = await common_db.open_pool("materializer", self.db, self.cfg, url=self.url)
+        self.registration = ProcessRegistration(
+            self.pool, service="materializer", capability="none", interval_s=self._heartbeat_s
+        )
+        await self.registration.start()
         async with self.pool.connection() as conn:
             await self.cache.refresh(conn)
             await self._check_horizon_visibility(conn)
@@ -84,15 +123,6 @@ class MaterializerService:
         await self._grpc.start()
         self.grpc_port = self._grpc.port
         self.metrics_port = common_metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
-        log.info(
-            "materializer started",
-            extra={
-                "owner": self.owner,
-                "grpc_port": self.grpc_port,
-                "metrics_port": self.metrics_port,
-                "packs": len(self.cache.packs),
-            },
-        )
 
     async def _check_horizon_visibility(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The commit horizon reads other sessions' ``backend_xid`` from pg_stat_activity, which
@@ -130,7 +160,16 @@ class MaterializerService:
         if self.upkeep is not None:
             await self.upkeep.stop()
             self.upkeep = None
-        await common_db.close_pool("materializer")
+        if self.registration is not None:
+            await self.registration.stop()
+            self.registration = None
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            # The shared pool registry is keyed by service name: close ours, leave another's alone.
+            if common_db._POOLS.get("materializer") is pool:
+                await common_db.close_pool("materializer")
+            else:
+                await pool.close()
         log.info("materializer stopped")
 
     # ---------------------------------------------------------------------------------- wake-ups

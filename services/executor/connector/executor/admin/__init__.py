@@ -48,8 +48,8 @@ def build_admin(pool: AsyncConnectionPool, settings: AdminSettings, **options: A
     """The servicer over ``pool`` and the auth hook for ``GrpcServer(authenticate=...)``.
 
     ``options`` tune the servicer (``replay_rate_default``, ``replay_rate_max``,
-    ``replay_batch_size``, ``bulk_replay_concurrency``, ``process_stale_s``). Raises
-    ``SettingsError`` when ``CONNECTOR_ADMIN_TOKENS`` is malformed.
+    ``replay_batch_size``, ``bulk_replay_concurrency``, ``process_stale_s``,
+    ``process_heartbeat_s``). Raises ``SettingsError`` when ``CONNECTOR_ADMIN_TOKENS`` is malformed.
     """
     authenticate = TokenAuthenticator(settings.tokens.get_secret_value())
     return AdminApi(AdminServicer(pool, **options), authenticate)

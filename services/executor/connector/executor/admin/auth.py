@@ -56,6 +56,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListPacks": Role.VIEW,
     "GetCutoverState": Role.VIEW,
     "ListLegacyFailures": Role.VIEW,
+    "ListProcesses": Role.VIEW,
     "ReplayWorkItem": Role.REPLAY,
     "ReplayDeadLetters": Role.REPLAY,
     "ReplayReceipt": Role.REPLAY,

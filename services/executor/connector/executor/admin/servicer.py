@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
@@ -98,6 +98,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         replay_batch_size: int = 100,
         bulk_replay_concurrency: int = 2,
         process_stale_s: float = 30.0,
+        process_heartbeat_s: float = 5.0,
     ) -> None:
         self._pool = pool
         self._rate_default = replay_rate_default
@@ -105,6 +106,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self._batch = replay_batch_size
         self._bulk_slots = asyncio.Semaphore(bulk_replay_concurrency)
         self._stale_s = process_stale_s
+        # ListProcesses flags a process stale after 3 missed heartbeats (ProcessRegistration beats
+        # every 5 s by default); the gates keep counting a claimer until process_stale_s.
+        self._process_stale_after_s = 3 * process_heartbeat_s
 
     # -- request ids ----------------------------------------------------------------------------
 
@@ -466,6 +470,47 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ListLegacyFailuresRequest, context: Any
     ) -> pb.ListLegacyFailuresResponse:
         return await transitions.legacy_failures(self, request)
+
+    # -- processes ------------------------------------------------------------------------------
+
+    async def ListProcesses(self, request: pb.ListProcessesRequest, context: Any) -> pb.ListProcessesResponse:
+        size = pagination.page_size(request.page_size)
+        filters = {"service": request.service or None}
+        key = pagination.decode(request.page_token, filters, arity=1)
+        after: str | None = None
+        if key is not None:
+            if not isinstance(key[0], str):
+                raise pagination.bad_page_token()
+            after = key[0]
+        async with connection(self._pool) as conn:
+            rows = await reads.process_list(
+                conn,
+                request.service or None,
+                stale_after_s=self._process_stale_after_s,
+                after=after,
+                limit=size + 1,
+            )
+        response = pb.ListProcessesResponse(
+            stale_after=convert.duration(timedelta(seconds=self._process_stale_after_s))
+        )
+        for row in rows[:size]:
+            response.processes.append(
+                pb.Process(
+                    process_id=row["process_id"],
+                    service=row["service"],
+                    hostname=row["hostname"],
+                    pid=row["pid"],
+                    version=row["version"],
+                    claim_capability=row["claim_capability"],
+                    start_time=convert.ts(row["started_at"]),
+                    heartbeat_time=convert.ts(row["heartbeat_at"]),
+                    heartbeat_age=convert.duration(row["heartbeat_age"]),
+                    stale=bool(row["stale"]),
+                )
+            )
+        if len(rows) > size:
+            response.next_page_token = pagination.encode([rows[size - 1]["process_id"]], filters)
+        return response
 
     # -- packs (connector.common.pack_store) ------------------------------------------------------
 
