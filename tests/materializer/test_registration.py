@@ -19,7 +19,7 @@ from connector.common.process_registry import runtime_version
 from connector.common.settings import DatabaseSettings, MaterializerSettings
 from connector.materializer.service import MaterializerService
 
-from .conftest import apply, manifest, rows, scalar, wait_until
+from .conftest import apply, body, insert_receipts, manifest, rows, scalar, wait_until
 
 CONNECTOR = Path(sys.executable).with_name("connector")
 
@@ -58,6 +58,20 @@ async def test_materializer_registers_heartbeats_and_deregisters_on_stop(db_url:
 
         await wait_until(beaten, timeout=10, what="a heartbeat")
         assert service.registration is not None and service.registration.heartbeat_failures == 0
+        # Its receipt claims carry the registered process id (an operator can match them).
+        (receipt,) = await insert_receipts(adb, [body("o-1")])
+
+        async def routed() -> bool:
+            status = await scalar(
+                adb, "SELECT router_status FROM connector_ingress_receipt WHERE receipt_id = %s", (receipt,)
+            )
+            return bool(status == "materialized")
+
+        await wait_until(routed, timeout=10, what="the receipt materialized")
+        owner = await scalar(
+            adb, "SELECT claim_owner FROM connector_ingress_receipt WHERE receipt_id = %s", (receipt,)
+        )
+        assert owner == process_id
     finally:
         await service.stop()
     assert await _row(adb, process_id) is None

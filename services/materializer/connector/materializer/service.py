@@ -109,6 +109,9 @@ class MaterializerService:
             self.pool, service="materializer", capability="none", interval_s=self._heartbeat_s
         )
         await self.registration.start()
+        # Receipt claims carry the registered process id (as executor leases do), so an operator can
+        # match a routing claim to its ListProcesses row.
+        self.owner = self.registration.process_id
         async with self.pool.connection() as conn:
             await self.cache.refresh(conn)
             await self._check_horizon_visibility(conn)
