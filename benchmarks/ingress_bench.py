@@ -134,6 +134,20 @@ def loadgen_main(raw: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def _free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 all free (the workers' metrics ports)."""
+    for _ in range(200):
+        base = _free_port()
+        try:
+            for i in range(1, n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} adjacent free ports")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,6 +218,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live children (``--processes``: the supervisor's workers)."""
+    total = _cpu_seconds(pid)
+    with contextlib.suppress(OSError):
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                total += _cpu_seconds(int(child))
+    return total
+
+
 def _postgres_cpu_seconds(dbname: str) -> float:
     """CPU of the server's backends for ``dbname`` plus its shared background processes (WAL writer,
     checkpointer, …): other databases' backends on a shared server are left out."""
@@ -220,9 +244,12 @@ def _postgres_cpu_seconds(dbname: str) -> float:
     return total
 
 
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+def _scrape(port: int, processes: int = 1) -> dict[str, float]:
+    """The group-commit histograms, summed over the workers (metrics port + worker index)."""
+    text = ""
+    for i in range(processes):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + i}/metrics", timeout=5) as r:
+            text += r.read().decode() + "\n"
     out: dict[str, float] = {}
     for line in text.splitlines():
         for name in (
@@ -232,7 +259,7 @@ def _scrape(port: int) -> dict[str, float]:
             "connector_ingress_receipt_commit_seconds_count",
         ):
             if line.startswith(name + " "):
-                out[name] = float(line.split()[1])
+                out[name] = out.get(name, 0.0) + float(line.split()[1])
     return out
 
 
@@ -297,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=None, help="CONNECTOR_INGRESS_GROUP_COMMIT_WRITERS")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="group commit max wait")
     parser.add_argument("--skip-pgbench", action="store_true")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="ingress worker processes (connector ingress --processes)"
+    )
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loadgen:
@@ -324,6 +354,7 @@ def _rows(args: argparse.Namespace, summary: dict[str, Any], common: Any) -> lis
     load, ref = summary["ingress"], summary["pgbench"]
     extra = {
         "concurrency": args.concurrency,
+        "processes": args.processes,
         "duration_s": args.duration,
         "body_bytes": args.body_bytes,
         "verification": "standard-webhooks (HMAC-SHA256)",
@@ -376,7 +407,7 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
 
     dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     _install_route(url)
-    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_ports(args.processes)
     env = {
         **os.environ,
         "CONNECTOR_DATABASE_URL": url,
@@ -389,7 +420,8 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
         env["CONNECTOR_INGRESS_GROUP_COMMIT_MAX_WAIT_MS"] = str(args.max_wait_ms)
     ingress = subprocess.Popen(
         [sys.executable, "-m", "connector.cli.main", "ingress", "--http-port", str(http_port),
-         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)],
+         "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+         "--processes", str(args.processes)],
         env=env,
     )  # fmt: skip
     try:
@@ -399,12 +431,13 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
             "port": http_port,
             "secret": SECRET_VALUE,
             "concurrency": args.concurrency,
+            "processes": args.processes,
             "duration": args.duration,
             "warmup": args.warmup,
             "body_bytes": args.body_bytes,
         }
         cpu_before, pg_before, wall_before = (
-            _cpu_seconds(ingress.pid),
+            _tree_cpu_seconds(ingress.pid),
             _postgres_cpu_seconds(dbname),
             time.monotonic(),
         )
@@ -417,11 +450,11 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
         load = json.loads(gen.stdout.strip().splitlines()[-1])
         wall = time.monotonic() - wall_before
         cpu = {
-            "ingress": (_cpu_seconds(ingress.pid) - cpu_before) / wall,
+            "ingress": (_tree_cpu_seconds(ingress.pid) - cpu_before) / wall,
             "postgres": (_postgres_cpu_seconds(dbname) - pg_before) / wall,
             "load_generator": load.pop("cpu_s") / wall,
         }
-        scraped = _scrape(metrics_port)
+        scraped = _scrape(metrics_port, args.processes)
     finally:
         ingress.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -203,10 +203,16 @@ class GrpcServer:
         authenticate: Authenticator | None = None,
         protected_prefixes: tuple[str, ...] = (),
         credentials: grpc.ServerCredentials | None = None,
+        reuse_port: bool = False,
     ) -> None:
+        # SO_REUSEPORT only when asked (several worker processes on one port): otherwise a second
+        # server on a taken port must fail instead of silently sharing it.
         self.server = grpc.aio.server(
             interceptors=[_Interceptor(authenticate, protected_prefixes)],
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 16 * 1024 * 1024)],
+            options=[
+                ("grpc.so_reuseport", 1 if reuse_port else 0),
+                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ],
         )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -82,6 +82,8 @@ class UpkeepSettings(PoolSettings):
 class IngressSettings(PoolSettings):
     model_config = SettingsConfigDict(env_prefix="CONNECTOR_INGRESS_", extra="ignore")
 
+    #: Worker processes sharing the HTTP and gRPC ports (SO_REUSEPORT); 1 = this process serves.
+    processes: int = Field(default=1, ge=1, le=64)
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     #: Bind addresses of the gRPC and metrics listeners (``0.0.0.0`` in containers).

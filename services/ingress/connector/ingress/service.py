@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -58,12 +59,14 @@ class IngressService:
         *,
         serve_metrics: bool = True,
         heartbeat_s: float = 5.0,
+        reuse_port: bool = False,
     ) -> None:
         self.db = db
         self.settings = settings
         self._url = url
         self._serve_metrics = serve_metrics
         self._heartbeat_s = heartbeat_s
+        self._reuse_port = reuse_port
         self.pool: AsyncConnectionPool | None = None
         self.registration: ProcessRegistration | None = None
         self.routes: RouteTable | None = None
@@ -118,7 +121,7 @@ class IngressService:
             metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
             metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
 
-            self._grpc = GrpcServer(host=s.grpc_host, port=s.grpc_port)
+            self._grpc = GrpcServer(host=s.grpc_host, port=s.grpc_port, reuse_port=self._reuse_port)
             self._grpc.add(
                 ingress_servicer.register,
                 ingress_servicer.IngressServicer(admission, public_base_url=s.public_base_url),
@@ -130,7 +133,9 @@ class IngressService:
             server = build_server(admission, ready=self.ready, public_base_url=s.public_base_url)
             self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=1024)
+            site = web.TCPSite(
+                self._runner, s.http_host, s.http_port, backlog=1024, reuse_port=self._reuse_port or None
+            )
             await site.start()
             self.http_port = int(self._runner.addresses[0][1])
 
@@ -202,24 +207,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, help="HTTP port (CONNECTOR_INGRESS_HTTP_PORT)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (CONNECTOR_INGRESS_GRPC_PORT)")
     parser.add_argument("--metrics-port", type=int, help="metrics port (CONNECTOR_INGRESS_METRICS_PORT)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        help="worker processes sharing the HTTP and gRPC ports, supervised by this one "
+        "(CONNECTOR_INGRESS_PROCESSES, default 1; metrics on --metrics-port + worker index)",
+    )
+    # Set by the supervisor for its workers: the worker index (bind with SO_REUSEPORT).
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
 
 
 def cli(args: argparse.Namespace) -> int:
-    """``connector ingress``: run until SIGTERM/SIGINT."""
+    """``connector ingress``: run until SIGTERM/SIGINT (``--processes N``: supervise N workers)."""
     logs.setup(SERVICE)
     db = load(DatabaseSettings)
     settings = load(IngressSettings)
     overrides = {
         key: value
-        for key in ("http_host", "http_port", "grpc_port", "metrics_port")
+        for key in ("http_host", "http_port", "grpc_port", "metrics_port", "processes")
         if (value := getattr(args, key, None)) is not None
     }
     if overrides:
         settings = settings.model_copy(update=overrides)
     db.url()  # fail fast with a clear message when the URL is missing
+    worker = getattr(args, "worker", None)
+    if worker is None and settings.processes > 1:
+        if settings.processes < 1 or settings.processes > 64:
+            print("connector ingress: --processes must be between 1 and 64", file=sys.stderr)
+            return 2
+        if settings.http_port == 0 or settings.grpc_port == 0:
+            print(
+                "connector ingress: --processes needs fixed HTTP and gRPC ports (0 picks a different "
+                "free port in every worker)",
+                file=sys.stderr,
+            )
+            return 2
+        from connector.ingress.supervisor import supervise
+
+        forwarded = [
+            "--http-host", settings.http_host, "--http-port", str(settings.http_port),
+            "--grpc-port", str(settings.grpc_port), "--metrics-port", str(settings.metrics_port),
+        ]  # fmt: skip
+        return supervise(settings.processes, forwarded, grace_s=settings.shutdown_grace_s)
+    if worker is not None and settings.metrics_port:
+        settings = settings.model_copy(update={"metrics_port": settings.metrics_port + worker})
 
     async def main() -> None:
-        await runtime.run_until_signal([IngressService(db, settings)])
+        from connector.ingress.supervisor import report_ready
+
+        await runtime.run_until_signal(
+            [IngressService(db, settings, reuse_port=worker is not None)], on_started=report_ready
+        )
 
     runtime.run(main)
     return 0
