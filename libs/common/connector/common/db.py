@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from prometheus_client.core import GaugeMetricFamily
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from connector.common import metrics
 from connector.common.settings import DatabaseSettings, PoolSettings
@@ -78,9 +78,43 @@ async def open_pool(
         name=f"connector-{service}",
         open=False,
     )
-    await p.open(wait=True, timeout=max(10.0, pool.pool_timeout_s))
+    wait_s = max(db.connect_timeout_s, pool.pool_timeout_s)
+    try:
+        await p.open(wait=True, timeout=wait_s)
+    except PoolTimeout:
+        await p.close()
+        raise DatabaseUnavailable(
+            f"connector {service}: the database at {where(conninfo)} accepted no connection within "
+            f"{wait_s:g} s: {await _probe(conninfo)} (CONNECTOR_DATABASE_URL, CONNECTOR_CONNECT_TIMEOUT_S)"
+        ) from None
     _POOLS[service] = p
     return p
+
+
+class DatabaseUnavailable(SystemExit):
+    """A service could not open its pool at start: exits with the reason, not a traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def where(conninfo: str) -> str:
+    """``host:port/dbname`` of a connection string, never its user or password."""
+    parts = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}/{parts.get('dbname') or ''}"
+
+
+async def _probe(conninfo: str) -> str:
+    """One direct connection attempt: the server's or libpq's own reason, password removed."""
+    password = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("password") or "")
+    try:
+        conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=5)
+    except Exception as exc:
+        reason = " ".join(str(exc).split())
+        return reason.replace(password, "***") if password else reason
+    await conn.close()
+    return "a direct connection works now (the server was starting or busy)"
 
 
 async def close_pool(service: str) -> None:

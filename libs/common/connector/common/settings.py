@@ -29,6 +29,9 @@ class DatabaseSettings(BaseSettings):
     data_dir: str = ".data"
     #: Statement timeout applied to every pooled connection (milliseconds, 0 = none).
     statement_timeout_ms: int = Field(default=30_000, ge=0)
+    #: How long a service waits at start for its pool's first connections before it gives up with
+    #: "database unavailable" (seconds).
+    connect_timeout_s: float = Field(default=10.0, gt=0)
 
     @field_validator("database_url")
     @classmethod
