@@ -24,6 +24,7 @@ from connector.common.upkeep import (
 )
 from connector.executor import claims
 from tests.executor import seed
+from tests.plans import positional
 
 WI = "connector_work_item"
 SMALL = UpkeepConfig(mode="on", vacuum_dead_rows=500, analyze_rows=500)
@@ -135,7 +136,7 @@ async def test_auto_mode_follows_autovacuum(db: psycopg.Connection, db_url: str)
     _churn(db, 600)
     vacuums = _stats(db)[1]
     off.start()  # mode off starts no loop at all
-    assert off._task is None
+    assert not off.running
     await off.stop()
     assert _stats(db)[1] == vacuums
 
@@ -203,14 +204,8 @@ async def test_analyze_remakes_a_claim_plan_made_on_an_empty_table(
     pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
     seed.seed_items(db, pack, 64)
     db.execute("SET plan_cache_mode = force_generic_plan")
-    order: list[str] = []
-
-    def placeholder(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    db.execute("PREPARE claim AS " + re.sub(r"%\((\w+)\)s", placeholder, claims.WORK_ITEM_CLAIM_BATCH))
+    body, order = positional(claims.WORK_ITEM_CLAIM_BATCH)
+    db.execute("PREPARE claim AS " + body)
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim({})").format(
         sql.SQL(", ").join(sql.Literal(params[k]) for k in order)

@@ -3,15 +3,12 @@ events by primary key however large the legacy backlog grows after its plan was 
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 import psycopg
-from psycopg import sql
 
 from connector.common import testdb
 from connector.executor import legacy
 from tests.executor import seed
+from tests.plans import assert_update_reads_by_key, prepared_explain
 
 PACK_EVENTS = """
 WITH r AS (
@@ -58,42 +55,13 @@ def test_legacy_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
         )
         db.execute("VACUUM ANALYZE connector_event")
         db.execute("SET plan_cache_mode = force_generic_plan")
-        order: list[str] = []
-
-        def placeholder(m: re.Match[str]) -> str:
-            if m.group(1) not in order:
-                order.append(m.group(1))
-            return f"${order.index(m.group(1)) + 1}"
-
-        db.execute("PREPARE claim AS " + re.sub(r"%\((\w+)\)s", placeholder, legacy.EVENT_LEGACY_CLAIM_BATCH))
         params = {"pack": pack, "generation": 1, "owner": "o", "lease_token": 1, "limit": 64, "lease_s": 30.0}
-        call = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({})").format(
-            sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
-        )
-
-        def nodes() -> list[dict[str, Any]]:
-            with db.transaction(force_rollback=True):
-                row = db.execute(call).fetchone()
-            assert row is not None
-            out, todo = [], [row[0][0]["Plan"]]
-            while todo:
-                n = todo.pop()
-                out.append(n)
-                todo.extend(n.get("Plans", []))
-            return out
-
+        nodes = prepared_explain(db, "claim", legacy.EVENT_LEGACY_CLAIM_BATCH, params)
         assert nodes()[0]["Actual Rows"] == 0  # nothing pending: the generic plan is made here
         db.execute(
             PACK_EVENTS, {"tag": "due-", "n": 30_000, "pack": pack, "route": route_id, "state": "pending"}
         )
-        plan = nodes()
-        assert plan[0]["Node Type"] == "ModifyTable" and plan[0]["Actual Rows"] == 64, plan[0]
-        target = [
-            n
-            for n in plan[1:]
-            if n.get("Relation Name") == "connector_event" and n.get("Alias") == "e" and "Index Name" in n
-        ]
-        assert target, [(n["Node Type"], n.get("Alias"), n.get("Index Name")) for n in plan]
-        for n in target:  # read by key, the batch only
-            assert n["Index Name"] == "pk_connector_event", n
-            assert n["Actual Rows"] <= 64, n
+        # read by key, the batch only
+        assert_update_reads_by_key(
+            nodes(), relation="connector_event", alias="e", index="pk_connector_event", rows=64
+        )

@@ -21,6 +21,7 @@ from connector.common import testdb
 from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from connector.executor import claims
 from tests.executor import seed
+from tests.plans import assert_update_reads_by_key, positional, prepared_explain
 
 pytestmark = pytest.mark.slow
 
@@ -30,14 +31,7 @@ CHURN = 20_000
 
 
 def _prepare(db: psycopg.Connection, name: str, query: str) -> list[str]:
-    order: list[str] = []
-
-    def repl(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    body = re.sub(r"%\((\w+)\)s", repl, query)
+    body, order = positional(query)
     db.execute(f"PREPARE {name} AS {body}")
     return order
 
@@ -323,32 +317,9 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
             "owner": "o",
             "lease_s": 30.0,
         }
-        order = _prepare(db, "claim", claims.WORK_ITEM_CLAIM_BATCH)
-        call = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim({})").format(
-            sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
-        )
-
-        def nodes() -> list[dict[str, Any]]:
-            with db.transaction(force_rollback=True):
-                row = db.execute(call).fetchone()
-            assert row is not None
-            out, todo = [], [row[0][0]["Plan"]]
-            while todo:
-                n = todo.pop()
-                out.append(n)
-                todo.extend(n.get("Plans", []))
-            return out
-
+        nodes = prepared_explain(db, "claim", claims.WORK_ITEM_CLAIM_BATCH, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
-        plan = nodes()
-        assert plan[0]["Node Type"] == "ModifyTable" and plan[0]["Actual Rows"] == 64, plan[0]
-        target = [
-            n
-            for n in plan[1:]
-            if n.get("Relation Name") == "connector_work_item" and n.get("Alias") == "w" and "Index Name" in n
-        ]
-        assert target, [(n["Node Type"], n.get("Alias"), n.get("Index Name")) for n in plan]
-        for n in target:
-            assert n["Index Name"] == "pk_connector_work_item", n
-            assert n["Actual Rows"] <= 64, n
+        assert_update_reads_by_key(
+            nodes(), relation="connector_work_item", alias="w", index="pk_connector_work_item", rows=64
+        )

@@ -4,28 +4,21 @@ with the backlog or with the number of routed receipts kept for audit."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from psycopg import sql
 
 from connector.materializer import routing
+from tests.plans import assert_update_reads_by_key, plan_nodes, positional
 
 from .conftest import apply, bulk_receipts, manifest, work_type
-
-
-def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    out = [plan]
-    for child in plan.get("Plans", []):
-        out.extend(_plan_nodes(child))
-    return out
 
 
 async def _explain(conn, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     cur = await conn.execute("EXPLAIN (FORMAT JSON) " + sql, params)
     row = await cur.fetchone()
     doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-    return _plan_nodes(doc[0]["Plan"])
+    return plan_nodes(doc[0]["Plan"])
 
 
 def _scans(nodes: list[dict[str, Any]], relation: str) -> list[tuple[str, str | None]]:
@@ -104,17 +97,6 @@ async def test_lane_overtaken_check_probes_the_lane_index(adb) -> None:
     assert not any(kind == "Seq Scan" for kind, _ in scans), scans
 
 
-def _prepared(sql: str) -> tuple[str, list[str]]:
-    order: list[str] = []
-
-    def repl(m: re.Match[str]) -> str:
-        if m.group(1) not in order:
-            order.append(m.group(1))
-        return f"${order.index(m.group(1)) + 1}"
-
-    return re.sub(r"%\((\w+)\)s", repl, sql), order
-
-
 async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
     """The claim's plan is made (and, prepared, kept) with statistics taken at an idle moment, when
     every receipt was routed (in a healthy system due receipts are always rare); then a backlog of
@@ -127,7 +109,7 @@ async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
     await adb.execute("UPDATE connector_ingress_receipt SET router_status = 'materialized'")
     await adb.execute("ANALYZE connector_ingress_receipt")
     await adb.execute("SET plan_cache_mode = force_generic_plan")
-    body, order = _prepared(routing.RECEIPT_CLAIM_ROUTABLE)
+    body, order = positional(routing.RECEIPT_CLAIM_ROUTABLE)
     await adb.execute("PREPARE claim AS " + body)
     params = {"owner": "x", "limit": 256, "lease_s": 30.0, "horizon_wait_s": 0.0}
     call = "EXECUTE claim(" + ", ".join(sql.Literal(params[k]).as_string(adb) for k in order) + ")"
@@ -137,7 +119,7 @@ async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
             cur = await adb.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + call)
             row = await cur.fetchone()
         doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
-        return _plan_nodes(doc[0]["Plan"])
+        return plan_nodes(doc[0]["Plan"])
 
     await explain()  # the generic plan is made here, on the small backlog
     await adb.execute(
@@ -147,15 +129,8 @@ async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
            FROM generate_series(1, 30000) i"""
     )
     nodes = await explain()
-    assert nodes[0]["Node Type"] == "ModifyTable" and nodes[0]["Actual Rows"] == 256  # a full batch
-    target = [
-        n
-        for n in nodes[1:]  # the scan under the update (ModifyTable) that finds the rows to update
-        if n.get("Relation Name") == "connector_ingress_receipt" and n.get("Alias") == "r"
-    ]
-    assert target, nodes
-    for n in target:  # the rows updated are read by id: no more than the batch, through the key
-        assert n.get("Index Name") == "pk_connector_ingress_receipt", n
-        assert n["Actual Rows"] <= 256, n
+    assert_update_reads_by_key(
+        nodes, relation="connector_ingress_receipt", alias="r", index="pk_connector_ingress_receipt", rows=256
+    )
     index_scans = [n for n in nodes if n.get("Index Name") == "pk_connector_ingress_receipt"]
     assert index_scans, [n["Node Type"] for n in nodes]

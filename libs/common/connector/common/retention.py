@@ -42,11 +42,9 @@ Metrics: ``connector_retention_deleted_total{table}``, ``connector_retention_swe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import logging
-import random
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
@@ -56,6 +54,7 @@ from typing import Any, Protocol
 import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 
+from connector.common.background import BackgroundJob
 from connector.common.metrics import LATENCY_BUCKETS
 
 log = logging.getLogger("connector.retention")
@@ -468,58 +467,32 @@ async def run_locked(
     return res
 
 
-class Retention:
-    """The retention loop of one service process (the executor runs it)."""
+class Retention(BackgroundJob):
+    """The retention loop of one service process (the executor runs it). The first round runs one
+    interval after start (never in the start-up rush); ±10 % jitter keeps replicas started
+    together from trying at the same moment."""
+
+    kind = "retention"
 
     def __init__(self, url: str, cfg: RetentionConfig, service: str = "executor") -> None:
-        self.url = url
+        super().__init__(url, service, interval_s=cfg.interval_s, jitter=0.1, first_after_interval=True)
         self.cfg = cfg
-        self.service = service
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._error_reported_at = -1e9
 
     def start(self) -> None:
-        if not self.cfg.enabled:
-            return
-        self._task = asyncio.create_task(self._loop(), name=f"{self.service}-retention")
+        if self.cfg.enabled:
+            super().start()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self._close()
-
-    async def _close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            with contextlib.suppress(Exception):
-                await conn.close()
-
-    async def _loop(self) -> None:
-        while True:
-            # First round one interval after start (never in the start-up rush); +-10 % jitter keeps
-            # replicas started together from trying at the same moment.
-            await asyncio.sleep(self.cfg.interval_s * random.uniform(0.9, 1.1))
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # connection lost, timeout, server restart: retried next round
-                await self._close()
-                self._report_error(exc)
+    async def open_connection(self) -> psycopg.AsyncConnection[Any]:
+        return await connect(self.url, f"connector-{self.service}-retention")
 
     async def run_once(self) -> SweepResult:
-        if self._conn is None or self._conn.closed:
-            try:
-                self._conn = await connect(self.url, f"connector-{self.service}-retention")
-            except Exception:
-                RETENTION_RUNS.labels("error").inc()
-                raise
+        try:
+            conn = await self.connection()
+        except Exception:
+            RETENTION_RUNS.labels("error").inc()
+            raise
         res = await run_locked(
-            self._conn,
+            conn,
             delivered_s=self.cfg.delivered_s,
             admin_requests_s=self.cfg.admin_requests_s,
             batch=self.cfg.batch,
@@ -540,11 +513,7 @@ class Retention:
             )
         return res
 
-    def _report_error(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._error_reported_at < 300:
-            return
-        self._error_reported_at = now
+    def on_failure(self, exc: BaseException) -> None:
         log.warning(
             "retention sweep failed; retried next interval",
             extra={"exc_type": type(exc).__name__, "sqlstate": getattr(exc, "sqlstate", None)},

@@ -28,8 +28,6 @@ Modes: ``auto`` (default: only while autovacuum is off for the table, re-checked
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -40,6 +38,7 @@ import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 from psycopg import sql
 
+from connector.common.background import BackgroundJob
 from connector.common.metrics import LATENCY_BUCKETS
 
 log = logging.getLogger("connector.upkeep")
@@ -144,20 +143,18 @@ def analyze_due(cfg: UpkeepConfig, t: TableStatus) -> bool:
     return t.changed > cfg.analyze_rows + cfg.analyze_fraction * t.live
 
 
-class Upkeep:
+class Upkeep(BackgroundJob):
     """The upkeep loop of one service process for its ``tables``."""
 
+    kind = "upkeep"
+
     def __init__(self, url: str, service: str, tables: Sequence[str], cfg: UpkeepConfig) -> None:
-        self.url = url
-        self.service = service
+        super().__init__(url, service, interval_s=cfg.interval_s)
         self.tables = list(tables)
         self.cfg = cfg
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._task: asyncio.Task[None] | None = None
         self._server_autovacuum: bool | None = None
         self._settings_at = 0.0
         self._refused_reported: set[str] = set()
-        self._error_reported_at: dict[str, float] = {}
         self._active_reported: dict[str, bool] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -167,48 +164,21 @@ class Upkeep:
             for t in self.tables:
                 UPKEEP_ACTIVE.labels(self.service, t).set(0)
             return
-        self._task = asyncio.create_task(self._loop(), name=f"{self.service}-upkeep")
+        super().start()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self._close()
+    async def setup(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # A VACUUM of a large table may run for minutes; a lock it cannot have is skipped
+        # (SKIP_LOCKED), never queued for.
+        await conn.execute("SET statement_timeout = 0")
+        await conn.execute("SET lock_timeout = '1s'")
 
-    async def _close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            with contextlib.suppress(Exception):
-                await conn.close()
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # connection lost, server restart: retried next tick
-                await self._close()
-                self._report_error("*", exc)
-            await asyncio.sleep(self.cfg.interval_s)
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, application_name=f"connector-{self.service}-upkeep"
-            )
-            # A VACUUM of a large table may run for minutes; a lock it cannot have is skipped
-            # (SKIP_LOCKED), never queued for.
-            await self._conn.execute("SET statement_timeout = 0")
-            await self._conn.execute("SET lock_timeout = '1s'")
-        return self._conn
+    def on_failure(self, exc: BaseException) -> None:
+        self._log_error("*", exc)
 
     # -- one pass ----------------------------------------------------------------------------
 
     async def table_status(self) -> list[TableStatus]:
-        conn = await self._connection()
+        conn = await self.connection()
         cur = await conn.execute(_TABLE_STATE, {"tables": self.tables})
         return [
             TableStatus(
@@ -226,7 +196,7 @@ class Upkeep:
 
     async def run_once(self) -> PassResult:
         """Check every owned table once and vacuum / analyze those that are due."""
-        conn = await self._connection()
+        conn = await self.connection()
         now = time.monotonic()
         if self._server_autovacuum is None or now - self._settings_at > SETTINGS_RECHECK_S:
             cur = await conn.execute(_SERVER_AUTOVACUUM)
@@ -307,10 +277,10 @@ class Upkeep:
             log.info("upkeep: autovacuum covers this table", extra={"table": table})
 
     def _report_error(self, table: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._error_reported_at.get(table, -1e9) < 300:
-            return
-        self._error_reported_at[table] = now
+        if self.should_report(table):
+            self._log_error(table, exc)
+
+    def _log_error(self, table: str, exc: BaseException) -> None:
         log.warning(
             "upkeep run failed; retried next interval",
             extra={

@@ -1,0 +1,71 @@
+"""EXPLAIN helpers shared by the plan tests: a statement written with psycopg's ``%(name)s``
+placeholders turned into one with ``$n`` for ``PREPARE``, and the nodes of a JSON plan."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import sql
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
+
+
+def positional(query: str) -> tuple[str, list[str]]:
+    """``query`` with ``$1, $2, …`` in place of its named placeholders, and the names in order."""
+    order: list[str] = []
+
+    def repl(m: re.Match[str]) -> str:
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(repl, query), order
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of a JSON plan (``EXPLAIN (FORMAT JSON)``), the root first, depth first."""
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out.extend(plan_nodes(child))
+    return out
+
+
+def prepared_explain(
+    db: Any, name: str, query: str, params: dict[str, Any]
+) -> Callable[[], list[dict[str, Any]]]:
+    """PREPARE ``query`` as ``name`` on a (sync, autocommit) connection; the returned function runs
+    ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE name(params)`` in a rolled-back transaction and
+    returns the plan's nodes. Under ``plan_cache_mode = force_generic_plan`` the first call makes the
+    plan every later call reuses."""
+    body, order = positional(query)
+    db.execute(f"PREPARE {name} AS {body}")
+    call = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {}({})").format(
+        sql.Identifier(name), sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+    )
+
+    def run() -> list[dict[str, Any]]:
+        with db.transaction(force_rollback=True):
+            row = db.execute(call).fetchone()
+        assert row is not None
+        return plan_nodes(row[0][0]["Plan"])
+
+    return run
+
+
+def assert_update_reads_by_key(
+    plan: list[dict[str, Any]], *, relation: str, alias: str, index: str, rows: int
+) -> None:
+    """The plan is an UPDATE of ``rows`` rows whose scans of its target (``relation`` as ``alias``)
+    go through ``index`` and read no more than those rows."""
+    assert plan[0]["Node Type"] == "ModifyTable" and plan[0]["Actual Rows"] == rows, plan[0]
+    target = [
+        n
+        for n in plan[1:]  # the scans under the update that find the rows to update
+        if n.get("Relation Name") == relation and n.get("Alias") == alias and "Index Name" in n
+    ]
+    assert target, [(n["Node Type"], n.get("Alias"), n.get("Index Name")) for n in plan]
+    for n in target:
+        assert n["Index Name"] == index, n
+        assert n["Actual Rows"] <= rows, n
