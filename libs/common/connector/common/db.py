@@ -121,3 +121,15 @@ async def close_pool(service: str) -> None:
     p = _POOLS.pop(service, None)
     if p is not None:
         await p.close()
+
+
+async def close_own_pool(service: str, pool: AsyncConnectionPool | None) -> None:
+    """Close a service instance's own pool. The registry (pool metrics) is keyed by service name:
+    its entry is dropped only when it is this pool, so stopping one instance never closes or
+    unlists another instance's pool in the same process (tests, ``connector up``)."""
+    if pool is None:
+        return
+    if _POOLS.get(service) is pool:
+        await close_pool(service)
+    else:
+        await pool.close()

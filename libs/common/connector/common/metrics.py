@@ -6,7 +6,9 @@ and outcome reasons drawn from fixed vocabularies.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -47,3 +49,9 @@ def serve(port: int, host: str = "127.0.0.1") -> int:
         return -1
     server, _thread = start_http_server(port, addr=host)
     return int(server.server_address[1])
+
+
+async def stop_server(server: Any) -> None:
+    """Shut down a metrics HTTP server started with ``start_http_server`` (its thread ends)."""
+    await asyncio.to_thread(server.shutdown)
+    server.server_close()

@@ -68,6 +68,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common import db as dbmod
 from connector.common import runtime
 from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.packs import sha256_hex
 from connector.common.process_registry import ProcessRegistration
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK, LANE_HOLDING_PREDICATE
@@ -1332,16 +1333,11 @@ class LegacyService:
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            if dbmod._POOLS.get(SERVICE) is pool:
-                await dbmod.close_pool(SERVICE)
-            else:
-                await pool.close()
+        pool, self.pool = self.pool, None
+        await dbmod.close_own_pool(SERVICE, pool)
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
-            await asyncio.to_thread(server.shutdown)
-            server.server_close()
+            await stop_metrics_server(server)
 
 
 def cli(args: argparse.Namespace, db: DatabaseSettings, cfg: ExecutorSettings) -> int:

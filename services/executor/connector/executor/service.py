@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common import db as dbmod
 from connector.common import logs, runtime
 from connector.common.grpc_server import Authenticator, GrpcServer
+from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.process_registry import ProcessRegistration
 from connector.common.retention import Retention, RetentionConfig
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
@@ -246,16 +247,11 @@ class ExecutorService:
             self._stats_task = None
         for name, attr in ((f"{SERVICE}-admin", "admin_pool"), (SERVICE, "pool")):
             pool = getattr(self, attr)
-            if pool is not None:
-                setattr(self, attr, None)
-                if dbmod._POOLS.get(name) is pool:
-                    await dbmod.close_pool(name)
-                else:
-                    await pool.close()
+            setattr(self, attr, None)
+            await dbmod.close_own_pool(name, pool)
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
-            await asyncio.to_thread(server.shutdown)
-            server.server_close()
+            await stop_metrics_server(server)
         if self._started:
             log.info("executor stopped")
         self._started = False

@@ -21,7 +21,6 @@ batches commit) → gRPC stops → writers drain → route watcher → deregiste
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 import threading
@@ -34,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common import db as dbmod
 from connector.common import logs, runtime
 from connector.common.grpc_server import GrpcServer
+from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.process_registry import ProcessRegistration
 from connector.common.settings import DatabaseSettings, IngressSettings, load
 from connector.ingress import metrics
@@ -188,17 +188,11 @@ class IngressService:
         if self.registration is not None:
             await self.registration.stop()
             self.registration = None
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            # The shared pool registry is keyed by service name: close ours, leave another's alone.
-            if dbmod._POOLS.get(SERVICE) is pool:
-                await dbmod.close_pool(SERVICE)
-            else:
-                await pool.close()
+        pool, self.pool = self.pool, None
+        await dbmod.close_own_pool(SERVICE, pool)
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
-            await asyncio.to_thread(server.shutdown)
-            server.server_close()
+            await stop_metrics_server(server)
         log.info("ingress stopped")
 
 

@@ -167,12 +167,7 @@ class MaterializerService:
             await self.registration.stop()
             self.registration = None
         pool, self.pool = self.pool, None
-        if pool is not None:
-            # The shared pool registry is keyed by service name: close ours, leave another's alone.
-            if common_db._POOLS.get("materializer") is pool:
-                await common_db.close_pool("materializer")
-            else:
-                await pool.close()
+        await common_db.close_own_pool("materializer", pool)
         log.info("materializer stopped")
 
     # ---------------------------------------------------------------------------------- wake-ups
