@@ -72,10 +72,14 @@ async def test_materializer_registers_heartbeats_and_deregisters_on_stop(db_url:
             adb, "SELECT claim_owner FROM connector_ingress_receipt WHERE receipt_id = %s", (receipt,)
         )
         assert owner == process_id
+        metrics_port = service.metrics_port
+        assert metrics_port > 0
     finally:
         await service.stop()
     assert await _row(adb, process_id) is None
     assert service.process_id is None
+    with socket.socket() as s:  # the metrics endpoint was shut down with the service
+        s.bind(("127.0.0.1", metrics_port))
 
 
 async def test_a_start_that_fails_stops_what_it_started_and_leaves_no_row(db_url: str, adb) -> None:

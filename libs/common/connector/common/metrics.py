@@ -43,12 +43,14 @@ def unregister(collector: Collector) -> None:
         pass
 
 
-def serve(port: int, host: str = "127.0.0.1") -> int:
-    """Start the metrics endpoint (``/metrics``); returns the bound port (0 picks a free one)."""
+def serve(port: int, host: str = "127.0.0.1") -> Any:
+    """Start the metrics endpoint (``/metrics``) on ``port`` (0 picks a free one); returns the
+    server (its ``server_address[1]`` is the bound port; ``stop_server`` ends it), or None when
+    ``port`` is negative (no endpoint)."""
     if port < 0:
-        return -1
+        return None
     server, _thread = start_http_server(port, addr=host)
-    return int(server.server_address[1])
+    return server
 
 
 async def stop_server(server: Any) -> None:

@@ -69,6 +69,7 @@ class MaterializerService:
         self.pool: Any = None
         self.grpc_port = 0
         self.metrics_port = 0
+        self._metrics_server: Any = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -125,7 +126,8 @@ class MaterializerService:
         self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
         await self._grpc.start()
         self.grpc_port = self._grpc.port
-        self.metrics_port = common_metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+        self._metrics_server = common_metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+        self.metrics_port = int(self._metrics_server.server_address[1]) if self._metrics_server else -1
 
     async def _check_horizon_visibility(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The commit horizon reads other sessions' ``backend_xid`` from pg_stat_activity, which
@@ -168,6 +170,9 @@ class MaterializerService:
             self.registration = None
         pool, self.pool = self.pool, None
         await common_db.close_own_pool("materializer", pool)
+        if self._metrics_server is not None:
+            server, self._metrics_server = self._metrics_server, None
+            await common_metrics.stop_server(server)
         log.info("materializer stopped")
 
     # ---------------------------------------------------------------------------------- wake-ups
