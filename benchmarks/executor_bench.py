@@ -168,7 +168,12 @@ def drain(
         vacuumer = threading.Thread(target=vacuum_loop, daemon=True) if vacuum_s > 0 else None
         try:
             _wait(
-                lambda: db.execute("SELECT count(*) FROM connector_process").fetchone()[0] == procs,  # type: ignore[index]
+                lambda: (
+                    db.execute(  # type: ignore[index]
+                        "SELECT count(*) FROM connector_process WHERE service = 'executor'"
+                    ).fetchone()[0]
+                    == procs
+                ),
                 30,
             )
             db_stats0 = _db_stats(db)
