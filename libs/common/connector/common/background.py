@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 
+from connector.common.runtime import cancel_task
+
 REPORT_EVERY_S = 300.0
 
 
@@ -64,11 +66,8 @@ class BackgroundJob:
         self._task = asyncio.create_task(self._loop(), name=f"{self.service}-{self.kind}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_task(task)
         await self.close()
 
     async def open_connection(self) -> psycopg.AsyncConnection[Any]:

@@ -16,7 +16,6 @@ partitioned re-inserts its row at its next heartbeat).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -28,6 +27,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+
+from connector.common.runtime import cancel_task
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +158,8 @@ class ProcessRegistration:
                 log.warning("process heartbeat failed", extra={"exc_type": type(exc).__name__})
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_task(task)
         try:
             async with self.pool.connection() as conn:
                 await process_deregister(conn, self.process_id)

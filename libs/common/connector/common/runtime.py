@@ -8,6 +8,7 @@ drains its work and closes its own pool, in that order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -65,3 +66,12 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         uvloop.run(main())
     except ImportError:  # pragma: no cover
         asyncio.run(main())
+
+
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task and wait until it has ended (no-op for ``None``)."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -71,6 +71,7 @@ from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.packs import sha256_hex
 from connector.common.process_registry import ProcessRegistration
+from connector.common.runtime import cancel_task
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK, LANE_HOLDING_PREDICATE
 from connector.common.settings import DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.executor import claims
@@ -1322,11 +1323,8 @@ class LegacyService:
         self.exited.set()
 
     async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        task, self._watch = self._watch, None
+        await cancel_task(task)
         if self.executor is not None:
             await self.executor.stop()
             self.executor = None

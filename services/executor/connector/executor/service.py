@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from connector.common.grpc_server import Authenticator, GrpcServer
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.process_registry import ProcessRegistration
 from connector.common.retention import Retention, RetentionConfig
+from connector.common.runtime import cancel_task
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
 from connector.common.upkeep import Upkeep
 from connector.executor import stats
@@ -240,11 +240,8 @@ class ExecutorService:
         if self.upkeep is not None:
             await self.upkeep.stop()
             self.upkeep = None
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stats_task
-            self._stats_task = None
+        task, self._stats_task = self._stats_task, None
+        await cancel_task(task)
         for name, attr in ((f"{SERVICE}-admin", "admin_pool"), (SERVICE, "pool")):
             pool = getattr(self, attr)
             setattr(self, attr, None)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from connector.common import schema
 from connector.common.packs import RouteSpec
+from connector.common.runtime import cancel_task
 from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
 from connector.ingress import extract, metrics
 from connector.ingress.verify import HmacVerifier, NoneVerifier, Verifier
@@ -173,11 +174,8 @@ class RouteTable:
         self._task = asyncio.create_task(self._watch(), name="ingress-route-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_task(task)
         await self._close()
 
     async def wait_refreshed(self, after: int) -> int:
