@@ -140,7 +140,9 @@ class ExecutorService:
             self.retention = Retention(url, RetentionConfig.from_settings(cfg), SERVICE)
             self.retention.start()
             if self._serve_metrics:
-                server, _thread = start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=REGISTRY)
+                server, _thread = start_http_server(
+                    cfg.metrics_port, addr=cfg.metrics_host, registry=REGISTRY
+                )
                 self._metrics_server = server
                 self.metrics_port = int(server.server_address[1])
         except BaseException:
@@ -196,6 +198,7 @@ class ExecutorService:
             protected = protected or admin.PROTECTED_PREFIXES
             credentials = credentials or admin.server_credentials(settings)
         self.grpc = GrpcServer(
+            host=self.cfg.grpc_host,
             port=self.cfg.grpc_port,
             authenticate=authenticate,
             protected_prefixes=protected,

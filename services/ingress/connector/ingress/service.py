@@ -141,7 +141,7 @@ class IngressService:
 
             if self._serve_metrics:
                 metrics_server, thread = start_http_server(
-                    s.metrics_port, addr=s.http_host, registry=REGISTRY
+                    s.metrics_port, addr=s.metrics_host, registry=REGISTRY
                 )
                 self._metrics_server, self._metrics_thread = metrics_server, thread
                 self.metrics_port = int(metrics_server.server_address[1])
