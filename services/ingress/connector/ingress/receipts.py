@@ -1,9 +1,9 @@
-"""Durable receipts with group commit: the only code that writes ``connector_ingress_receipt``.
+"""Durable receipts with group commit (the statements: ``connector.common.store.receipts``).
 
 Verified deliveries are queued as ``PendingReceipt``; writer tasks (at most one per pooled
 connection) take everything waiting — up to ``max_batch`` — and write it with one statement,
-``receipt_insert_batch``: a multi-row ``INSERT … ON CONFLICT (namespace, idempotency_key) DO NOTHING
-RETURNING`` that also reads the receipt ids of earlier duplicates and calls
+``receipt_insert_batch``: a multi-row ``INSERT … ON CONFLICT (namespace, idempotency_key) DO
+NOTHING RETURNING`` that also reads the receipt ids of earlier duplicates and calls
 ``pg_notify('connector_receipts', '')`` once when it inserted anything. The connection is in
 autocommit, so that single statement is its own transaction: when it returns, the batch is
 committed (and flushed: ``synchronous_commit`` applies), and only then is each waiting request
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -38,7 +37,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connector.common import schema
+from connector.common.store import receipts
 from connector.ingress import metrics
 
 log = logging.getLogger(__name__)
@@ -51,43 +50,6 @@ DB_ERROR: Final = "db_error"
 OVERLOADED: Final = "overloaded"
 SHUTTING_DOWN: Final = "shutting_down"
 INTERNAL: Final = "internal"
-
-RECEIPT_INSERT_BATCH = f"""
-WITH input AS (
-  SELECT j.r->>0 AS namespace, j.r->>1 AS route_key, (j.r->>2)::int8 AS route_id,
-         (j.r->>3)::int4 AS route_version, j.r->>4 AS provider_delivery_id, j.r->>5 AS idempotency_key,
-         j.r->>6 AS method, j.r->>7 AS content_type, j.r->>8 AS event_kind,
-         to_timestamp((j.r->>9)::float8) AS received_at, (j.r->>10)::jsonb AS correlation_ids,
-         j.r->>11 AS verification, b.payload_sha256, b.body, j.ord
-  FROM jsonb_array_elements(%(envelope)s::jsonb) WITH ORDINALITY AS j(r, ord)
-  JOIN unnest(%(payload_sha256)b::bytea[], %(body)b::bytea[]) WITH ORDINALITY AS b(payload_sha256, body, ord)
-    USING (ord)
-), inserted AS (
-  INSERT INTO connector_ingress_receipt (namespace, route_key, route_id, route_version,
-    provider_delivery_id, idempotency_key, method, content_type, event_kind, received_at,
-    correlation_ids, verification, payload_sha256, body)
-  SELECT namespace, route_key, route_id, route_version, provider_delivery_id, idempotency_key, method,
-         content_type, event_kind, received_at, correlation_ids, verification, payload_sha256, body
-  FROM input ORDER BY ord
-  ON CONFLICT (namespace, idempotency_key) DO NOTHING
-  RETURNING namespace, idempotency_key, receipt_id
-)
-SELECT namespace, idempotency_key, receipt_id, true AS inserted,
-       (SELECT 1 FROM pg_notify('{schema.CHANNEL_RECEIPTS}', '')) AS notified
-FROM inserted
-UNION ALL
-SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL
-FROM connector_ingress_receipt r
-JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace, idempotency_key)
-"""
-
-# Keys whose conflicting row committed after the batch statement's snapshot was taken.
-RECEIPT_GET_BY_KEYS = """
-SELECT r.namespace, r.idempotency_key, r.receipt_id
-FROM connector_ingress_receipt r
-JOIN unnest(%(namespace)s::text[], %(idempotency_key)s::text[]) AS k(namespace, idempotency_key)
-  USING (namespace, idempotency_key)
-"""
 
 
 class PendingReceipt:
@@ -167,34 +129,11 @@ class Unavailable(Exception):
         self.reason = reason
 
 
-def _params(batch: Sequence[PendingReceipt]) -> dict[str, Any]:
-    """The batch as three parameters: the envelope as one JSON array of rows (serialized by the C
-    encoder in one call; positions match ``RECEIPT_INSERT_BATCH``) and two binary arrays for the
-    bytes. Fourteen typed arrays cost the writer ~40% more CPU per batch in parameter adaptation
-    alone (measured: ~500 vs ~300 us per 16 rows)."""
-    envelope = [
-        [
-            i.namespace, i.route_key, i.route_id, i.route_version, i.provider_delivery_id, i.idempotency_key,
-            i.method, i.content_type, i.event_kind, i.received_at, i.correlation_ids, i.verification,
-        ]
-        for i in batch
-    ]  # fmt: skip
-    return {
-        "envelope": json.dumps(envelope, separators=(",", ":")),
-        "payload_sha256": [i.payload_sha256 for i in batch],
-        "body": [i.body for i in batch],
-    }
-
-
-async def receipt_insert_batch(
+async def receipt_commit_batch(
     conn: psycopg.AsyncConnection[Any], batch: Sequence[PendingReceipt]
 ) -> list[CommitResult]:
     """Insert a batch in one statement (one transaction, autocommit); results in batch order."""
-    cur = await conn.execute(RECEIPT_INSERT_BATCH, _params(batch))
-    inserted: dict[tuple[str, str], int] = {}
-    existing: dict[tuple[str, str], int] = {}
-    for namespace, key, receipt_id, was_inserted, _notified in await cur.fetchall():
-        (inserted if was_inserted else existing)[(namespace, key)] = receipt_id
+    inserted, existing = await receipts.receipt_insert_batch(conn, batch)
     missing = [
         item
         for item in batch
@@ -202,7 +141,7 @@ async def receipt_insert_batch(
         and (item.namespace, item.idempotency_key) not in existing
     ]
     if missing:
-        existing.update(await receipt_get_by_keys(conn, missing))
+        existing.update(await receipts.receipt_get_by_keys(conn, missing))
     results: list[CommitResult] = []
     answered: set[tuple[str, str]] = set()
     for item in batch:
@@ -218,19 +157,6 @@ async def receipt_insert_batch(
         else:
             results.append(CommitResult(receipt_id, True, None))
     return results
-
-
-async def receipt_get_by_keys(
-    conn: psycopg.AsyncConnection[Any], items: Sequence[PendingReceipt]
-) -> dict[tuple[str, str], int]:
-    cur = await conn.execute(
-        RECEIPT_GET_BY_KEYS,
-        {
-            "namespace": [i.namespace for i in items],
-            "idempotency_key": [i.idempotency_key for i in items],
-        },
-    )
-    return {(ns, key): rid for ns, key, rid in await cur.fetchall()}
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -346,7 +272,7 @@ class ReceiptWriter:
             started = time.perf_counter()
             try:
                 async with self._pool.connection(timeout=self._pool_timeout) as conn:
-                    results = await receipt_insert_batch(conn, batch)
+                    results = await receipt_commit_batch(conn, batch)
             except pg_errors.DeadlockDetected:
                 if attempt == 1:
                     metrics.DEADLOCK_RETRIES.inc()
