@@ -20,9 +20,6 @@ from connector.materializer.extract import (
     ReceiptRow,
     compile_route,
     plan_receipt,
-    pointer_tokens,
-    resolve_tokens,
-    scalar_text,
 )
 
 from .conftest import manifest, work_type
@@ -51,22 +48,6 @@ def _receipt(payload: Any, **overrides: Any) -> ReceiptRow:
 def _plan(doc: dict[str, Any], payload: Any, **receipt: Any) -> EventDraft | Failure:
     pack, route = _route(doc)
     return plan_receipt(_receipt(payload, **receipt), pack, route, compile_route(route))
-
-
-def test_pointers_follow_rfc6901() -> None:
-    doc = {"a/b": {"m~n": [10, {"x": True}]}, "": 1}
-    assert resolve_tokens(doc, pointer_tokens("/a~1b/m~0n/0")) == 10
-    assert resolve_tokens(doc, pointer_tokens("/a~1b/m~0n/1/x")) is True
-    assert resolve_tokens(doc, pointer_tokens("/")) == 1
-    assert resolve_tokens(doc, pointer_tokens("/a~1b/m~0n/01")) is None  # no leading zeros
-    assert resolve_tokens(doc, pointer_tokens("/a~1b/m~0n/2")) is None
-    assert resolve_tokens(doc, pointer_tokens("/missing/x")) is None
-    assert resolve_tokens(doc, pointer_tokens("")) is doc
-
-
-def test_scalars_become_text_and_everything_else_is_no_value() -> None:
-    assert [scalar_text(v) for v in ("a", 12, 1.5, True, False)] == ["a", "12", "1.5", "true", "false"]
-    assert [scalar_text(v) for v in (None, {}, [], "", "a\nb", "x" * 513)] == [None] * 6
 
 
 def test_extraction_templates_and_correlation() -> None:

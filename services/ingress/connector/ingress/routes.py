@@ -29,7 +29,8 @@ from connector.common import schema
 from connector.common.packs import RouteSpec
 from connector.common.runtime import cancel_task
 from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
-from connector.ingress import extract, metrics
+from connector.ingress import metrics
+from connector.ingress.envelope import Envelope
 from connector.ingress.verify import HmacVerifier, NoneVerifier, Verifier
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class CompiledRoute:
     verifier: Verifier | None
     idempotency_header: str | None
     #: Event kind, delivery id and correlation ids (``None`` when the route extracts none of them).
-    envelope: extract.Envelope | None
+    envelope: Envelope | None
     success_status: int
     failure_status: int
     #: Why the route cannot take deliveries right now (``None`` when it can); a metric label.
@@ -102,7 +103,7 @@ def compile_route(row: Mapping[str, Any]) -> CompiledRoute:
         else:
             verifier = NoneVerifier()  # never used: the route is unavailable
             unavailable = "secret_unavailable"
-    envelope = extract.Envelope(spec.extract, spec.correlation)
+    envelope = Envelope(spec.extract, spec.correlation)
     return CompiledRoute(
         *ident,
         method=spec.method,

@@ -22,14 +22,23 @@ permanent failures (``Failure``) whose summary names the field and the rule, nev
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connector.common.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
+from connector.common import extraction
+from connector.common.extraction import (
+    Context,
+    Getter,
+    compile_template,
+    compile_value,
+    dependency_order,
+    references,
+    template_reads_body,
+)
+from connector.common.jsonvalues import scalar_text
 from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, ValueSpec, template_references
+from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
 #: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).
@@ -122,62 +131,8 @@ Plan = EventDraft | Failure
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Context:
-    receipt: ReceiptRow
-    doc: Any
-    values: dict[str, str | None]
-    work_type: str | None = None
-
-
-Getter = Callable[[_Context], str | None]
-_PIECE_RE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
-
-
-def _compile_template(template: str, receipt_value: Getter | None) -> Getter:
-    """Literal and reference pieces; ``{header:..}`` pieces make the whole template take the value
-    the ingress stored (``receipt_value``), since headers are not kept."""
-    if receipt_value is not None and any(r.startswith("header:") for r in template_references(template)):
-        return receipt_value
-    pieces: list[tuple[bool, Any]] = []  # (is_ref, literal | getter)
-    pos = 0
-    for m in _PIECE_RE.finditer(template):
-        if m.start() > pos:
-            pieces.append((False, template[pos : m.start()]))
-        token = m.group(0)
-        if token in ("{{", "}}"):
-            pieces.append((False, token[0]))
-        else:
-            pieces.append((True, _ref_getter(m.group(1))))
-        pos = m.end()
-    if pos < len(template):
-        pieces.append((False, template[pos:]))
-
-    def render(ctx: _Context) -> str | None:
-        out: list[str] = []
-        for is_ref, piece in pieces:
-            if not is_ref:
-                out.append(piece)
-                continue
-            value = piece(ctx)
-            if value is None:
-                return None
-            out.append(value)
-        return "".join(out)
-
-    return render
-
-
-def _ref_getter(ref: str) -> Getter:
-    if ref.startswith("/"):
-        tokens = pointer_tokens(ref)
-        return lambda ctx: scalar_text(resolve_tokens(ctx.doc, tokens))
-    if ref == "work_type":
-        return lambda ctx: ctx.work_type
-    return lambda ctx: ctx.values.get(ref)
-
-
-def _receipt_getter(field: str, correlation: str | None = None) -> Getter | None:
+def _stored_getter(field: str, correlation: str | None = None) -> Getter | None:
+    """The value the ingress stored on the receipt for ``field`` (or a correlation id)."""
     if correlation is not None:
         return lambda ctx: scalar_text(ctx.receipt.correlation_ids.get(correlation))
     if field == "event_kind":
@@ -185,28 +140,6 @@ def _receipt_getter(field: str, correlation: str | None = None) -> Getter | None
     if field == "delivery_id":
         return lambda ctx: ctx.receipt.provider_delivery_id
     return None
-
-
-def _compile_value(spec: ValueSpec, receipt_value: Getter | None) -> tuple[Getter, bool]:
-    """(getter, reads_body)."""
-    if spec.const is not None:
-        const = scalar_text(spec.const)
-        return (lambda ctx: const), False
-    if spec.header is not None:
-        # Validation allows header specs only where the receipt keeps the value.
-        getter = receipt_value or (lambda ctx: None)
-        return getter, False
-    if spec.pointer is not None:
-        tokens = pointer_tokens(spec.pointer)
-        return (lambda ctx: scalar_text(resolve_tokens(ctx.doc, tokens))), True
-    template = spec.template or ""
-    render = _compile_template(template, receipt_value)
-
-    def bounded(ctx: _Context) -> str | None:
-        return scalar_text(render(ctx))
-
-    reads_body = any(r.startswith("/") for r in template_references(template))
-    return bounded, reads_body
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,55 +169,30 @@ class CompiledRoute:
     reads_body: bool
 
 
-def _dependency_order(specs: Mapping[str, ValueSpec]) -> list[str]:
-    """Fields in an order where every template comes after the fields it refers to (validated
-    acyclic at apply time; a cycle here would just leave the later field without a value)."""
-    deps = {
-        name: [r for r in template_references(spec.template) if r in specs] if spec.template else []
-        for name, spec in specs.items()
-    }
-    order: list[str] = []
-    visiting: set[str] = set()
-
-    def visit(name: str) -> None:
-        if name in order or name in visiting:
-            return
-        visiting.add(name)
-        for dep in deps.get(name, ()):
-            visit(dep)
-        visiting.discard(name)
-        order.append(name)
-
-    for name in sorted(specs):
-        visit(name)
-    return order
-
-
 def compile_route(route: ActiveRoute) -> CompiledRoute:
     spec = route.spec
     fields: list[tuple[str, Getter]] = []
     reads_body = spec.content == "json"
-    for name in _dependency_order(spec.extract):
-        getter, body = _compile_value(spec.extract[name], _receipt_getter(name))
-        fields.append((name, getter))
-        reads_body = reads_body or body
+    for name in dependency_order(spec.extract):
+        value = spec.extract[name]
+        fields.append((name, compile_value(value, _stored_getter(name))))
+        reads_body = reads_body or extraction.reads_body(value)
     # Fields the ingress stored fall back to the receipt when the route has no spec for them.
     for name in HEADER_FIELDS:
         if name not in spec.extract:
-            fallback = _receipt_getter(name)
+            fallback = _stored_getter(name)
             assert fallback is not None
             fields.append((name, fallback))
     correlation: list[tuple[str, Getter]] = []
     for cname, cspec in sorted(spec.correlation.items()):
-        getter, body = _compile_value(cspec, _receipt_getter("", correlation=cname))
-        correlation.append((cname, getter))
-        reads_body = reads_body or body
+        correlation.append((cname, compile_value(cspec, _stored_getter("", correlation=cname))))
+        reads_body = reads_body or extraction.reads_body(cspec)
     work: list[WorkSpec] = []
     for fan in spec.fan_out:
         wt = route.work_types[fan.work_type]
         lanes = fan.lanes or wt.lanes
         template = (lanes.source_lane_key or DEFAULT_SOURCE_LANE_KEY) if lanes.source_fifo else None
-        if template is not None and any(r.startswith("/") for r in template_references(template)):
+        if template is not None and template_reads_body(template):
             reads_body = True
         work.append(
             WorkSpec(
@@ -292,7 +200,7 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 queue_class=wt.queue_class,
                 priority=wt.priority,
                 max_attempts=wt.retry.max_attempts,
-                source_lane=_compile_template(template, None) if template is not None else None,
+                source_lane=compile_template(template, bounded=False) if template is not None else None,
                 source_lane_template=template,
                 target_serialization=lanes.target_serialization,
                 dead_blocks_lane=lanes.dead_head == "block",
@@ -352,7 +260,7 @@ def plan_receipt(
             if route.spec.content == "json":
                 return Failure(receipt, PARSE_ERROR, "body is not valid JSON")
             doc = None  # ``content: any``: pointers find nothing
-    ctx = _Context(receipt=receipt, doc=doc, values={})
+    ctx = Context(doc, receipt=receipt)
     for name, getter in compiled.fields:
         if name not in ctx.values or ctx.values[name] is None:
             ctx.values[name] = getter(ctx)
@@ -378,9 +286,7 @@ def plan_receipt(
                 ctx.work_type = spec.work_type
                 source_key = spec.source_lane(ctx)
                 if source_key is None:
-                    refs = [
-                        r for r in template_references(spec.source_lane_template or "") if r != "work_type"
-                    ]
+                    refs = [r for r in references(spec.source_lane_template or "") if r != "work_type"]
                     return Failure(
                         receipt,
                         REQUIRED_MISSING,
