@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.lanes import Lane
+from connector.common.listener import Listener, ListenerConfig
 from connector.common.schema import CHANNEL_WORK
 from connector.executor import claims
 from connector.executor import metrics as m
@@ -145,6 +146,7 @@ class Engine:
         self._claim_task: asyncio.Task[Any] | None = None
         self._finalizer_tasks: list[asyncio.Task[Any]] = []
         self._keeper_task: asyncio.Task[Any] | None = None
+        self._listener: Listener | None = None
         self._rnd = random.Random()
         self._on_error = on_error
         self._min_claim = max(1, min(cfg.claim_batch, self.capacity) // 4)
@@ -172,7 +174,14 @@ class Engine:
         ]
         self._keeper_task = asyncio.create_task(self._lease_keeper(), name="executor-lease-keeper")
         self._tasks.append(asyncio.create_task(self._reclaimer(), name="executor-reclaimer"))
-        self._tasks.append(asyncio.create_task(self._listener(), name="executor-listener"))
+        self._listener = Listener(
+            str(self.pool.conninfo),
+            ListenerConfig(channels=(CHANNEL_WORK,), name="executor-listener"),
+            on_wake=self._on_notify,
+            on_connect=self._on_listen,
+            on_error=lambda exc: self._error("listen", exc),
+        )
+        await self._listener.start()
         self._workers = [
             asyncio.create_task(self._worker(), name=f"executor-worker-{i}") for i in range(self.cfg.workers)
         ]
@@ -222,6 +231,8 @@ class Engine:
         for t in loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self._listener is not None:
+            await self._listener.stop()
         await self.registry.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
 
@@ -739,7 +750,7 @@ class Engine:
                 c._task.cancel()
 
     # ---------------------------------------------------------------------------------------------
-    # reclaimer and listener
+    # reclaimer and listener callbacks
     # ---------------------------------------------------------------------------------------------
 
     async def _reclaimer(self) -> None:
@@ -769,27 +780,16 @@ class Engine:
             self._wake.set()
         return rows
 
-    async def _listener(self) -> None:
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(str(self.pool.conninfo), autocommit=True)
-                try:
-                    await conn.execute(f"LISTEN {CHANNEL_WORK}")
-                    # Anything may have happened while we were not listening.
-                    self.scheduler.mark_ready()
-                    self._wake.set()
-                    async for note in conn.notifies():
-                        self.scheduler.mark_ready()
-                        if note.payload != "lanes":  # lane promotions stay within known groups
-                            self._rediscover = True
-                        self._wake.set()
-                finally:
-                    await conn.close()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._error("listen", exc)
-                await asyncio.sleep(1.0)
+    def _on_notify(self, notes: list[Notify]) -> None:
+        self.scheduler.mark_ready()
+        if any(note.payload != "lanes" for note in notes):  # lane promotions stay within known groups
+            self._rediscover = True
+        self._wake.set()
+
+    def _on_listen(self, conn: AsyncConnection[Any], reconnect: bool) -> None:
+        # Anything may have happened while we were not listening.
+        self.scheduler.mark_ready()
+        self._wake.set()
 
 
 def engine_config_from_settings(cfg: Any, **overrides: Any) -> EngineConfig:

@@ -59,15 +59,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
 from prometheus_client import REGISTRY, Counter, Gauge, start_http_server
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Notify
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
 from connector.common import runtime
 from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.listener import Listener, ListenerConfig
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.packs import sha256_hex
 from connector.common.process_registry import ProcessRegistration
@@ -779,6 +779,7 @@ class LegacyExecutor:
         self._stopping = False
         self._claiming = True
         self._tasks: list[asyncio.Task[Any]] = []
+        self._listener: Listener | None = None
         self._routes: dict[str, Any] = {}
         self.stats = {"claimed": 0, "finalized": 0, "stale": 0, "reclaimed": 0, "receipts": 0}
 
@@ -819,8 +820,14 @@ class LegacyExecutor:
             asyncio.create_task(self._lease_loop(), name="legacy-lease"),
             asyncio.create_task(self._claim_loop(), name="legacy-claim"),
             asyncio.create_task(self._reconcile_loop(), name="legacy-reconcile"),
-            asyncio.create_task(self._listener(), name="legacy-listen"),
         ]
+        self._listener = Listener(
+            str(self.pool.conninfo),
+            ListenerConfig(channels=(CHANNEL_WORK, CHANNEL_PACKS), name="legacy-listen"),
+            on_wake=self._on_notify,
+            on_error=lambda exc: log.warning("legacy listener error", extra={"exc_type": type(exc).__name__}),
+        )
+        await self._listener.start()
 
     async def stop(self, grace_s: float | None = None) -> None:
         grace = self.cfg.shutdown_grace_s if grace_s is None else grace_s
@@ -839,6 +846,8 @@ class LegacyExecutor:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self._listener is not None:
+            await self._listener.stop()
         with contextlib.suppress(Exception):
             async with self.pool.connection() as conn:
                 await conn.execute(
@@ -985,24 +994,10 @@ class LegacyExecutor:
             except Exception as exc:
                 log.warning("legacy reconcile error", extra={"exc_type": type(exc).__name__})
 
-    async def _listener(self) -> None:
-        while not self._stopping:
-            try:
-                conn = await psycopg.AsyncConnection.connect(str(self.pool.conninfo), autocommit=True)
-                try:
-                    await conn.execute(f"LISTEN {CHANNEL_WORK}")
-                    await conn.execute(f"LISTEN {CHANNEL_PACKS}")
-                    async for note in conn.notifies():
-                        if note.channel == CHANNEL_PACKS:
-                            self._tick.set()  # an authority change: check admission now
-                        self._wake.set()
-                finally:
-                    await conn.close()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("legacy listener error", extra={"exc_type": type(exc).__name__})
-                await asyncio.sleep(1.0)
+    def _on_notify(self, notes: list[Notify]) -> None:
+        if any(note.channel == CHANNEL_PACKS for note in notes):
+            self._tick.set()  # an authority change: check admission now
+        self._wake.set()
 
     # ----------------------------------------------------------------------------- one event
 
