@@ -15,10 +15,10 @@ from connector.common.extraction import (
     references,
 )
 from connector.common.jsonvalues import MAX_VALUE_CHARS, pointer_tokens, resolve_tokens, scalar_text
+from connector.common.materialization import EventDraft, ReceiptRow, compile_route, plan_receipt
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import ValueSpec, parse_manifest
 from connector.ingress.envelope import Envelope
-from connector.materializer.extract import EventDraft, ReceiptRow, compile_route, plan_receipt
 
 
 def test_pointers_follow_rfc6901() -> None:

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common import pack_store
-from connector.common.pack_store import RouteCache
-from connector.common.packs import parse_manifest
-from connector.materializer.router import Router, RouterConfig
+# ``tests.plans`` (the plan-test helpers) when these tests run on their own.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from connector.common import pack_store  # noqa: E402
+from connector.common.pack_store import RouteCache  # noqa: E402
+from connector.common.packs import parse_manifest  # noqa: E402
+from connector.materializer.router import Router, RouterConfig  # noqa: E402
 
 NAMESPACE = "shop"
 

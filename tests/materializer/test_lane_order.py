@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 
 from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
-from connector.materializer import metrics, routing
+from connector.common.store import receipts
+from connector.materializer import metrics
 from connector.materializer.router import Router
 
 from .conftest import apply, body, insert_receipts, manifest, rows, scalar, wait_until, work_type
@@ -196,7 +197,7 @@ async def _two_batches(adb, make_router, *, order_wait_max_s: float) -> tuple[Ro
     first: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
     second: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
     async with first._pool.connection() as conn:
-        earlier = await routing.receipt_claim_routable(
+        earlier = await receipts.receipt_claim_routable(
             conn, owner="first", limit=32, lease_s=30, horizon_wait_s=30
         )
     assert len(earlier) == 32

@@ -8,7 +8,8 @@ from typing import Any
 
 from psycopg import sql
 
-from connector.materializer import routing
+from connector.common import materialization
+from connector.common.store import receipts
 from tests.plans import assert_update_reads_by_key, plan_nodes, positional
 
 from .conftest import apply, bulk_receipts, manifest, work_type
@@ -46,7 +47,7 @@ async def test_claim_and_gate_statements_use_their_partial_indexes(adb) -> None:
 
     claim = await _explain(
         adb,
-        routing.RECEIPT_CLAIM_ROUTABLE,
+        receipts.RECEIPT_CLAIM_ROUTABLE,
         {"owner": "x", "limit": 256, "lease_s": 30.0, "horizon_wait_s": 5.0},
     )
     scans = _scans(claim, "connector_ingress_receipt")
@@ -54,11 +55,11 @@ async def test_claim_and_gate_statements_use_their_partial_indexes(adb) -> None:
     assert ("Index Scan", "ix_connector_ingress_receipt_routing") in scans, scans
     assert not any(kind == "Seq Scan" for kind, _ in scans), scans
 
-    floor = await _explain(adb, routing.RECEIPT_INFLIGHT_FLOOR, {"namespaces": ["shop"], "mine": [1, 2]})
+    floor = await _explain(adb, receipts.RECEIPT_INFLIGHT_FLOOR, {"namespaces": ["shop"], "mine": [1, 2]})
     kinds = _scans(floor, "connector_ingress_receipt")
     assert kinds and all(index == "ix_connector_ingress_receipt_routing" for _, index in kinds), kinds
 
-    lag = await _explain(adb, routing.RECEIPT_ROUTING_LAG, {})
+    lag = await _explain(adb, receipts.RECEIPT_ROUTING_LAG, {})
     assert sorted(_scans(lag, "connector_ingress_receipt")) == [
         ("Index Scan", "ix_connector_ingress_receipt_routable"),
         ("Index Scan", "ix_connector_ingress_receipt_routing"),
@@ -88,7 +89,7 @@ async def test_lane_overtaken_check_probes_the_lane_index(adb) -> None:
     await adb.execute("ANALYZE connector_work_item")
     nodes = await _explain(
         adb,
-        routing.WORK_ITEM_LANE_OVERTAKEN,
+        materialization.WORK_ITEM_LANE_OVERTAKEN,
         {"packs": [1, 1], "kinds": ["s", "t"], "keys": ["lane-7", "target-3"], "seqs": [10, 10]},
     )
     scans = _scans(nodes, "connector_work_item")
@@ -109,7 +110,7 @@ async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
     await adb.execute("UPDATE connector_ingress_receipt SET router_status = 'materialized'")
     await adb.execute("ANALYZE connector_ingress_receipt")
     await adb.execute("SET plan_cache_mode = force_generic_plan")
-    body, order = positional(routing.RECEIPT_CLAIM_ROUTABLE)
+    body, order = positional(receipts.RECEIPT_CLAIM_ROUTABLE)
     await adb.execute("PREPARE claim AS " + body)
     params = {"owner": "x", "limit": 256, "lease_s": 30.0, "horizon_wait_s": 0.0}
     call = "EXECUTE claim(" + ", ".join(sql.Literal(params[k]).as_string(adb) for k in order) + ")"

@@ -605,7 +605,7 @@ async def cutover_complete(
     """Prove the drain and the re-cutover conditions, complete the materialization, switch Event
     ownership and write the ``cutover`` receipt admitting WorkItem claims — or, when anything is
     missing, change nothing and raise ``CutoverBlocked`` (with ``dry_run``: return the blockers)."""
-    from connector.materializer.backfill import backfill
+    from connector.common.backfill import backfill
 
     async with conn.transaction(force_rollback=dry_run):
         locked = await _lock(conn, installed_pack_id, generation, long=True)

@@ -4,7 +4,7 @@ One ``Router`` per process runs ``concurrency`` worker tasks. Each worker repeat
 
 1. **claim** a batch (``receipt_claim_routable``: token + lease from the database clock, serialized
    with other claimers so batches are contiguous in due order);
-2. **plan** every receipt against the cached active route (``extract.plan_batch``): an event draft, a
+2. **plan** every receipt against the cached active route (``materialization.plan_batch``): an event draft, a
    permanent failure (no route, parse failure, required field missing) or a retryable one;
 3. **gate** lane receipts: a receipt that adds lane members waits while an earlier receipt of its
    namespace is still claimed by another live batch (``receipt_inflight_floor``), so batches commit
@@ -33,11 +33,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connector.common.lanes import lane_lock_batch, lane_settle_batch
-from connector.common.pack_store import ActivePack, ActiveRoute, RouteCache
-from connector.common.settings import MaterializerSettings
-from connector.materializer import metrics, routing
-from connector.materializer.extract import (
+from connector.common.materialization import (
     DB_ERROR,
     NO_CLAIM_AUTHORITY,
     NO_ROUTE,
@@ -45,10 +41,25 @@ from connector.materializer.extract import (
     EventDraft,
     Failure,
     Plan,
-    ReceiptRow,
     RouteCompiler,
+    materialize,
     plan_batch,
+    work_rows,
 )
+from connector.common.pack_store import ActivePack, ActiveRoute, RouteCache
+from connector.common.settings import MaterializerSettings
+from connector.common.store.events import event_id_reserve
+from connector.common.store.packs import pack_active_check
+from connector.common.store.receipts import (
+    ReceiptRow,
+    receipt_claim_routable,
+    receipt_inflight_floor,
+    receipt_mark_failed_batch,
+    receipt_mark_materialized_batch,
+    receipt_mark_retry_batch,
+    receipt_release_batch,
+)
+from connector.materializer import metrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +77,7 @@ class RouterConfig:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 300.0
     concurrency: int = 2
-    #: A pending receipt waits at most this long for the commit horizon (see routing.py).
+    #: A pending receipt waits at most this long for the commit horizon (see store/receipts.py).
     horizon_wait_s: float = 5.0
     #: A lane receipt waits at most this long for earlier in-flight receipts (ordering gate).
     order_wait_max_s: float = 5.0
@@ -222,7 +233,7 @@ class Router:
         """Claim one batch and route it. Returns what happened."""
         started = time.perf_counter()
         async with self._pool.connection() as conn:
-            receipts = await routing.receipt_claim_routable(
+            receipts = await receipt_claim_routable(
                 conn,
                 owner=self.cfg.owner,
                 limit=self.cfg.batch_size,
@@ -287,7 +298,7 @@ class Router:
             todo = [p.receipt for p in deferred]
             if self._stopping:
                 async with self._pool.connection() as conn:
-                    await routing.receipt_release_batch(conn, todo)
+                    await receipt_release_batch(conn, todo)
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
@@ -318,9 +329,7 @@ class Router:
         # Earlier receipts claimed by other processes: defer the later lane receipts.
         mine = [rid for b in self._inflight for rid in b.ids]
         async with self._pool.connection() as conn:
-            floors = await routing.receipt_inflight_floor(
-                conn, {p.receipt.namespace for p in lane_plans}, mine
-            )
+            floors = await receipt_inflight_floor(conn, {p.receipt.namespace for p in lane_plans}, mine)
         if not floors:
             return plans, []
         force = time.monotonic() >= deadline
@@ -425,45 +434,32 @@ class Router:
             )
         }
         async with self._pool.connection() as conn:
-            reserved = await routing.event_id_reserve(conn, len(write.drafts))
+            reserved = await event_id_reserve(conn, len(write.drafts))
             event_ids = {d.receipt.receipt_id: eid for d, eid in zip(write.drafts, reserved, strict=True)}
             async with conn.transaction():
                 if checked_namespaces:
-                    current = await routing.pack_active_check(conn, checked_namespaces)
+                    current = await pack_active_check(conn, checked_namespaces)
                     for ns in checked_namespaces:
                         pack = self._cache.pack(ns)
                         expected = pack.snapshot if pack is not None and pack.claim_path is not None else None
                         if current.get(ns) != expected:
                             raise SnapshotChanged(ns)
-                owned = await routing.receipt_mark_materialized_batch(
+                owned = await receipt_mark_materialized_batch(
                     conn,
                     [d.receipt for d in write.drafts],
                     [event_ids[d.receipt.receipt_id] for d in write.drafts],
                 )
-                failed = await routing.receipt_mark_failed_batch(conn, write.failed)
-                retried = await routing.receipt_mark_retry_batch(conn, write.retry)
+                failed = await receipt_mark_failed_batch(conn, write.failed)
+                retried = await receipt_mark_retry_batch(conn, write.retry)
                 live = [d for d in write.drafts if d.receipt.receipt_id in owned]
-                rows = routing.work_rows(live, event_ids)
-                lanes = sorted({lane for w in rows for lane in w.lanes})
-                locked = await lane_lock_batch(conn, lanes) if lanes else []
-                demote_lanes, inverted = (
-                    await routing.work_item_lane_overtaken(conn, rows) if lanes else (0, 0)
-                )
-                await routing.event_insert_batch(conn, live, event_ids)
-                work_items = await routing.work_item_insert_batch(conn, rows)
-                demoted = 0
-                if locked:
-                    settled = await lane_settle_batch(conn, locked, demote=demote_lanes > 0)
-                    demoted = settled.demoted
-                if work_items:
-                    await routing.work_notify(conn)
+                done = await materialize(conn, live, event_ids, work_rows(live, event_ids))
         result.materialized = len(live)
         result.failed = len(failed)
         result.retried = len(retried)
         result.lost = len(plans) - len(owned) - len(failed) - len(retried)
-        result.work_items = work_items
-        result.demoted = demoted
-        result.inverted = inverted
+        result.work_items = done.work_items
+        result.demoted = done.demoted
+        result.inverted = done.inverted
         self._count(write, result, live, owned | failed | retried)
         return result
 

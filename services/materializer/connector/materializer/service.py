@@ -36,8 +36,9 @@ from connector.common.process_registry import ProcessRegistration
 from connector.common.runtime import run, run_until_signal
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.common.store import receipts
 from connector.common.upkeep import Upkeep
-from connector.materializer import metrics, routing
+from connector.materializer import metrics
 from connector.materializer.router import Router, RouterConfig
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,7 @@ class MaterializerService:
         while not self._stopping.is_set():
             try:
                 async with self.pool.connection() as conn:
-                    metrics.ROUTING_LAG.set(await routing.receipt_routing_lag(conn))
+                    metrics.ROUTING_LAG.set(await receipts.receipt_routing_lag(conn))
             except Exception as exc:
                 log.debug("lag sample failed", extra={"error_class": type(exc).__name__})
             with contextlib.suppress(TimeoutError):

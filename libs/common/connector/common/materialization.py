@@ -1,22 +1,16 @@
-"""From a claimed receipt and its active route to an event draft and its WorkItem drafts (pure).
+"""Materialization: from a claimed receipt and its route to an event and its WorkItems, and their
+insert — one module for the routing loop, the backfill and the cutover (docs/adr/004-materializer.md).
 
-A route is compiled once per route id (``compile_route``): JSON pointers are split into tokens,
-templates into literal and reference pieces, extracted fields are put in dependency order, and each
-fan-out entry becomes a ``WorkSpec`` (queue class, priority, max attempts, lane policy).
-``plan_receipt`` then evaluates it against one receipt:
-
-* ``pointer`` / ``const`` / ``template`` read the receipt body (parsed once, only when a spec needs
-  it), under the *active* route;
-* ``header`` specs read what the ingress stored on the receipt: ``event_kind`` → ``event_kind``,
-  ``delivery_id`` → ``provider_delivery_id``, a correlation id → ``correlation_ids[name]`` (the
-  ingress does not keep raw headers; docs/packs.md);
-* a field without a spec falls back to the receipt's value when there is one (``event_kind``,
-  ``delivery_id``).
-
-Values are scalars rendered as text (numbers as JSON writes them, ``true``/``false``); objects,
-arrays, ``null``, text with control characters and values longer than ``MAX_VALUE_CHARS`` are *no
-value*. A missing required field, a lane key that cannot be formed, or a body that is not JSON are
-permanent failures (``Failure``) whose summary names the field and the rule, never a value.
+* **Plan** (pure): a route is compiled once per route id (``compile_route``, the extraction language
+  of ``connector.common.extraction``; header values come from what the ingress stored on the
+  receipt). ``plan_receipt`` gives an ``EventDraft`` (event fields, companion, correlation ids and one
+  ``WorkDraft`` per fan-out entry with its lane keys) or a ``Failure`` whose summary names fields and
+  rules, never a value. A missing required field, a lane key that cannot be formed or a body that is
+  not JSON are permanent failures.
+* **Insert** (``materialize``, inside the caller's transaction): lock the batch's lanes (sorted),
+  check whether a late earlier delivery overtakes a lane, insert events and WorkItems with multi-row
+  statements (``ON CONFLICT (event_id, work_type) DO NOTHING``: a retried batch never duplicates
+  work), settle the lanes (ADR 003), notify executors.
 """
 
 from __future__ import annotations
@@ -26,7 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connector.common import extraction
+from psycopg import AsyncConnection
+
+from connector.common import extraction, schema
 from connector.common.extraction import (
     Context,
     Getter,
@@ -37,8 +33,11 @@ from connector.common.extraction import (
     template_reads_body,
 )
 from connector.common.jsonvalues import scalar_text
+from connector.common.lanes import LANE_HOLDING_PREDICATE, Lane, lane_lock_batch, lane_settle_batch
 from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS
+from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, canonical_json
+from connector.common.store import events
+from connector.common.store.receipts import ReceiptRow
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
 #: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).
@@ -59,24 +58,6 @@ FAILURE_CLASSES = (
     NO_ROUTE, PARSE_ERROR, REQUIRED_MISSING, ROUTE_UNAVAILABLE, BODY_UNAVAILABLE, NO_CLAIM_AUTHORITY,
     ATTEMPTS_EXHAUSTED, DB_ERROR, INTERNAL,
 )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptRow:
-    """The columns of a claimed receipt the materializer reads."""
-
-    receipt_id: int
-    claim_token: int
-    attempts: int
-    namespace: str
-    route_key: str
-    idempotency_key: str
-    event_kind: str | None
-    provider_delivery_id: str | None
-    correlation_ids: Mapping[str, Any]
-    payload_sha256: bytes
-    body: bytes | None
-    has_body_ref: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,3 +346,217 @@ def plan_batch(
         except Exception as exc:  # a bug must not stall the batch: this receipt backs off
             plans.append(Failure(receipt, INTERNAL, f"unexpected {type(exc).__name__} while planning"))
     return plans
+
+
+# --------------------------------------------------------------------------------------------------
+# Insert: events and WorkItems in the caller's transaction
+# --------------------------------------------------------------------------------------------------
+
+# The WorkItem-creating statements (the materializer is their sole writer). They join the WorkItem
+# store module (store/work_items.py) when it exists; until then they are the last SQL here.
+_WORK_COLUMNS = (
+    ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
+    ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
+    ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
+    ("dead_blocks_lane", "bool"),
+)  # fmt: skip
+
+# Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
+# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md).
+WORK_ITEM_INSERT_BATCH = f"""
+INSERT INTO connector_work_item ({", ".join(c for c, _ in _WORK_COLUMNS)}, run_after)
+SELECT {", ".join(c for c, _ in _WORK_COLUMNS)}, now() - make_interval(secs => priority)
+FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in _WORK_COLUMNS)})
+  WITH ORDINALITY AS w({", ".join(c for c, _ in _WORK_COLUMNS)}, ord)
+ORDER BY ord
+ON CONFLICT (event_id, work_type) DO NOTHING
+"""
+
+_HOLD_W = LANE_HOLDING_PREDICATE.replace("state", "w.state").replace("dead_blocks_lane", "w.dead_blocks_lane")
+
+# For each lane a batch adds members to (with the smallest new delivery_seq): is its first holding
+# member *later*, and ready (it must go back to blocked: demote) or already started (an inversion)?
+WORK_ITEM_LANE_OVERTAKEN = f"""
+WITH n AS (
+  SELECT * FROM unnest(%(packs)b::bigint[], %(kinds)b::text[], %(keys)b::text[], %(seqs)b::bigint[])
+    AS n(pack, kind, key, seq)
+), firsts AS (
+  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
+    SELECT w.state, w.delivery_seq FROM connector_work_item w
+    WHERE n.kind = 's' AND w.installed_pack_id = n.pack AND w.source_lane_key = n.key AND {_HOLD_W}
+    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
+  UNION ALL
+  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
+    SELECT w.state, w.delivery_seq FROM connector_work_item w
+    WHERE n.kind = 't' AND w.installed_pack_id = n.pack AND w.target_mutation_lane_key = n.key AND {_HOLD_W}
+    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
+)
+SELECT count(*) FILTER (WHERE state IN ('pending', 'retry')),
+       count(*) FILTER (WHERE state = 'processing')
+FROM firsts WHERE delivery_seq > seq
+"""
+
+WORK_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_WORK}', '')"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRow:
+    event_id: int
+    installed_pack_id: int
+    generation: int
+    work_type: str
+    queue_class: str
+    priority: int
+    max_attempts: int
+    delivery_seq: int
+    source_lane_key: str | None
+    target_lane_key: str | None
+    dead_blocks_lane: bool
+
+    @property
+    def lanes(self) -> list[Lane]:
+        out: list[Lane] = []
+        if self.source_lane_key is not None:
+            out.append((self.installed_pack_id, "s", self.source_lane_key))
+        if self.target_lane_key is not None:
+            out.append((self.installed_pack_id, "t", self.target_lane_key))
+        return out
+
+
+def work_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[WorkRow]:
+    """The WorkItem rows of ``drafts`` in (delivery_seq, fan-out) order."""
+    rows: list[WorkRow] = []
+    for d in sorted(drafts, key=lambda d: d.receipt.receipt_id):
+        for w in d.work:
+            rows.append(
+                WorkRow(
+                    event_id=event_ids[d.receipt.receipt_id],
+                    installed_pack_id=d.pack.installed_pack_id,
+                    generation=d.pack.generation,
+                    work_type=w.work_type,
+                    queue_class=w.queue_class,
+                    priority=w.priority,
+                    max_attempts=w.max_attempts,
+                    delivery_seq=d.receipt.receipt_id,
+                    source_lane_key=w.source_lane_key,
+                    target_lane_key=w.target_lane_key,
+                    dead_blocks_lane=w.dead_blocks_lane,
+                )
+            )
+    return rows
+
+
+def event_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[tuple[Any, ...]]:
+    """The event rows of ``drafts`` (``store.events.EVENT_COLUMNS`` order; ids keyed by receipt id)."""
+    return [
+        (
+            event_ids[d.receipt.receipt_id],
+            d.receipt.receipt_id,
+            d.pack.installed_pack_id,
+            d.pack.generation,
+            d.pack.incarnation,
+            d.route.route_id,
+            d.route.route_version,
+            d.receipt.namespace,
+            d.event_kind,
+            d.source_object_kind,
+            d.source_object_id,
+            f"{d.receipt.idempotency_key}#0",
+            d.receipt.receipt_id,
+            d.receipt.payload_sha256,
+            canonical_json(dict(d.companion)),
+            canonical_json(dict(d.correlation_ids)),
+            "legacy_event" if d.legacy_owned else "work_item",
+            "pending" if d.legacy_owned else None,
+        )
+        for d in drafts
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Materialized:
+    work_items: int
+    #: Lane members re-blocked because a late earlier delivery overtook them.
+    demoted: int
+    #: Lanes whose later member had already started when an earlier one arrived.
+    inverted: int
+
+
+async def materialize(
+    conn: AsyncConnection[Any],
+    drafts: Sequence[EventDraft],
+    event_ids: Mapping[int, int],
+    rows: Sequence[WorkRow],
+) -> Materialized:
+    """Inside the caller's transaction: lock the lanes of ``rows`` (sorted), check for overtaken
+    lanes, insert the events of ``drafts`` and the WorkItem ``rows``, settle the lanes, notify
+    executors when a WorkItem was created. ``drafts`` is empty for a backfill (events exist)."""
+    lanes = sorted({lane for w in rows for lane in w.lanes})
+    locked = await lane_lock_batch(conn, lanes) if lanes else []
+    demote_lanes, inverted = await work_item_lane_overtaken(conn, rows) if lanes else (0, 0)
+    if drafts:
+        await events.event_insert_batch(conn, event_rows(drafts, event_ids))
+    work_items = await work_item_insert_batch(conn, rows)
+    demoted = 0
+    if locked:
+        settled = await lane_settle_batch(conn, locked, demote=demote_lanes > 0)
+        demoted = settled.demoted
+    if work_items:
+        await work_notify(conn)
+    return Materialized(work_items, demoted, inverted)
+
+
+async def work_item_insert_batch(conn: AsyncConnection[Any], rows: Sequence[WorkRow]) -> int:
+    """Insert WorkItems (conflicts on ``(event_id, work_type)`` ignored); lane members go in
+    ``blocked`` — the lane settle that follows promotes the runnable ones."""
+    if not rows:
+        return 0
+    values = [
+        (
+            w.event_id,
+            w.installed_pack_id,
+            w.generation,
+            w.work_type,
+            w.queue_class,
+            "blocked" if w.source_lane_key is not None or w.target_lane_key is not None else "pending",
+            w.priority,
+            w.max_attempts,
+            w.delivery_seq,
+            w.source_lane_key,
+            w.target_lane_key,
+            w.dead_blocks_lane,
+        )
+        for w in rows
+    ]
+    cols = events.unnest_columns(_WORK_COLUMNS, values)
+    cur = await conn.execute(WORK_ITEM_INSERT_BATCH, cols, prepare=True)
+    return cur.rowcount
+
+
+async def work_item_lane_overtaken(conn: AsyncConnection[Any], rows: Sequence[WorkRow]) -> tuple[int, int]:
+    """(lanes whose later first member is ready → demote, lanes whose later member already started)."""
+    first_seq: dict[Lane, int] = {}
+    for w in rows:
+        for lane in w.lanes:
+            if lane not in first_seq or w.delivery_seq < first_seq[lane]:
+                first_seq[lane] = w.delivery_seq
+    if not first_seq:
+        return 0, 0
+    lanes = sorted(first_seq)
+    cur = await conn.execute(
+        WORK_ITEM_LANE_OVERTAKEN,
+        {
+            "packs": [lane[0] for lane in lanes],
+            "kinds": [lane[1] for lane in lanes],
+            "keys": [lane[2] for lane in lanes],
+            "seqs": [first_seq[lane] for lane in lanes],
+        },
+        prepare=True,
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+async def work_notify(conn: AsyncConnection[Any]) -> None:
+    await conn.execute(WORK_NOTIFY, prepare=True)

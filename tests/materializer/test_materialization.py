@@ -1,5 +1,5 @@
-"""Extraction (pure): RFC 6901 pointers, templates, header values from the receipt, scalar rules,
-required fields failing closed, lane keys, and legacy-owned generations."""
+"""Materialization planning (pure): templates, header values from the receipt, required fields
+failing closed, lane keys, and legacy-owned generations."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import parse_manifest
-from connector.materializer.extract import (
+from connector.common.materialization import (
     NO_CLAIM_AUTHORITY,
     NO_ROUTE,
     PARSE_ERROR,
@@ -21,6 +19,8 @@ from connector.materializer.extract import (
     compile_route,
     plan_receipt,
 )
+from connector.common.pack_store import ActivePack, ActiveRoute
+from connector.common.packs import parse_manifest
 
 from .conftest import manifest, work_type
 

@@ -1,0 +1,121 @@
+"""Every statement on ``connector_event``'s fact columns (DESIGN §2: the materializer inserts events;
+their fact columns are immutable, enforced by a trigger). The legacy-compatibility columns' Event
+claim path lives in store/legacy.py; retention's delete of whole deliveries in store/deliveries.py.
+
+Inserts are multi-row ``unnest`` statements with binary arrays (one per batch, ADR 004); event ids
+are reserved before the batch transaction so receipts and events can be written in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+Conn = AsyncConnection[Any]
+
+EVENT_ID_RESERVE = (
+    "SELECT nextval(pg_get_serial_sequence('connector_event', 'event_id')) FROM generate_series(1, %(n)s)"
+)
+
+EVENT_COLUMNS = (
+    ("event_id", "int8"), ("receipt_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"),
+    ("incarnation", "int4"), ("route_id", "int8"), ("route_version", "int4"), ("namespace", "text"),
+    ("event_kind", "text"), ("source_object_kind", "text"), ("source_object_id", "text"),
+    ("idempotency_key", "text"), ("delivery_seq", "int8"), ("payload_sha256", "bytea"),
+    ("companion", "text"), ("correlation_ids", "text"), ("execution_owner", "text"),
+    ("legacy_state", "text"),
+)  # fmt: skip
+
+EVENT_INSERT_BATCH = f"""
+INSERT INTO connector_event ({", ".join(c for c, _ in EVENT_COLUMNS)}, event_index, parse_outcome)
+SELECT {", ".join(f"{c}::jsonb" if c in ("companion", "correlation_ids") else c for c, _ in EVENT_COLUMNS)},
+       0, 'ok'
+FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in EVENT_COLUMNS)})
+  AS e({", ".join(c for c, _ in EVENT_COLUMNS)})
+"""
+
+# --------------------------------------------------------------------------------------------------
+# Backfill: events of a generation that have no WorkItem yet (docs/cutover.md, "Migration")
+# --------------------------------------------------------------------------------------------------
+
+_ELIGIBLE = """
+  a.phase IN ('quiescing', 'work_item_active')
+  AND (e.legacy_state IS NULL OR e.legacy_state IN ('pending', 'retry'))
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                  WHERE w.event_id = e.event_id AND w.state <> 'reconciled_legacy_terminal')
+"""
+_SCOPE = """
+  (%(pack)s::bigint IS NULL OR e.installed_pack_id = %(pack)s)
+  AND (%(generation)s::int IS NULL OR e.generation = %(generation)s)
+"""
+
+EVENT_LIST_BACKFILL_CANDIDATES = f"""
+SELECT e.event_id, e.receipt_id, e.installed_pack_id, e.generation, e.incarnation, e.route_id,
+       e.delivery_seq, e.namespace, r.route_key, r.idempotency_key, r.event_kind, r.provider_delivery_id,
+       r.correlation_ids, r.payload_sha256, r.body, r.body_ref IS NOT NULL AS has_body_ref
+FROM connector_event e
+JOIN connector_claim_authority a ON a.installed_pack_id = e.installed_pack_id AND a.generation = e.generation
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE e.event_id > %(after)s AND {_SCOPE} AND {_ELIGIBLE}
+ORDER BY e.event_id
+LIMIT %(limit)s
+"""
+
+# Events without WorkItems that backfill leaves alone, by reason (operator report).
+EVENT_COUNT_BACKFILL_INELIGIBLE = f"""
+SELECT CASE
+         WHEN a.phase IS NULL THEN 'no_claim_authority'
+         WHEN a.phase NOT IN ('quiescing', 'work_item_active') THEN 'generation_' || a.phase
+         WHEN e.legacy_state = 'processing' THEN 'legacy_in_flight'
+         WHEN e.legacy_state = 'unknown' THEN 'legacy_outcome_unknown'
+         ELSE 'legacy_terminal'
+       END AS reason,
+       count(*)
+FROM connector_event e
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = e.installed_pack_id AND a.generation = e.generation
+WHERE {_SCOPE}
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                  WHERE w.event_id = e.event_id AND w.state <> 'reconciled_legacy_terminal')
+  AND NOT (coalesce(a.phase IN ('quiescing', 'work_item_active'), false)
+           AND (e.legacy_state IS NULL OR e.legacy_state IN ('pending', 'retry')))
+GROUP BY 1 ORDER BY 1
+"""
+
+
+def unnest_columns(spec: Sequence[tuple[str, str]], rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Row tuples → one list per column (the ``unnest`` parameters)."""
+    transposed = list(zip(*rows, strict=True)) if rows else [() for _ in spec]
+    return {name: list(col) for (name, _), col in zip(spec, transposed, strict=True)}
+
+
+async def event_id_reserve(conn: Conn, n: int) -> list[int]:
+    if n <= 0:
+        return []
+    cur = await conn.execute(EVENT_ID_RESERVE, {"n": n}, prepare=True)
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def event_insert_batch(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> int:
+    """Insert events; ``rows`` are tuples in ``EVENT_COLUMNS`` order (ids reserved)."""
+    if not rows:
+        return 0
+    cur = await conn.execute(EVENT_INSERT_BATCH, unnest_columns(EVENT_COLUMNS, rows), prepare=True)
+    return cur.rowcount
+
+
+async def event_list_backfill_candidates(
+    conn: Conn, scope: dict[str, Any], *, after: int, limit: int
+) -> list[dict[str, Any]]:
+    """Eligible events after ``after`` in event order, with their receipt's envelope and body."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(EVENT_LIST_BACKFILL_CANDIDATES, {**scope, "after": after, "limit": limit})
+    return await cur.fetchall()
+
+
+async def event_count_backfill_ineligible(conn: Conn, scope: dict[str, Any]) -> dict[str, int]:
+    cur = await conn.execute(EVENT_COUNT_BACKFILL_INELIGIBLE, scope)
+    return {str(reason): int(n) for reason, n in await cur.fetchall()}

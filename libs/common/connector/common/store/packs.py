@@ -1,0 +1,50 @@
+"""Every statement on ``connector_installed_pack``, ``connector_pack_generation`` and
+``connector_route`` (DESIGN §2: the admin API installs and activates packs; the ingress and the
+materializer read the active routes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+Conn = AsyncConnection[Any]
+
+# --------------------------------------------------------------------------------------------------
+# Materializer: the snapshot check of a batch, route snapshots of events (backfill)
+# --------------------------------------------------------------------------------------------------
+
+# Pack rows and claim authority of the batch's namespaces, share-locked for the transaction: an
+# activation or a cutover waits for the batch, and the batch sees one consistent snapshot.
+PACK_ACTIVE_CHECK = """
+SELECT p.namespace, p.installed_pack_id, p.incarnation, p.active_generation, a.claim_path, a.phase
+FROM connector_installed_pack p
+JOIN connector_claim_authority a
+  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
+WHERE p.namespace = ANY(%(namespaces)b::text[])
+FOR SHARE OF p, a
+"""
+
+ROUTE_GET_WITH_MANIFEST = """
+SELECT r.route_id, r.route_version, r.route_key, r.config, g.manifest, p.name
+FROM connector_route r
+JOIN connector_pack_generation g USING (installed_pack_id, generation)
+JOIN connector_installed_pack p USING (installed_pack_id)
+WHERE r.route_id = ANY(%(ids)s::bigint[])
+"""
+
+
+async def pack_active_check(conn: Conn, namespaces: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """Share-lock the packs (and claim authorities) of ``namespaces``; their current snapshots."""
+    cur = await conn.execute(PACK_ACTIVE_CHECK, {"namespaces": sorted(set(namespaces))}, prepare=True)
+    return {str(r[0]): (int(r[1]), int(r[2]), int(r[3]), r[4], r[5]) for r in await cur.fetchall()}
+
+
+async def route_get_with_manifest(conn: Conn, route_ids: Iterable[int]) -> list[dict[str, Any]]:
+    """Route rows by id with their generation's manifest and pack name (any generation)."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(ROUTE_GET_WITH_MANIFEST, {"ids": sorted(route_ids)})
+    return await cur.fetchall()
