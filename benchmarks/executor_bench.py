@@ -75,7 +75,8 @@ def _spawn(url: str, env_extra: dict[str, str]) -> subprocess.Popen[bytes]:
         **env_extra,
     }
     return subprocess.Popen(
-        [str(ROOT / ".venv/bin/connector"), "executor", "--no-admin"],
+        # The running interpreter's environment, wherever it is (not a .venv beside the checkout).
+        [sys.executable, "-m", "connector.cli.main", "executor", "--no-admin"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -187,7 +188,7 @@ def drain(
             if profile_s:
                 spy = subprocess.Popen(
                     [
-                        str(ROOT / ".venv/bin/py-spy"),
+                        str(Path(sys.executable).with_name("py-spy")),
                         "record",
                         "--pid",
                         str(children[0].pid),

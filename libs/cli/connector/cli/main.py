@@ -28,31 +28,19 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
 }
 
 
-class NotBuilt(Exception):
-    pass
-
-
 def _resolve(spec: str) -> tuple[Callable[[argparse.Namespace], int], Callable | None]:
     module_name, func_name = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
-            raise NotBuilt(module_name) from None
-        raise
-    if not hasattr(module, func_name):
-        raise NotBuilt(module_name)
+    module = importlib.import_module(module_name)
     func = getattr(module, func_name)
     add = getattr(module, f"add_{func_name}_arguments", None) or getattr(module, "add_arguments", None)
     return func, add
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], str]]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="connector", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): subparsers}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
-    missing: dict[tuple[str, ...], str] = {}
     for path, (spec, help_text) in sorted(COMMANDS.items(), key=lambda kv: len(kv[0])):
         parent = groups.get(path[:-1])
         if parent is None:
@@ -66,34 +54,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], str]]
             groups[path[:-1]] = parent
         sub = parent.add_parser(path[-1], help=help_text, description=help_text)
         parsers[path] = sub
-        try:
-            func, add = _resolve(spec)
-        except NotBuilt:
-            missing[path] = spec
-            sub.set_defaults(_path=path)
-            continue
+        func, add = _resolve(spec)
         if add is not None:
             add(sub)
         sub.set_defaults(_func=func, _path=path)
-    return parser, missing
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, missing = build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     path = getattr(args, "_path", None)
     if path is None:
         parser.print_help()
         return 2
-    # A group whose own command is chosen while one of its subcommands exists: pick the deepest.
+    # A pure group (such as ``db``) chosen without one of its subcommands: its help.
     func = getattr(args, "_func", None)
-    if func is None and getattr(args, "_group", None) is not None:
-        args._group.print_help()
-        return 2
     if func is None:
-        print(
-            f"connector {' '.join(path)}: not built yet ({missing.get(path, 'no handler')})", file=sys.stderr
-        )
+        args._group.print_help()
         return 2
     return int(func(args) or 0)
 
