@@ -29,6 +29,7 @@ from connector.common.retention import (
     RetentionConfig,
 )
 from connector.common.settings import ExecutorSettings
+from connector.common.store import deliveries, receipts
 from tests.executor import seed
 
 DAY = 86_400.0
@@ -274,7 +275,7 @@ async def test_a_delivery_that_changes_during_the_sweep_is_not_deleted_in_part(
     the chunk rolls back; the next sweep sees the new item and keeps the delivery."""
     a = delivery(db, [["succeeded"]])
     b = delivery(db, [["succeeded", "succeeded"]])
-    classify = retention._classify
+    classify = deliveries.receipt_chunk_classify
     inserted: list[int] = []
 
     async def classify_then_insert(*args: Any) -> list[tuple[Any, ...]]:
@@ -288,11 +289,11 @@ async def test_a_delivery_that_changes_during_the_sweep_is_not_deleted_in_part(
             inserted.append(int(w[0]))  # type: ignore[index]
         return rows
 
-    monkeypatch.setattr(retention, "_classify", classify_then_insert)
+    monkeypatch.setattr(deliveries, "receipt_chunk_classify", classify_then_insert)
     res = await sweep_now(db_url)
     assert present(db, a) == whole(a) and present(db, b) == whole(b)
     assert res.deliveries == 0 and dict(res.kept) == {"changed": 2}
-    monkeypatch.setattr(retention, "_classify", classify)
+    monkeypatch.setattr(deliveries, "receipt_chunk_classify", classify)
     res = await sweep_now(db_url)
     assert present(db, a) == (0, 0, 0)
     assert present(db, b) == whole(b)
@@ -596,7 +597,7 @@ def test_chunk_statements_use_indexes_on_a_large_table(db) -> None:
     cutoff = db.execute("SELECT now() - interval '1 day'").fetchone()[0]  # type: ignore[index]
     old_chunk = {"after": first + 10_000, "batch": 1000, "cutoff": cutoff}
     young_chunk = {"after": first + 45_000, "batch": 1000, "cutoff": cutoff}
-    rows = db.execute(retention.RECEIPT_CHUNK_CLASSIFY, old_chunk).fetchall()
+    rows = db.execute(deliveries.RECEIPT_CHUNK_CLASSIFY, old_chunk).fetchall()
     retired = [r for r in rows if r[1] and r[2] is None]
     assert len(rows) == 1000 and 850 <= len(retired) <= 950, len(retired)
     assert {r[2] for r in rows if r not in retired} == {"dead_letter"}
@@ -606,18 +607,18 @@ def test_chunk_statements_use_indexes_on_a_large_table(db) -> None:
     n = len(retired)
     # (name, statement, parameters, indexes it must use, most buffers it may touch)
     cases: list[tuple[str, str, dict[str, Any], set[str], int]] = [
-        ("classify", retention.RECEIPT_CHUNK_CLASSIFY, old_chunk,
+        ("classify", deliveries.RECEIPT_CHUNK_CLASSIFY, old_chunk,
          {"pk_connector_ingress_receipt", "uq_connector_event_receipt_id_event_index",
           "uq_connector_work_item_event_id_work_type",
           "uq_connector_legacy_outcome_receipt_event_id_work_type_version"}, 15 * 1000),
-        ("classify young", retention.RECEIPT_CHUNK_CLASSIFY, young_chunk,
+        ("classify young", deliveries.RECEIPT_CHUNK_CLASSIFY, young_chunk,
          {"pk_connector_ingress_receipt"}, 200),
-        ("work items", retention.WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids},
+        ("work items", deliveries.WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids},
          {"pk_connector_work_item"}, 8 * n),
-        ("events", retention.EVENT_DELETE_RETIRED, {"event_ids": event_ids}, {"pk_connector_event"}, 8 * n),
-        ("receipts", retention.RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff},
+        ("events", deliveries.EVENT_DELETE_RETIRED, {"event_ids": event_ids}, {"pk_connector_event"}, 8 * n),
+        ("receipts", deliveries.RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff},
          {"pk_connector_ingress_receipt"}, 8 * n),
-        ("oldest", retention.RECEIPT_OLDEST_AGE, {}, {"pk_connector_ingress_receipt"}, 20),
+        ("oldest", receipts.RECEIPT_OLDEST_AGE, {}, {"pk_connector_ingress_receipt"}, 20),
     ]  # fmt: skip
     with db.transaction(force_rollback=True):  # the deletes run in order, as in a chunk, then undone
         for name, query, params, indexes, most in cases:

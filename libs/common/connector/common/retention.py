@@ -56,6 +56,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from connector.common.background import BackgroundJob
 from connector.common.metrics import LATENCY_BUCKETS
+from connector.common.store import admin_requests, deliveries, receipts
 
 log = logging.getLogger("connector.retention")
 
@@ -109,92 +110,6 @@ for _result in RESULTS:
 # --------------------------------------------------------------------------------------------------
 
 DATABASE_CUTOFF = "SELECT now() - make_interval(secs => %(s)s::float8)"
-
-# One chunk of receipts in primary-key order, each with its verdict: NULL keep_reason = retired.
-# The per-receipt lateral runs only for old materialized receipts (a one-time filter), and every
-# probe is an index lookup: events by (receipt_id, event_index), WorkItems by (event_id, work_type),
-# legacy outcome receipts by (event_id, work_type, version). One row per (event, WorkItem) is
-# aggregated per receipt; ``work_ids`` / ``event_ids`` are what the chunk's deletes look up by key.
-RECEIPT_CHUNK_CLASSIFY = """
-WITH chunk AS MATERIALIZED (
-  SELECT r.receipt_id, r.router_status, r.accepted_at
-  FROM connector_ingress_receipt r
-  WHERE r.receipt_id > %(after)s::bigint
-  ORDER BY r.receipt_id
-  LIMIT %(batch)s::int
-)
-SELECT c.receipt_id,
-       c.accepted_at < %(cutoff)s::timestamptz AS old,
-       CASE
-         WHEN c.accepted_at >= %(cutoff)s::timestamptz THEN 'young'
-         WHEN c.router_status <> 'materialized' THEN 'not_materialized'
-         WHEN d.legacy_owned THEN 'legacy_owned'
-         WHEN d.legacy_history THEN 'legacy_history'
-         WHEN d.legacy_outcome THEN 'legacy_outcome'
-         WHEN d.dead THEN 'dead_letter'
-         WHEN d.unfinished THEN 'unfinished'
-         WHEN d.fenced THEN 'rollback_fenced'
-         WHEN d.no_work_item THEN 'no_work_item'
-       END AS keep_reason,
-       coalesce(d.event_ids, '{}') AS event_ids,
-       coalesce(d.work_ids, '{}') AS work_ids
-FROM chunk c
-LEFT JOIN LATERAL (
-  SELECT array_agg(DISTINCT e.event_id) AS event_ids,
-         array_agg(x.work_id) FILTER (WHERE x.work_id IS NOT NULL) AS work_ids,
-         bool_or(e.execution_owner <> 'work_item') AS legacy_owned,
-         bool_or(e.legacy_state IS NOT NULL) AS legacy_history,
-         bool_or(EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt l
-                         WHERE l.event_id = e.event_id)) AS legacy_outcome,
-         bool_or(x.state = 'dead') AS dead,
-         bool_or(x.state <> 'succeeded') AS unfinished,
-         bool_or(x.rollback_execution_fence_id IS NOT NULL
-                 OR x.legacy_outcome_receipt_version IS NOT NULL) AS fenced,
-         bool_or(x.work_id IS NULL) AS no_work_item
-  FROM connector_event e
-  LEFT JOIN connector_work_item x ON x.event_id = e.event_id
-  WHERE e.receipt_id = c.receipt_id
-    AND c.accepted_at < %(cutoff)s::timestamptz AND c.router_status = 'materialized'
-) d ON true
-ORDER BY c.receipt_id
-"""
-
-# The deletes of one chunk, by key, in foreign-key order. The ids are looked up one by one: an
-# ``ANY(ARRAY(subquery))`` has no length the planner can see (it assumes a few elements), so it is
-# never planned as a sequential scan of a table it takes for small (a literal array of ~1,000 ids
-# was: 50k WorkItems, 8 ms instead of 1.3 ms per chunk, growing with the table). Each statement
-# repeats its part of the predicate: a row that changed since the classification stays, and a
-# WorkItem that appeared since is not in the list; the next delete then fails on the foreign key
-# (the chunk rolls back) instead of deleting part of a delivery.
-WORK_ITEM_DELETE_RETIRED = """
-DELETE FROM connector_work_item
-WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[]))) AND state = 'succeeded'
-  AND rollback_execution_fence_id IS NULL AND legacy_outcome_receipt_version IS NULL
-"""
-EVENT_DELETE_RETIRED = """
-DELETE FROM connector_event
-WHERE event_id = ANY(ARRAY(SELECT unnest(%(event_ids)s::bigint[])))
-  AND execution_owner = 'work_item' AND legacy_state IS NULL
-"""
-RECEIPT_DELETE_RETIRED = """
-DELETE FROM connector_ingress_receipt
-WHERE receipt_id = ANY(ARRAY(SELECT unnest(%(receipt_ids)s::bigint[])))
-  AND router_status = 'materialized' AND accepted_at < %(cutoff)s::timestamptz
-"""
-
-# AIP-155 request ids past their de-duplication window (a small table: operator mutations only).
-ADMIN_REQUEST_DELETE_EXPIRED = """
-DELETE FROM connector_admin_request WHERE created_at < now() - make_interval(secs => %(s)s::float8)
-"""
-ADMIN_REQUEST_COUNT_EXPIRED = """
-SELECT count(*) FROM connector_admin_request WHERE created_at < now() - make_interval(secs => %(s)s::float8)
-"""
-
-# The lowest receipt id is the oldest receipt left (ids follow acceptance): one primary-key probe.
-RECEIPT_OLDEST_AGE = """
-SELECT coalesce((SELECT extract(epoch FROM now() - accepted_at)::float8
-                 FROM connector_ingress_receipt ORDER BY receipt_id LIMIT 1), 0)
-"""
 
 LOCK_TRY = "SELECT pg_try_advisory_lock(%s, %s)"
 LOCK_RELEASE = "SELECT pg_advisory_unlock(%s, %s)"
@@ -331,14 +246,14 @@ async def sweep(
             rows: list[tuple[Any, ...]] = []
             retired: list[tuple[Any, ...]] = []
             if dry_run:
-                rows = await _classify(conn, after, batch, res.cutoff)
+                rows = await deliveries.receipt_chunk_classify(conn, after, batch, res.cutoff)
                 retired = _tally(res, rows)
                 _count(res, retired)
             else:
                 done: tuple[int, int, int] | None = None
                 try:
                     async with conn.transaction():
-                        rows = await _classify(conn, after, batch, res.cutoff)
+                        rows = await deliveries.receipt_chunk_classify(conn, after, batch, res.cutoff)
                         retired = _tally(res, rows)
                         if retired:
                             done = await _delete(conn, res.cutoff, retired)
@@ -362,21 +277,14 @@ async def sweep(
                 break
     if admin_requests_s > 0:
         if dry_run:
-            n = int(await _scalar(conn, ADMIN_REQUEST_COUNT_EXPIRED, {"s": admin_requests_s}))
+            n = await admin_requests.admin_request_count_expired(conn, admin_requests_s)
         else:
-            n = (await conn.execute(ADMIN_REQUEST_DELETE_EXPIRED, {"s": admin_requests_s})).rowcount
+            n = await admin_requests.admin_request_delete_expired(conn, admin_requests_s)
             RETENTION_DELETED.labels("connector_admin_request").inc(n)
         res.deleted["connector_admin_request"] += n
-    res.oldest_receipt_age_s = float(await _scalar(conn, RECEIPT_OLDEST_AGE, {}))
+    res.oldest_receipt_age_s = await receipts.receipt_oldest_age(conn)
     res.seconds = time.perf_counter() - t0
     return res
-
-
-async def _classify(
-    conn: psycopg.AsyncConnection[Any], after: int, batch: int, cutoff: dt.datetime | None
-) -> list[tuple[Any, ...]]:
-    cur = await conn.execute(RECEIPT_CHUNK_CLASSIFY, {"after": after, "batch": batch, "cutoff": cutoff})
-    return await cur.fetchall()
 
 
 def _tally(res: SweepResult, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -411,12 +319,10 @@ async def _delete(
     receipt_ids = [int(r[0]) for r in retired]
     n_items = n_events = 0
     if work_ids:
-        n_items = (await conn.execute(WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids})).rowcount
+        n_items = await deliveries.work_item_delete_retired(conn, work_ids)
     if event_ids:
-        n_events = (await conn.execute(EVENT_DELETE_RETIRED, {"event_ids": event_ids})).rowcount
-    n_receipts = (
-        await conn.execute(RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff})
-    ).rowcount
+        n_events = await deliveries.event_delete_retired(conn, event_ids)
+    n_receipts = await deliveries.receipt_delete_retired(conn, receipt_ids, cutoff)
     if (n_items, n_events, n_receipts) != (len(work_ids), len(event_ids), len(receipt_ids)):
         # A row left out by its delete's own predicate without a foreign key to refuse the rest
         # (the schema's keys make this unreachable): never commit part of a chunk's deliveries.

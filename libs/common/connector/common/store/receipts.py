@@ -384,3 +384,22 @@ async def receipt_routing_lag(conn: AsyncConnection[Any]) -> float:
     cur = await conn.execute(RECEIPT_ROUTING_LAG, prepare=True)
     row = await cur.fetchone()
     return float(row[0]) if row is not None and row[0] is not None else 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Retention
+# --------------------------------------------------------------------------------------------------
+
+# The lowest receipt id is the oldest receipt left (ids follow acceptance): one primary-key probe.
+RECEIPT_OLDEST_AGE = """
+SELECT coalesce((SELECT extract(epoch FROM now() - accepted_at)::float8
+                 FROM connector_ingress_receipt ORDER BY receipt_id LIMIT 1), 0)
+"""
+
+
+async def receipt_oldest_age(conn: Conn) -> float:
+    """Seconds since the oldest receipt left was accepted (0: none)."""
+    cur = await conn.execute(RECEIPT_OLDEST_AGE, {})
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
