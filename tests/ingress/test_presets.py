@@ -431,6 +431,11 @@ def test_standard_webhooks_v1a_published_vector() -> None:
         + headers["webhook-signature"],
     }
     assert run(verifier, mixed, body, now=1614265330) == "ed25519:env:P_V1A_VECTOR"
+    # At most four candidates for a public-key scheme (each costs a signature check), sixteen for HMAC.
+    many = {**headers, "webhook-signature": " ".join([headers["webhook-signature"]] * 5)}
+    assert reason(verifier, many, body, now=1614265330) == verify.SIGNATURE_MALFORMED
+    four = {**headers, "webhook-signature": " ".join([headers["webhook-signature"]] * 4)}
+    assert run(verifier, four, body, now=1614265330) == "ed25519:env:P_V1A_VECTOR"
     # And a header with only symmetric entries carries nothing for this scheme.
     only_v1 = {**headers, "webhook-signature": "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4="}
     assert reason(verifier, only_v1, body, now=1614265330) == verify.SIGNATURE_MALFORMED
