@@ -13,8 +13,6 @@ from typing import Literal, TypeVar
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from connector.common.upkeep import UpkeepConfig
-
 
 class SettingsError(SystemExit):
     """Raised at start-up when configuration is invalid; the message names each bad variable."""
@@ -70,16 +68,6 @@ class UpkeepSettings(PoolSettings):
     #: ANALYZE when rows changed since the last analyze exceed rows + fraction x live rows.
     upkeep_analyze_rows: int = Field(default=100_000, ge=0)
     upkeep_analyze_fraction: float = Field(default=0.50, ge=0)
-
-    def upkeep_config(self) -> UpkeepConfig:
-        return UpkeepConfig(
-            mode=self.upkeep_mode,
-            interval_s=self.upkeep_interval_s,
-            vacuum_dead_rows=self.upkeep_vacuum_dead_rows,
-            vacuum_dead_fraction=self.upkeep_vacuum_dead_fraction,
-            analyze_rows=self.upkeep_analyze_rows,
-            analyze_fraction=self.upkeep_analyze_fraction,
-        )
 
 
 class IngressSettings(PoolSettings):

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from prometheus_client import Counter, Gauge, Histogram
@@ -86,6 +86,24 @@ WHERE c.relname = ANY(%(tables)s::text[]) AND c.relnamespace = to_regnamespace(c
 _SERVER_AUTOVACUUM = "SELECT current_setting('autovacuum') = 'on' AND current_setting('track_counts') = 'on'"
 
 
+class _UpkeepSettings(Protocol):
+    """The ``upkeep_*`` fields of ``settings.UpkeepSettings`` (this job depends on settings, never the
+    other way round)."""
+
+    @property
+    def upkeep_mode(self) -> str: ...
+    @property
+    def upkeep_interval_s(self) -> float: ...
+    @property
+    def upkeep_vacuum_dead_rows(self) -> int: ...
+    @property
+    def upkeep_vacuum_dead_fraction(self) -> float: ...
+    @property
+    def upkeep_analyze_rows(self) -> int: ...
+    @property
+    def upkeep_analyze_fraction(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class UpkeepConfig:
     mode: str = "auto"
@@ -98,6 +116,17 @@ class UpkeepConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"upkeep mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+
+    @classmethod
+    def from_settings(cls, s: _UpkeepSettings) -> UpkeepConfig:
+        return cls(
+            mode=s.upkeep_mode,
+            interval_s=s.upkeep_interval_s,
+            vacuum_dead_rows=s.upkeep_vacuum_dead_rows,
+            vacuum_dead_fraction=s.upkeep_vacuum_dead_fraction,
+            analyze_rows=s.upkeep_analyze_rows,
+            analyze_fraction=s.upkeep_analyze_fraction,
+        )
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from connector.common.process_registry import ProcessRegistration
 from connector.common.retention import Retention, RetentionConfig
 from connector.common.runtime import cancel_task
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
-from connector.common.upkeep import Upkeep
+from connector.common.upkeep import Upkeep, UpkeepConfig
 from connector.executor import stats
 from connector.executor.engine import Engine, engine_config_from_settings
 
@@ -135,7 +135,7 @@ class ExecutorService:
             await self.engine.start()
             if cfg.stats_interval_s > 0:
                 self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
-            self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, cfg.upkeep_config())
+            self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, UpkeepConfig.from_settings(cfg))
             self.upkeep.start()
             self.retention = Retention(url, RetentionConfig.from_settings(cfg), SERVICE)
             self.retention.start()

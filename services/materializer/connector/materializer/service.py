@@ -37,7 +37,7 @@ from connector.common.runtime import run, run_until_signal
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.common.settings import DatabaseSettings, MaterializerSettings
 from connector.common.store import receipts
-from connector.common.upkeep import Upkeep
+from connector.common.upkeep import Upkeep, UpkeepConfig
 from connector.materializer import metrics
 from connector.materializer.router import Router, RouterConfig
 
@@ -122,7 +122,7 @@ class MaterializerService:
         self._tasks.append(asyncio.create_task(self._listen(listening), name="materializer-listen"))
         self.router.start()
         self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
-        self.upkeep = Upkeep(self.url, "materializer", UPKEEP_TABLES, self.cfg.upkeep_config())
+        self.upkeep = Upkeep(self.url, "materializer", UPKEEP_TABLES, UpkeepConfig.from_settings(self.cfg))
         self.upkeep.start()
         self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
         await self._grpc.start()
