@@ -12,13 +12,13 @@ presets end to end through a real ingress over HTTP.
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,9 +32,6 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
-from paddle_billing.Notifications import Secret as PaddleSecret
-from paddle_billing.Notifications import Verifier as PaddleVerifier
-from paddle_billing.Notifications.PaddleSignature import PaddleSignature
 from sendgrid.helpers.eventwebhook import EventWebhook
 from slack_sdk.signature import SignatureVerifier as SlackVerifier
 from square.utils.webhooks_helper import verify_signature as square_verify_signature
@@ -183,9 +180,12 @@ def sign_sendgrid(body: bytes, at: float, key: ec.EllipticCurvePrivateKey = _EC)
 
 
 def sign_paddle(body: bytes, at: float) -> dict[str, str]:
-    # The Paddle SDK's HMAC helper (https://developer.paddle.com/webhooks/signature-verification).
+    # As https://developer.paddle.com/webhooks/signature-verification specifies: h1 is the hex
+    # HMAC-SHA256 of "<ts>:<raw body>" under the notification secret. (Paddle's SDK,
+    # paddle-python-sdk, is not used: it installs a top-level `tests` package into site-packages,
+    # which shadows this project's tests.)
     ts = str(int(at))
-    h1 = PaddleSignature.calculate_hmac(KEYS["P_PADDLE"], f"{ts}:".encode() + body).hexdigest()
+    h1 = hmac.new(KEYS["P_PADDLE"].encode(), f"{ts}:".encode() + body, hashlib.sha256).hexdigest()
     return {"Paddle-Signature": f"ts={ts};h1={h1}"}
 
 
@@ -560,21 +560,12 @@ def test_sendgrid_published_vector_and_sdk_agree() -> None:
     assert not sdk.verify_signature(_tampered(JSON_BODY).decode(), sig, ts)
 
 
-def test_paddle_sdk_verifier_agrees_including_rotation() -> None:
+def test_paddle_secret_rotation_two_h1_entries() -> None:
     now = time.time()
     headers = sign_paddle(JSON_BODY, now)
-
-    def sdk(body: bytes, hdrs: dict[str, str]) -> bool:
-        return bool(
-            PaddleVerifier().verify(SimpleNamespace(headers=hdrs, body=body), PaddleSecret(KEYS["P_PADDLE"]))
-        )
-
-    assert sdk(JSON_BODY, headers)
-    assert not sdk(_tampered(JSON_BODY), headers)
-    # During a secret rotation Paddle sends two h1 entries.
+    # During a secret rotation Paddle sends two h1 entries; either may be the current secret's.
     ts, h1 = headers["Paddle-Signature"].split(";")
     rotated = {"Paddle-Signature": f"{ts};h1={'0' * 64};{h1}"}
-    assert sdk(JSON_BODY, rotated)
     assert (
         run(compile_preset("paddle", "P_PADDLE"), rotated, JSON_BODY, now=now) == "hmac-sha256:env:P_PADDLE"
     )
