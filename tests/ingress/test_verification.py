@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import standardwebhooks
 import stripe
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
@@ -321,6 +322,34 @@ def test_generic_config_with_id_timestamp_template_and_prefix() -> None:
     assert rejected(compile_spec(spec), {"X-Sig": f"v1,{sig}", "X-Id": "abd", "X-Ts": ts}, body) == (
         verify.SIGNATURE_MISMATCH
     )
+
+
+def test_a_preset_is_only_its_fields_written_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every preset, spelled out as generic fields with no preset name, resolves to the very same flat
+    # config the verifier compiles: nothing downstream keys on the name.
+    for name, fields in PRESETS.items():
+        generic = {k: v for k, v in fields.items() if k != "secret_encoding"}
+        ref = {"env": "X", "encoding": fields.get("secret_encoding", "raw")}
+        spelled = VerificationSpec.model_validate({**generic, "secrets": [ref]})
+        if fields.get("algorithm") == "sha1":
+            # The one difference by design: SHA-1 only through a preset that needs it.
+            assert any("sha1 is accepted only" in p for p in check_spec(spelled)), name
+            continue
+        named = VerificationSpec.model_validate({"preset": name, "secrets": [{"env": "X"}]})
+        assert check_spec(spelled) == [] and resolve(spelled) == resolve(named), name
+    # And the spelled-out asymmetric preset verifies a genuine delivery (control: it is compiled).
+    ed = Ed25519PrivateKey.generate()
+    monkeypatch.setenv(
+        "INGRESS_T_ED", "whpk_" + base64.b64encode(ed.public_key().public_bytes_raw()).decode()
+    )
+    ts = str(int(time.time()))
+    body = b'{"a":1}'
+    sig = "v1a," + base64.b64encode(ed.sign(b"m1." + ts.encode() + b"." + body)).decode()
+    generic = {k: v for k, v in PRESETS["standard-webhooks-v1a"].items() if k != "secret_encoding"}
+    v1a = compile_spec({**generic, "secrets": [{"env": "INGRESS_T_ED", "encoding": "whpk"}]})
+    headers = {"webhook-id": "m1", "webhook-timestamp": ts, "webhook-signature": sig}
+    assert run(v1a, headers, body) == "ed25519:env:INGRESS_T_ED"
+    assert rejected(v1a, {**headers, "webhook-id": "m2"}, body) == verify.SIGNATURE_MISMATCH
 
 
 def test_rotation_any_active_secret_verifies_and_the_label_names_the_reference() -> None:
