@@ -264,7 +264,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
     weighs on both sides of the ratio alike."""
     import psycopg
 
-    from connector.executor import claims
+    from connector.common.store import work_items as claims
 
     conns = [await psycopg.AsyncConnection.connect(u, autocommit=True) for u in urls]
     samples: list[list[float]] = [[] for _ in urls]

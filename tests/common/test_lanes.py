@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import psycopg
 
-from connector.common.lanes import lane_lock_batch, lane_repair, lane_settle_batch, lanes_change, lanes_of
+from connector.common.store.lanes import (
+    lane_lock_batch,
+    lane_repair,
+    lane_settle_batch,
+    lanes_change,
+    lanes_of,
+)
 
 PACK = 1
 

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from connector.common.store import work_items as claims
 from connector.common.upkeep import (
     UPKEEP_LOCK_CLASS,
     UPKEEP_RUNS,
@@ -22,7 +23,6 @@ from connector.common.upkeep import (
     is_active,
     vacuum_due,
 )
-from connector.executor import claims
 from tests.executor import seed
 from tests.plans import positional
 

@@ -3,7 +3,7 @@
 The pack store (``connector.common.pack_store``) is owned elsewhere; these helpers write the few rows
 the executor reads (pack, generation manifest, install cutover receipt, claim authority) and bulk
 WorkItems with their receipt and event rows, so a test can build any queue shape in one statement.
-Lane members are inserted ``blocked`` and then settled with ``connector.common.lanes`` SQL, exactly
+Lane members are inserted ``blocked`` and then settled with ``connector.common.store.lanes`` SQL, exactly
 as the materializer does.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from connector.common.packs import Manifest, sha256_hex
+from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 
 _PACK_SEQ = 0
 

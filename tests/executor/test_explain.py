@@ -18,8 +18,8 @@ import pytest
 from psycopg import sql
 
 from connector.common import testdb
-from connector.common.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
-from connector.executor import claims
+from connector.common.store import work_items
+from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from tests.executor import seed
 from tests.plans import assert_update_reads_by_key, positional, prepared_explain
 
@@ -120,7 +120,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
     cases: list[tuple[str, str, dict[str, Any], set[str], bool]] = [
         (
             "claim",
-            claims.WORK_ITEM_CLAIM_BATCH,
+            work_items.WORK_ITEM_CLAIM_BATCH,
             {
                 "packs": [b["pack"]],
                 "queue_classes": ["default"],
@@ -133,21 +133,21 @@ def test_hot_path_plans(db, backlog, mode) -> None:
         ),
         (
             "renew",
-            claims.WORK_ITEM_RENEW_LEASE_BATCH,
+            work_items.WORK_ITEM_RENEW_LEASE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"], "lease_s": 30.0},
             {BY_ID},
             False,
         ),
         (
             "complete",
-            claims.WORK_ITEM_COMPLETE_BATCH,
+            work_items.WORK_ITEM_COMPLETE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"]},
             {BY_ID},
             False,
         ),
         (
             "fail",
-            claims.WORK_ITEM_FAIL_BATCH,
+            work_items.WORK_ITEM_FAIL_BATCH,
             {
                 "ids": b["ids"],
                 "tokens": b["tokens"],
@@ -162,22 +162,22 @@ def test_hot_path_plans(db, backlog, mode) -> None:
         ),
         (
             "reclaim_candidates",
-            claims.WORK_ITEM_RECLAIM_CANDIDATES,
+            work_items.WORK_ITEM_RECLAIM_CANDIDATES,
             {"limit": 500},
             {"ix_connector_work_item_processing"},
             False,
         ),
         (
             "reclaim",
-            claims.WORK_ITEM_RECLAIM_EXPIRED,
+            work_items.WORK_ITEM_RECLAIM_EXPIRED,
             {"ids": b["ids"], "tokens": b["tokens"], "packs": [b["pack"]]},
             {BY_ID},
             False,
         ),
-        ("ready_groups", claims.WORK_ITEM_READY_GROUPS, {}, {"ix_connector_work_item_ready"}, False),
+        ("ready_groups", work_items.WORK_ITEM_READY_GROUPS, {}, {"ix_connector_work_item_ready"}, False),
         (
             "events",
-            claims.WORK_ITEM_EVENT_BATCH,
+            work_items.WORK_ITEM_EVENT_BATCH,
             {"ids": b["event_ids"]},
             {"pk_connector_event", "pk_connector_ingress_receipt"},
             True,
@@ -257,15 +257,15 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
             "summaries": ["s"] * n,
         }
         cases = [
-            ("renew", claims.WORK_ITEM_RENEW_LEASE_BATCH, params),
-            ("complete", claims.WORK_ITEM_COMPLETE_BATCH, params),
-            ("fail", claims.WORK_ITEM_FAIL_BATCH, fail),
-            ("reclaim", claims.WORK_ITEM_RECLAIM_EXPIRED, params),
+            ("renew", work_items.WORK_ITEM_RENEW_LEASE_BATCH, params),
+            ("complete", work_items.WORK_ITEM_COMPLETE_BATCH, params),
+            ("fail", work_items.WORK_ITEM_FAIL_BATCH, fail),
+            ("reclaim", work_items.WORK_ITEM_RECLAIM_EXPIRED, params),
         ]
         db.execute("SET plan_cache_mode = force_generic_plan")
         calls = {}
         for name, query, p in cases:
-            if claims.BY_ID_PREPARE:
+            if work_items.BY_ID_PREPARE:
                 order = _prepare(db, name, query)
                 args = sql.SQL(", ").join(sql.Literal(p[k]) for k in order)
                 call = sql.SQL("EXECUTE {}({})").format(sql.Identifier(name), args)
@@ -317,7 +317,7 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
             "owner": "o",
             "lease_s": 30.0,
         }
-        nodes = prepared_explain(db, "claim", claims.WORK_ITEM_CLAIM_BATCH, params)
+        nodes = prepared_explain(db, "claim", work_items.WORK_ITEM_CLAIM_BATCH, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
         assert_update_reads_by_key(

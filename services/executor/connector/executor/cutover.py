@@ -68,7 +68,8 @@ from psycopg.types.json import Jsonb
 
 from connector.common import migrate
 from connector.common.packs import sha256_hex
-from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
+from connector.common.schema import CHANNEL_PACKS
+from connector.common.store import work_items
 from connector.executor.legacy import (
     ROLLBACK_FENCE_RESOLVE,
     ProjectionReport,
@@ -387,7 +388,6 @@ RETURNING cutover_receipt_id
 DATABASE_NOW = "SELECT clock_timestamp()"
 
 NOTIFY_PACKS = f"SELECT pg_notify('{CHANNEL_PACKS}', '')"
-NOTIFY_WORK = f"SELECT pg_notify('{CHANNEL_WORK}', 'authority')"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ async def _set_authority(
     row = await cur.fetchone()
     assert row is not None
     await conn.execute(NOTIFY_PACKS)
-    await conn.execute(NOTIFY_WORK)
+    await work_items.work_notify(conn, "authority")
     return row
 
 

@@ -30,10 +30,11 @@ import psycopg
 from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.lanes import Lane
 from connector.common.listener import Listener, ListenerConfig
 from connector.common.schema import CHANNEL_WORK
-from connector.executor import claims
+from connector.common.store import work_items
+from connector.common.store.lanes import Lane, LaneKind
+from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE, FailOp
 from connector.executor import metrics as m
 from connector.executor.handlers import (
     EventFact,
@@ -84,7 +85,7 @@ class _Pending:
     def __init__(self) -> None:
         self.complete_ids: list[int] = []
         self.complete_tokens: list[int] = []
-        self.fail = claims.FailBatch()
+        self.fail = work_items.FailBatch()
         self.ctxs: list[HandlerContext] = []
         self.lanes: set[Lane] = set()
 
@@ -319,10 +320,10 @@ class Engine:
             return False
 
     async def _discover(self, conn: AsyncConnection[Any], now: float) -> None:
-        rows = await claims.work_item_ready_groups(conn)
+        rows = await work_items.work_item_ready_groups(conn)
         new = {r[0] for r in rows} - self.known_packs
         if new and (self.cfg.pack_weights or self.cfg.pack_budgets):
-            self.scheduler.set_pack_names(await claims.pack_names(conn))
+            self.scheduler.set_pack_names(await work_items.pack_names(conn))
         self.known_packs |= new
         self.scheduler.observe(rows, now)
 
@@ -331,7 +332,7 @@ class Engine:
         qcs = [g.queue_class for g, _ in alloc]
         limits = [n for _, n in alloc]
         t0 = monotonic()
-        rows = await claims.work_item_claim_batch(
+        rows = await work_items.work_item_claim_batch(
             conn, packs, qcs, limits, owner=self.owner, lease_s=self.cfg.lease_s
         )
         dt = monotonic() - t0
@@ -392,7 +393,7 @@ class Engine:
                 fut.set_result(None)
 
     async def _load_generation(self, conn: AsyncConnection[Any], pack: int, generation: int) -> None:
-        found = await claims.pack_generation_manifest(conn, pack, generation)
+        found = await work_items.pack_generation_manifest(conn, pack, generation)
         if found is None:
             self.registry.install_broken(pack, generation, "the pack generation has no manifest row")
             return
@@ -406,16 +407,16 @@ class Engine:
             )
 
     async def _attach_events(self, conn: AsyncConnection[Any], ctxs: list[HandlerContext]) -> None:
-        rows = await claims.work_item_event_batch(conn, sorted({c.event_id for c in ctxs}))
+        rows = await work_items.work_item_event_batch(conn, sorted({c.event_id for c in ctxs}))
         by_id: dict[int, tuple[Any, ...]] = {int(r[0]): r for r in rows}
         for ctx in ctxs:
             r = by_id.get(ctx.event_id)
             if r is None:
                 continue
-            ctx.event = EventFact(*r[:19])
-            body = r[19]
+            ctx.event = EventFact(*r[:EVENT_ROW_BODY])
+            body = r[EVENT_ROW_BODY]
             ctx.payload = bytes(body) if body is not None else None
-            ctx.content_type = r[21]
+            ctx.content_type = r[EVENT_ROW_CONTENT_TYPE]
 
     # ---------------------------------------------------------------------------------------------
     # workers
@@ -492,14 +493,18 @@ class Engine:
             p.fail.add(
                 ctx.work_id,
                 ctx.lease_token,
-                "r",
+                FailOp.RETRY,
                 delay=max(0.0, float(delay)),
                 failure_class=out.failure_class,
                 summary=out.summary,
             )
         else:
             p.fail.add(
-                ctx.work_id, ctx.lease_token, "d", failure_class=out.failure_class, summary=out.summary
+                ctx.work_id,
+                ctx.lease_token,
+                FailOp.DEAD,
+                failure_class=out.failure_class,
+                summary=out.summary,
             )
         p.ctxs.append(ctx)
         self._flush.set()
@@ -509,7 +514,7 @@ class Engine:
             return
         ctx._done = True
         p = self._slot(ctx)
-        p.fail.add(ctx.work_id, ctx.lease_token, "l", unstarted=unstarted)
+        p.fail.add(ctx.work_id, ctx.lease_token, FailOp.RELEASE, unstarted=unstarted)
         p.ctxs.append(ctx)
         self._flush.set()
 
@@ -524,9 +529,9 @@ class Engine:
             chunks.append(_Pending())
         p = chunks[-1]
         if s_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "s", s_key))
+            p.lanes.add((ctx.installed_pack_id, LaneKind.SOURCE, s_key))
         if t_key is not None:
-            p.lanes.add((ctx.installed_pack_id, "t", t_key))
+            p.lanes.add((ctx.installed_pack_id, LaneKind.TARGET, t_key))
         return p
 
     def _take(self) -> _Pending | None:
@@ -616,7 +621,7 @@ class Engine:
             # The members this flush promotes are claimed by this process's own loop (woken below)
             # as far as its window allows; only what it cannot take is announced to the others.
             free = self.capacity - len(self.held) + len(batch)
-            res = await claims.work_item_finalize(
+            res = await work_items.work_item_finalize(
                 conn,
                 batch.complete_ids,
                 batch.complete_tokens,
@@ -625,7 +630,9 @@ class Engine:
                 notify_above=free if self._claiming else 0,
             )
         else:
-            res = await claims.work_item_finalize(conn, batch.complete_ids, batch.complete_tokens, batch.fail)
+            res = await work_items.work_item_finalize(
+                conn, batch.complete_ids, batch.complete_tokens, batch.fail
+            )
         m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
         m.FINALIZE_BATCH.observe(n)
         if res.complete_stale:
@@ -664,13 +671,13 @@ class Engine:
             for wid, st in res.transitions:
                 op, delay, cls = info[wid]
                 ctx = by_id[wid]
-                label = "released" if op == "l" else st
+                label = "released" if op == FailOp.RELEASE else st
                 k = (ctx.installed_pack_id, label)
                 counts[k] = counts.get(k, 0) + 1
-                if op != "l" and cls:
+                if op != FailOp.RELEASE and cls:
                     m.FAILURES.labels(cls).inc()
                 if st in ("retry", "pending"):
-                    due = now + delay if (op == "r" and delay > 0) else 0.0
+                    due = now + delay if (op == FailOp.RETRY and delay > 0) else 0.0
                     self.scheduler.note_due(ctx.installed_pack_id, ctx.queue_class, due)
             self._wake.set()
         for (pack, label), c in counts.items():
@@ -703,7 +710,9 @@ class Engine:
         tokens = [c.lease_token for c in live]
         t0 = monotonic()
         async with self.pool.connection() as conn:
-            renewed = await claims.work_item_renew_lease_batch(conn, ids, tokens, lease_s=self.cfg.lease_s)
+            renewed = await work_items.work_item_renew_lease_batch(
+                conn, ids, tokens, lease_s=self.cfg.lease_s
+            )
         deadline = t0 + self.cfg.lease_s
         lost = 0
         for c in live:
@@ -767,9 +776,9 @@ class Engine:
             except Exception as exc:
                 self._error("reclaim", exc)
 
-    async def reclaim_once(self) -> list[claims.Reclaimed]:
+    async def reclaim_once(self) -> list[work_items.Reclaimed]:
         async with self.pool.connection() as conn:
-            rows = await claims.work_item_reclaim_expired(conn)
+            rows = await work_items.work_item_reclaim_expired(conn)
         if rows:
             for st in ("retry", "dead"):
                 c = sum(1 for r in rows if r.state == st)

@@ -66,15 +66,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
 from connector.common import runtime
-from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.listener import Listener, ListenerConfig
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.packs import sha256_hex
 from connector.common.process_registry import ProcessRegistration
 from connector.common.runtime import cancel_task
-from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK, LANE_HOLDING_PREDICATE
+from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
 from connector.common.settings import DatabaseSettings, ExecutorSettings, PoolSettings
-from connector.executor import claims
+from connector.common.store import work_items
+from connector.common.store.lanes import lane_holding, lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor.handlers import (
     EventFact,
     HandlerContext,
@@ -225,7 +226,7 @@ WHERE e.installed_pack_id = %(pack)s AND e.generation = %(generation)s
 RETURNING e.event_id
 """
 
-_HOLD_P = LANE_HOLDING_PREDICATE.replace("state", "p.state").replace("dead_blocks_lane", "p.dead_blocks_lane")
+_HOLD_P = lane_holding("p")
 
 # Per claimed event: the route's fan-out work types in order, the WorkItem of each (if any), the
 # latest legacy outcome receipt of each (if any), and whether a fenced WorkItem must still wait for an
@@ -420,8 +421,6 @@ UPDATE connector_event SET legacy_state = %(state)s,
 WHERE event_id = %(event_id)s AND execution_owner = 'legacy_event' AND legacy_state <> 'processing'
 """
 
-NOTIFY_WORK = f"SELECT pg_notify('{CHANNEL_WORK}', 'legacy')"
-
 
 # --------------------------------------------------------------------------------------------------
 # Receipt projection (the reconciler)
@@ -531,7 +530,7 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
     if locked:
         settled = await lane_settle_batch(conn, locked)
         if settled.promoted:
-            await conn.execute(NOTIFY_WORK)
+            await work_items.work_notify(conn, "legacy")
     return report
 
 
@@ -808,7 +807,7 @@ class LegacyExecutor:
             ok, why = await self.admission(conn)
             if not ok:
                 raise LegacyNotAdmitted(why)
-            found = await claims.pack_generation_manifest(conn, self.pack, self.generation)
+            found = await work_items.pack_generation_manifest(conn, self.pack, self.generation)
             if found is None:
                 raise LegacyNotAdmitted(f"pack {self.pack} generation {self.generation} has no manifest")
             self.registry.install(self.pack, self.generation, found[0], found[1])
@@ -1054,12 +1053,13 @@ class LegacyExecutor:
             payload: bytes | None = None
             content_type: str | None = None
             if any(t.decision == "run" for t in plan):
-                rows = await claims.work_item_event_batch(conn, [h.event_id])
+                rows = await work_items.work_item_event_batch(conn, [h.event_id])
                 if rows:
                     r = rows[0]
-                    fact = EventFact(*r[:19])
-                    payload = bytes(r[19]) if r[19] is not None else None
-                    content_type = r[21]
+                    fact = EventFact(*r[:EVENT_ROW_BODY])
+                    body = r[EVENT_ROW_BODY]
+                    payload = bytes(body) if body is not None else None
+                    content_type = r[EVENT_ROW_CONTENT_TYPE]
         results: list[_TypeResult] = []
         for t in plan:
             if t.decision != "run":

@@ -13,39 +13,21 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.executor import claims
+from connector.common.store import work_items
 from connector.executor import metrics as m
-
-WORK_ITEM_QUEUE_DEPTH = """
-SELECT installed_pack_id, queue_class, state, count(*) FROM connector_work_item
-WHERE state IN ('pending', 'retry', 'processing', 'blocked', 'awaiting_legacy_outcome')
-GROUP BY 1, 2, 3
-"""
-
-WORK_ITEM_BLOCKED_LANES = """
-SELECT installed_pack_id,
-       count(*) FILTER (WHERE state = 'dead') AS dead_head,
-       count(*) FILTER (WHERE state = 'retry') AS retry_wait
-FROM connector_work_item
-WHERE (source_lane_key IS NOT NULL OR target_mutation_lane_key IS NOT NULL)
-  AND ((state = 'dead' AND dead_blocks_lane) OR (state = 'retry' AND run_after > now()))
-GROUP BY 1
-"""
 
 
 async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
-    cur = await conn.execute(WORK_ITEM_QUEUE_DEPTH)
-    depth = await cur.fetchall()
+    depth = await work_items.work_item_queue_depth(conn)
     m.QUEUE_DEPTH.clear()
     for pack, qc, state, n in depth:
         m.QUEUE_DEPTH.labels(str(pack), qc, state).set(n)
-    groups = await claims.work_item_ready_groups(conn)
+    groups = await work_items.work_item_ready_groups(conn)
     m.OLDEST_READY_AGE.clear()
     for pack, qc, due_in in groups:
         m.OLDEST_READY_AGE.labels(str(pack), qc).set(max(0.0, -due_in))
-    cur = await conn.execute(WORK_ITEM_BLOCKED_LANES)
     m.BLOCKED_LANES.clear()
-    for pack, dead_head, retry_wait in await cur.fetchall():
+    for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(str(pack), "dead_head").set(dead_head)
         m.BLOCKED_LANES.labels(str(pack), "retry_wait").set(retry_wait)
     claimants = await process_list(conn, capability="work_item", fresh_within_s=3 * heartbeat_s)

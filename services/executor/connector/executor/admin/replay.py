@@ -41,9 +41,10 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from connector.common.lanes import Lane, lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.packs import Manifest, canonical_json
-from connector.common.schema import CHANNEL_RECEIPTS, CHANNEL_WORK
+from connector.common.schema import CHANNEL_RECEIPTS
+from connector.common.store import work_items
+from connector.common.store.lanes import Lane, lane_lock_batch, lane_settle_batch, lanes_of
 from connector.executor.admin.convert import RECEIPT_COLUMNS, WORK_ITEM_COLUMNS
 from connector.executor.admin.errors import (
     REFUSAL_MESSAGES,
@@ -119,7 +120,6 @@ WORK_ITEM_GET_MANY = f"""
 SELECT {WORK_ITEM_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
 """
 
-WORK_NOTIFY = f"SELECT pg_notify('{CHANNEL_WORK}', '')"
 RECEIPT_NOTIFY = f"SELECT pg_notify('{CHANNEL_RECEIPTS}', '')"
 
 DEAD_LETTER_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
@@ -312,7 +312,7 @@ async def work_item_replay_batch(conn: AsyncConnection[Any], eligible: Sequence[
         # "continue" dead head); they wait again behind it.
         await lane_settle_batch(conn, locked, demote=True)
     if replayed:
-        await conn.execute(WORK_NOTIFY)
+        await work_items.work_notify(conn)
     return replayed
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from connector.common.schema import LANE_HOLDING_PREDICATE
+from connector.common.store.lanes import lane_holding
 from connector.executor.admin.convert import WORK_ITEM_COLUMNS
 
 QUEUE_STATES = ("pending", "blocked", "processing", "retry", "dead", "awaiting_legacy_outcome")
@@ -231,25 +231,19 @@ HEAD_STATES = ("dead", "retry", "awaiting_legacy_outcome")
 _HEAD_VALUES = ", ".join(f"('{s}')" for s in HEAD_STATES)
 
 
-def _holding(alias: str) -> str:
-    return LANE_HOLDING_PREDICATE.replace("state", f"{alias}.state").replace(
-        "dead_blocks_lane", f"{alias}.dead_blocks_lane"
-    )
-
-
 def _lane_branch(kind: str, column: str) -> str:
     return f"""
   SELECT c.*, '{kind}'::text AS lane_kind, c.{column} AS lane_key,
     (SELECT count(*) FROM connector_work_item m
      WHERE m.installed_pack_id = c.installed_pack_id AND m.{column} = c.{column}
-       AND m.{column} IS NOT NULL AND {_holding("m")}
+       AND m.{column} IS NOT NULL AND {lane_holding("m")}
        AND (m.delivery_seq, m.work_id) > (c.delivery_seq, c.work_id)) AS waiting
   FROM cand c
   WHERE c.{column} IS NOT NULL
     AND NOT EXISTS (
       SELECT 1 FROM connector_work_item e
       WHERE e.installed_pack_id = c.installed_pack_id AND e.{column} = c.{column}
-        AND e.{column} IS NOT NULL AND {_holding("e")}
+        AND e.{column} IS NOT NULL AND {lane_holding("e")}
         AND (e.delivery_seq, e.work_id) < (c.delivery_seq, c.work_id))"""
 
 

@@ -1,6 +1,12 @@
-"""Every statement of the WorkItem claim path: claim, renew, finalize, release, reclaim (ADR 005).
+"""Every statement on ``connector_work_item`` (ADR 005): the claim path first — claim, renew, finalize,
+release, reclaim — then the reads and transitions of the sampler, the admin API, the cutover gates
+and the legacy-outcome projection.
 
-The WorkItem row is the sole distributed execution authority. Rules every statement here follows:
+Joins held here (their driving table is the WorkItem): the claimed batch's event facts and payloads
+(``work_item_event_batch``: ``connector_event`` + ``connector_ingress_receipt`` by primary key).
+
+The WorkItem row is the sole distributed execution authority. Rules every claim-path statement
+here follows:
 
 * **Claim** is one statement: per (pack, queue class) group a candidate read of the partial ready
   index ``ORDER BY run_after, work_id LIMIT n FOR UPDATE SKIP LOCKED`` (never waits on a row), then a
@@ -42,12 +48,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
-from connector.common.lanes import Lane, lane_lock_batch, lane_settle_batch
 from connector.common.schema import CHANNEL_WORK
+from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch
 
 Conn = AsyncConnection[Any]
 
@@ -63,20 +70,25 @@ _AUTHORITY = """
   FOR SHARE
 """
 
-# Columns the executor keeps per claimed item, in this order (see engine.Item).
-CLAIM_COLUMNS = (
-    "work_id",
-    "lease_token",
-    "installed_pack_id",
-    "generation",
-    "queue_class",
-    "work_type",
-    "event_id",
-    "attempts",
-    "max_attempts",
-    "source_lane_key",
-    "target_mutation_lane_key",
-)
+
+class ClaimedRow(NamedTuple):
+    """A claimed item as the claim statement returns it. The rows stay plain tuples (no row factory
+    on the hot path); this names their positions once: ``CLAIM_COLUMNS`` is the RETURNING list."""
+
+    work_id: int
+    lease_token: int
+    installed_pack_id: int
+    generation: int
+    queue_class: str
+    work_type: str
+    event_id: int
+    attempts: int
+    max_attempts: int
+    source_lane_key: str | None
+    target_mutation_lane_key: str | None
+
+
+CLAIM_COLUMNS = ClaimedRow._fields
 
 WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
@@ -119,7 +131,16 @@ WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.state = 'processing'
 RETURNING w.work_id
 """
 
-# retry / dead / release in one sorted pass (ops: 'r' retry, 'd' dead, 'l' release). A retry whose
+
+class FailOp(StrEnum):
+    """A non-success transition of ``WORK_ITEM_FAIL_BATCH`` (its value is the statement's op code)."""
+
+    RETRY = "r"
+    DEAD = "d"
+    RELEASE = "l"
+
+
+# retry / dead / release in one sorted pass (ops: FailOp values). A retry whose
 # attempts are exhausted becomes dead. A release returns the row to the ready set at once (its
 # run_after is unchanged, so it keeps its place); ``unstarted`` gives back the attempt of an item whose
 # handler never started.
@@ -204,6 +225,32 @@ WITH RECURSIVE g AS (
 SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8 FROM g
 """
 
+# The event fact columns a handler sees (``handlers.EventFact``, in this order), then the payload.
+EVENT_FACT_COLUMNS = (
+    "event_id",
+    "receipt_id",
+    "event_index",
+    "installed_pack_id",
+    "generation",
+    "incarnation",
+    "route_id",
+    "route_version",
+    "namespace",
+    "event_kind",
+    "source_object_kind",
+    "source_object_id",
+    "idempotency_key",
+    "delivery_seq",
+    "payload_sha256",
+    "parse_outcome",
+    "companion",
+    "correlation_ids",
+    "created_at",
+)
+# Positions in a ``work_item_event_batch`` row after the fact columns.
+EVENT_ROW_BODY = len(EVENT_FACT_COLUMNS)
+EVENT_ROW_CONTENT_TYPE = EVENT_ROW_BODY + 2
+
 # Event facts and payloads of a claimed batch: primary-key lookups only.
 WORK_ITEM_EVENT_BATCH = """
 SELECT e.event_id, e.receipt_id, e.event_index, e.installed_pack_id, e.generation, e.incarnation,
@@ -222,7 +269,27 @@ WHERE g.installed_pack_id = %(pack)s AND g.generation = %(generation)s
 
 PACK_NAMES = "SELECT installed_pack_id, name FROM connector_installed_pack"
 
-NOTIFY_WORK = f"SELECT pg_notify('{CHANNEL_WORK}', %(hint)s)"
+# A wake-up for every claimer (``connector_work``). The hint is the payload: ``lanes`` (promotions
+# within known groups), ``reclaim``, ``authority``, ``legacy``, or empty (new groups may exist).
+WORK_NOTIFY = f"SELECT pg_notify('{CHANNEL_WORK}', %(hint)s)"
+
+# Queue diagnostics of the sampler (never read by the claim loop): exact depth over the
+# non-terminal states, and lane heads that hold their lanes while not runnable.
+WORK_ITEM_QUEUE_DEPTH = """
+SELECT installed_pack_id, queue_class, state, count(*) FROM connector_work_item
+WHERE state IN ('pending', 'retry', 'processing', 'blocked', 'awaiting_legacy_outcome')
+GROUP BY 1, 2, 3
+"""
+
+WORK_ITEM_BLOCKED_LANES = """
+SELECT installed_pack_id,
+       count(*) FILTER (WHERE state = 'dead') AS dead_head,
+       count(*) FILTER (WHERE state = 'retry') AS retry_wait
+FROM connector_work_item
+WHERE (source_lane_key IS NOT NULL OR target_mutation_lane_key IS NOT NULL)
+  AND ((state = 'dead' AND dead_blocks_lane) OR (state = 'retry' AND run_after > now()))
+GROUP BY 1
+"""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,7 +359,7 @@ class FailBatch:
 
     ids: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
+    ops: list[FailOp] = field(default_factory=list)
     delays: list[float] = field(default_factory=list)
     unstarted: list[int] = field(default_factory=list)
     classes: list[str | None] = field(default_factory=list)
@@ -302,7 +369,7 @@ class FailBatch:
         self,
         work_id: int,
         token: int,
-        op: str,
+        op: FailOp,
         *,
         delay: float = 0.0,
         unstarted: bool = False,
@@ -354,7 +421,12 @@ async def work_item_retry_batch(
     batch = FailBatch()
     for i, work_id in enumerate(ids):
         batch.add(
-            work_id, tokens[i], "r", delay=delays[i], failure_class=failure_classes[i], summary=summaries[i]
+            work_id,
+            tokens[i],
+            FailOp.RETRY,
+            delay=delays[i],
+            failure_class=failure_classes[i],
+            summary=summaries[i],
         )
     return await work_item_fail_batch(conn, batch)
 
@@ -369,7 +441,7 @@ async def work_item_dead_batch(
     """Dead-letter held items (terminal, with a sanitized failure class and summary)."""
     batch = FailBatch()
     for i, work_id in enumerate(ids):
-        batch.add(work_id, tokens[i], "d", failure_class=failure_classes[i], summary=summaries[i])
+        batch.add(work_id, tokens[i], FailOp.DEAD, failure_class=failure_classes[i], summary=summaries[i])
     return await work_item_fail_batch(conn, batch)
 
 
@@ -379,7 +451,7 @@ async def work_item_release_batch(
     """Give held items back, immediately claimable elsewhere (shutdown drain)."""
     batch = FailBatch()
     for i, work_id in enumerate(ids):
-        batch.add(work_id, tokens[i], "l", unstarted=unstarted[i])
+        batch.add(work_id, tokens[i], FailOp.RELEASE, unstarted=unstarted[i])
     return await work_item_fail_batch(conn, batch)
 
 
@@ -434,7 +506,7 @@ async def work_item_finalize(
         settled = await lane_settle_batch(conn, locked)
         result.promoted = settled.promoted
         if settled.promoted > notify_above:
-            await conn.execute(NOTIFY_WORK, {"hint": "lanes"}, prepare=True)
+            await work_notify(conn, "lanes")
     return result
 
 
@@ -462,15 +534,15 @@ async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Rec
     lanes: set[Lane] = set()
     for r in cands:
         if r[3] is not None:
-            lanes.add((int(r[2]), "s", str(r[3])))
+            lanes.add((int(r[2]), LaneKind.SOURCE, str(r[3])))
         if r[4] is not None:
-            lanes.add((int(r[2]), "t", str(r[4])))
+            lanes.add((int(r[2]), LaneKind.TARGET, str(r[4])))
     params = {"ids": [int(r[0]) for r in cands], "tokens": [int(r[1]) for r in cands], "packs": packs}
     if not lanes:
         cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=BY_ID_PREPARE)
         rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
         if rows:
-            await conn.execute(NOTIFY_WORK, {"hint": "reclaim"}, prepare=True)
+            await work_notify(conn, "reclaim")
         return rows
     async with conn.transaction():
         locked = await lane_lock_batch(conn, lanes)
@@ -478,12 +550,13 @@ async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Rec
         rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
         settled = await lane_settle_batch(conn, locked)
         if rows or settled.promoted:
-            await conn.execute(NOTIFY_WORK, {"hint": "reclaim"}, prepare=True)
+            await work_notify(conn, "reclaim")
     return rows
 
 
-async def notify_work(conn: Conn, hint: str = "") -> None:
-    await conn.execute(NOTIFY_WORK, {"hint": hint}, prepare=True)
+async def work_notify(conn: Conn, hint: str = "") -> None:
+    """Wake every claimer (in the caller's transaction: delivered at its commit)."""
+    await conn.execute(WORK_NOTIFY, {"hint": hint}, prepare=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -505,3 +578,20 @@ async def pack_generation_manifest(conn: Conn, pack: int, generation: int) -> tu
 async def pack_names(conn: Conn) -> dict[int, str]:
     cur = await conn.execute(PACK_NAMES)
     return {int(r[0]): str(r[1]) for r in await cur.fetchall()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Queue diagnostics (the sampler)
+# ------------------------------------------------------------------------------------------------
+
+
+async def work_item_queue_depth(conn: Conn) -> list[tuple[int, str, str, int]]:
+    """``(pack, queue class, state, count)`` over the non-terminal states."""
+    cur = await conn.execute(WORK_ITEM_QUEUE_DEPTH)
+    return [(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in await cur.fetchall()]
+
+
+async def work_item_blocked_lanes(conn: Conn) -> list[tuple[int, int, int]]:
+    """``(pack, dead heads holding their lane, heads waiting for their retry time)``."""
+    cur = await conn.execute(WORK_ITEM_BLOCKED_LANES)
+    return [(int(r[0]), int(r[1]), int(r[2])) for r in await cur.fetchall()]
