@@ -12,7 +12,10 @@ environment:
 * ``EXECUTOR_TEST_SLEEP_S``: seconds each execution sleeps before its effect (default 0);
 * ``EXECUTOR_TEST_SLEEP_JITTER_S``: an extra random sleep in [0, jitter);
 * ``EXECUTOR_TEST_FAIL_FIRST_MOD``: items with ``work_id % mod == 0`` fail their first attempt
-  (a retry with a short delay) — lanes must hold their order through retries.
+  (a retry with a short delay) — lanes must hold their order through retries;
+* ``EXECUTOR_TEST_HOLD_AFTER``: ``record`` runs this many executions in the process; every later one
+  records its start and then never finishes (a process that holds claimed items until it is killed,
+  whatever the machine's speed).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ SELECT %(id)s, %(token)s, %(pid)s, %(phase)s, %(wall)s, EXISTS (
 _conn: psycopg.AsyncConnection[Any] | None = None
 _lock: asyncio.Lock | None = None
 _sync_local: dict[int, psycopg.Connection[Any]] = {}
+_started = 0
 
 
 def _env_f(name: str) -> float:
@@ -111,7 +115,12 @@ def _fails_first(ctx: HandlerContext) -> bool:
 @work_handler(needs_event=False)
 async def record(ctx: HandlerContext) -> Outcome | None:
     """Start marker, optional sleep, effect; optionally fail the first attempt of some items."""
+    global _started
     await _effect(ctx, "start")
+    _started += 1
+    hold = int(_env_f("EXECUTOR_TEST_HOLD_AFTER"))
+    if hold and _started > hold:
+        await asyncio.Event().wait()  # held: only the process's death ends this execution
     sleep = _env_f("EXECUTOR_TEST_SLEEP_S") + random.random() * _env_f("EXECUTOR_TEST_SLEEP_JITTER_S")
     if sleep:
         await asyncio.sleep(sleep)

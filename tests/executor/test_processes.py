@@ -110,11 +110,13 @@ def _all_succeeded(db: psycopg.Connection, n: int):
 
 def test_two_processes_sixteen_workers_every_item_once(db, spawn) -> None:
     pack = _pack(db)
-    ids = seed.seed_items(db, pack, 3000)
     a = spawn(admin=True, extra_env={"EXECUTOR_TEST_SLEEP_JITTER_S": "0.004"})
     b = spawn(extra_env={"EXECUTOR_TEST_SLEEP_JITTER_S": "0.004"})
     a.wait_registered(db)
     b.wait_registered(db)
+    # The work appears once both claim: neither can drain it alone while the other is still starting.
+    ids = seed.seed_items(db, pack, 3000)
+    db.execute("NOTIFY connector_work")
     wait_for(_all_succeeded(db, 3000), 60, "3000 succeeded")
     _assert_each_once(db, ids)
     pids = dict(
@@ -134,9 +136,11 @@ def test_kill_9_items_are_reclaimed_after_lease_expiry_and_finished_by_the_other
     pack = _pack(db)
     ids = seed.seed_items(db, pack, 600)
     env = {"EXECUTOR_TEST_SLEEP_S": "0.05", "CONNECTOR_EXECUTOR_LEASE_S": "2"}
-    a = spawn(extra_env=env)
+    # A finishes 50 items, then holds what it claims until it is killed: it cannot drain the queue
+    # before B is up, however slow B's start is on a busy machine.
+    a = spawn(extra_env={**env, "EXECUTOR_TEST_HOLD_AFTER": "50"})
     a_id = a.wait_registered(db)
-    wait_for(lambda: states(db).get("succeeded", 0) > 50, 30, "progress")
+    wait_for(lambda: states(db).get("succeeded", 0) >= 50, 30, "progress")
     b = spawn(extra_env=env)
     b.wait_registered(db)
     wait_for(
@@ -225,7 +229,6 @@ def test_skewed_process_clocks_change_nothing(db, spawn) -> None:
     database clock, so long handlers are renewed, never reclaimed by the other, and a dead holder
     is reclaimed exactly when its lease (database time) ends."""
     pack = _pack(db)
-    ids = seed.seed_items(db, pack, 32)
     common = {
         "EXECUTOR_TEST_SLEEP_S": "2.5",  # longer than the lease: only renewals keep it
         "CONNECTOR_EXECUTOR_LEASE_S": "2",
@@ -236,6 +239,9 @@ def test_skewed_process_clocks_change_nothing(db, spawn) -> None:
     slow = spawn(extra_env={**common, "CONNECTOR_TEST_CLOCK_SKEW_S": str(-3 * 3600)})
     fast_id = fast.wait_registered(db)
     slow.wait_registered(db)
+    # Seeded once both claim, so neither finishes its first window before the other starts.
+    ids = seed.seed_items(db, pack, 32)
+    db.execute("NOTIFY connector_work")
     wait_for(lambda: states(db).get("processing", 0) == 32, 15, "all 32 running")
     # Leases are database time: between now and now + lease, whatever the holders' clocks say.
     left = db.execute(
