@@ -2,9 +2,10 @@
 
 Routes are read from ``connector_route`` joined to the *active* pack generation
 (``route_list_active``), compiled (verifier with its loaded keys, extractors, response statuses) and
-swapped in atomically, keyed by ``(namespace, route_key)``. A dedicated connection (not the ingress
-pool) LISTENs on ``connector_packs``; every notification triggers a refresh, and a periodic refresh
-is the fallback (it also re-reads file secrets, which is how a rotated secret file takes effect).
+swapped in atomically, keyed by ``(namespace, route_key)``. A ``connector.common.listener.Listener``
+(its own connection, not the ingress pool) LISTENs on ``connector_packs``; every notification
+triggers a refresh, and a periodic refresh is the fallback (it also re-reads file secrets, which is
+how a rotated secret file takes effect).
 
 A route whose config cannot be compiled, or whose secrets are all unreadable, stays in the table as
 *unavailable*: its deliveries get the route's failure status (retryable) instead of a 404 or 401
@@ -15,19 +16,19 @@ the secret *reference* name, never a value.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import psycopg
+from psycopg import Notify
 from psycopg.rows import dict_row
 from pydantic import ValidationError
 
 from connector.common import schema
+from connector.common.listener import Listener, ListenerConfig
 from connector.common.packs import RouteSpec
-from connector.common.runtime import cancel_task
 from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
 from connector.ingress import metrics
 from connector.ingress.envelope import Envelope
@@ -151,12 +152,23 @@ class RouteTable:
     """Active routes by ``(namespace, route_key)``; ``get`` is a dict lookup on the hot path."""
 
     def __init__(self, conninfo: str, *, refresh_s: float = 30.0, reconnect_s: float = 1.0) -> None:
-        self._conninfo = conninfo
-        self._refresh_s = refresh_s
-        self._reconnect_s = reconnect_s
         self._routes: dict[tuple[str, str], CompiledRoute] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # Refresh on every notification (a burst coalesced into one), every ``refresh_s`` without
+        # one, and after every reconnect; a failed refresh reconnects after ``reconnect_s``.
+        self._listener = Listener(
+            conninfo,
+            ListenerConfig(
+                channels=(schema.CHANNEL_PACKS,),
+                poll_interval_s=refresh_s,
+                coalesce_s=0.05,
+                backoff_s=reconnect_s,
+                backoff_max_s=reconnect_s,
+                name="ingress-route-watch",
+            ),
+            on_wake=self._on_wake,
+            on_connect=self._on_connect,
+            on_error=self._on_error,
+        )
         self.loaded = False
         #: Incremented after every successful refresh (tests await ``wait_refreshed``).
         self.version = 0
@@ -170,14 +182,10 @@ class RouteTable:
 
     async def start(self) -> None:
         """Connect, LISTEN, load once (raises if the database does not answer), then keep watching."""
-        await self._connect()
-        await self._refresh()
-        self._task = asyncio.create_task(self._watch(), name="ingress-route-watch")
+        await self._listener.start(connect_now=True)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_task(task)
-        await self._close()
+        await self._listener.stop()
 
     async def wait_refreshed(self, after: int) -> int:
         """Wait until a refresh newer than version ``after`` has completed (callers bound the wait)."""
@@ -185,20 +193,20 @@ class RouteTable:
             await self._changed.wait_for(lambda: self.version > after)
         return self.version
 
-    async def _connect(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
-        await conn.execute(f"LISTEN {schema.CHANNEL_PACKS}")
-        self._conn = conn
+    async def _on_connect(self, conn: psycopg.AsyncConnection[Any], reconnect: bool) -> None:
+        await self._refresh(conn)  # first load, or notifications may have been missed while away
 
-    async def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+    async def _on_wake(self, notes: list[Notify]) -> None:
+        conn = self._listener.connection
+        assert conn is not None
+        await self._refresh(conn)
 
-    async def _refresh(self) -> None:
-        assert self._conn is not None
-        async with self._conn.cursor(row_factory=dict_row) as cur:
+    def _on_error(self, exc: BaseException) -> None:
+        metrics.ROUTE_REFRESH.labels("error").inc()
+        log.warning("route refresh failed; reconnecting", extra={"error_class": type(exc).__name__})
+
+    async def _refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(ROUTE_LIST_ACTIVE)
             rows = await cur.fetchall()
         table: dict[tuple[str, str], CompiledRoute] = {}
@@ -212,26 +220,3 @@ class RouteTable:
         async with self._changed:
             self.version += 1
             self._changed.notify_all()
-
-    async def _watch(self) -> None:
-        while True:
-            try:
-                if self._conn is None:
-                    await self._connect()
-                    await self._refresh()  # notifications may have been missed while away
-                assert self._conn is not None
-                notified = False
-                async for _ in self._conn.notifies(timeout=self._refresh_s, stop_after=1):
-                    notified = True
-                if notified:
-                    # Coalesce a burst of notifications into one refresh.
-                    async for _ in self._conn.notifies(timeout=0.05):
-                        pass
-                await self._refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                metrics.ROUTE_REFRESH.labels("error").inc()
-                log.warning("route refresh failed; reconnecting", extra={"error_class": type(exc).__name__})
-                await self._close()
-                await asyncio.sleep(self._reconnect_s)

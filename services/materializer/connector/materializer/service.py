@@ -8,10 +8,11 @@ a start that fails stops what it started. Stop order (SIGTERM): health NOT_SERVI
 accepting → routing workers finish (or release) the batch in hand → listener → upkeep → deregister →
 pool closed.
 
-Wake-ups: a dedicated connection (not from the pool) LISTENs on ``connector_receipts`` (new
-receipts: idle workers claim at once) and ``connector_packs`` (an activation: reload the route
-cache, then claim). Polling every ``poll_interval_s`` is the fallback, and the route cache is also
-reloaded every ``routes_refresh_s`` and after every reconnect (a notification may have been missed).
+Wake-ups: a ``connector.common.listener.Listener`` (its own connection, not from the pool) on
+``connector_receipts`` (new receipts: idle workers claim at once) and ``connector_packs`` (an
+activation: reload the route cache, then claim). Polling every ``poll_interval_s`` is the fallback,
+and the route cache is also reloaded every ``routes_refresh_s`` and after every reconnect (a
+notification may have been missed).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg import Notify
 
 from connector.common import db as common_db
 from connector.common import logs, settings
 from connector.common import metrics as common_metrics
 from connector.common.grpc_server import GrpcServer
+from connector.common.listener import Listener, ListenerConfig
 from connector.common.pack_store import RouteCache
 from connector.common.process_registry import ProcessRegistration
 from connector.common.runtime import run, run_until_signal
@@ -74,7 +77,7 @@ class MaterializerService:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._listener_conn: psycopg.AsyncConnection[Any] | None = None
+        self.listener: Listener | None = None
         self._stopping = asyncio.Event()
         self.upkeep: Upkeep | None = None
 
@@ -118,8 +121,23 @@ class MaterializerService:
             await self.cache.refresh(conn)
             await self._check_horizon_visibility(conn)
         self.router = Router(self.pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
-        listening = await self._listen_connect()
-        self._tasks.append(asyncio.create_task(self._listen(listening), name="materializer-listen"))
+        # Listening before the workers' first claim: nothing committed after it goes unnoticed.
+        self.listener = Listener(
+            common_db.conninfo_with(
+                self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
+            ),
+            ListenerConfig(
+                channels=(CHANNEL_RECEIPTS, CHANNEL_PACKS),
+                poll_interval_s=self.cfg.routes_refresh_s,
+                backoff_s=0.2,
+                backoff_max_s=5.0,
+                name="materializer-listen",
+            ),
+            on_wake=self._on_wake,
+            on_connect=self._on_listen_connect,
+            on_error=self._on_listen_error,
+        )
+        await self.listener.start(connect_now=True)
         self.router.start()
         self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
         self.upkeep = Upkeep(self.url, "materializer", UPKEEP_TABLES, UpkeepConfig.from_settings(self.cfg))
@@ -153,10 +171,9 @@ class MaterializerService:
         if self.router is not None:
             await self.router.stop()
         self._stopping.set()
-        conn, self._listener_conn = self._listener_conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            await listener.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -178,57 +195,26 @@ class MaterializerService:
 
     # ---------------------------------------------------------------------------------- wake-ups
 
-    async def _listen_connect(self) -> psycopg.AsyncConnection[Any]:
-        conninfo = common_db.conninfo_with(
-            self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
-        )
-        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
-        await conn.execute(f"LISTEN {CHANNEL_RECEIPTS}")
-        await conn.execute(f"LISTEN {CHANNEL_PACKS}")
-        return conn
+    async def _on_wake(self, notes: list[Notify]) -> None:
+        """Wake the workers on ``connector_receipts``; reload routes on ``connector_packs`` and
+        every ``routes_refresh_s`` without a notification (the reload wakes the workers too)."""
+        if any(n.channel == CHANNEL_PACKS for n in notes):
+            await self._refresh("notify")
+        elif notes:
+            if self.router is not None:
+                self.router.wake()
+        else:
+            await self._refresh("periodic")
 
-    async def _listen(self, conn: psycopg.AsyncConnection[Any] | None) -> None:
-        """Wake the workers on ``connector_receipts``; reload routes on ``connector_packs``, every
-        ``routes_refresh_s`` and after a reconnect. ``conn`` is already listening (start() opens it
-        before the workers' first claim, so nothing committed after that claim goes unnoticed)."""
-        backoff = 0.2
-        refresh_s = self.cfg.routes_refresh_s
-        while not self._stopping.is_set():
-            try:
-                if conn is None:
-                    conn = await self._listen_connect()
-                    await self._refresh("reconnect")  # notifications may have been missed
-                self._listener_conn = conn
-                backoff = 0.2
-                while not self._stopping.is_set():
-                    packs_changed = False
-                    got_any = False
-                    async for note in conn.notifies(timeout=refresh_s):
-                        got_any = True
-                        if note.channel == CHANNEL_PACKS:
-                            packs_changed = True
-                            break
-                        if self.router is not None:
-                            self.router.wake()
-                    if packs_changed:
-                        await self._refresh("notify")
-                    elif not got_any:
-                        await self._refresh("periodic")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self._stopping.is_set():
-                    return
-                metrics.LOOP_ERRORS.labels("listen").inc()
-                log.warning("materializer listener reconnecting", extra={"error_class": type(exc).__name__})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                old, self._listener_conn, conn = self._listener_conn, None, None
-                if old is not None:
-                    with contextlib.suppress(Exception):
-                        await old.close()
+    async def _on_listen_connect(self, conn: psycopg.AsyncConnection[Any], reconnect: bool) -> None:
+        if reconnect:
+            await self._refresh("reconnect")  # notifications may have been missed
+
+    def _on_listen_error(self, exc: BaseException) -> None:
+        if self._stopping.is_set():
+            return
+        metrics.LOOP_ERRORS.labels("listen").inc()
+        log.warning("materializer listener reconnecting", extra={"error_class": type(exc).__name__})
 
     async def _refresh(self, trigger: str) -> None:
         if self.router is None:
