@@ -1,0 +1,405 @@
+"""The store layer's import contract (DESIGN §2), checked on the source with ``ast`` (nothing runs):
+
+(a) **Sole writers.** Every function of ``connector.common.store`` that writes (its statement, or a
+    store function it calls, holds ``INSERT INTO`` / ``UPDATE`` / ``DELETE FROM`` on a connector
+    table) is listed in ``WRITERS`` with the roles that may call it; a role's modules may reference
+    only the writers listed for it. A new writer must be placed in the table.
+(b) **SQL only in the store.** No module of ``libs/`` or ``services/`` outside the store
+    (migrations and ``schema.py`` aside) holds SQL text on a connector table. Modules not moved yet
+    are allowlisted, each with a reason; an allowlisted module without SQL fails the test, so the
+    list can only shrink.
+(c) **Layering.** The services never import one another (the executor does not import the
+    materializer), and the store imports no service.
+
+The scanners are tested on planted sources (controls), so a scanner that finds nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from connector.common import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ROOT / "libs/common/connector/common"
+STORE = COMMON / "store"
+EXECUTOR = ROOT / "services/executor/connector/executor"
+
+TABLES = sorted(schema.metadata.tables)
+_TABLE = re.compile(r"\b(" + "|".join(map(re.escape, TABLES)) + r")\b")
+_VERB = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM|FROM|JOIN|RETURNING)\b")
+_WRITE = re.compile(
+    r"\b(INSERT\s+INTO\s+(" + "|".join(TABLES) + r")\b|(?<!FOR )UPDATE\s+(" + "|".join(TABLES) + r")\b"
+    r"|DELETE\s+FROM\s+(" + "|".join(TABLES) + r")\b)"
+)
+
+# --------------------------------------------------------------------------------------------------
+# Roles: which modules act for which component of DESIGN §2's ownership table.
+# --------------------------------------------------------------------------------------------------
+
+INGRESS = "ingress"
+MATERIALIZER = "materializer"
+EXECUTOR_ROLE = "executor"
+ADMIN = "admin"
+MAINTENANCE = "maintenance"  # retention and upkeep jobs run by every service (ADR 008, ADR 009)
+ANY = frozenset({INGRESS, MATERIALIZER, EXECUTOR_ROLE, ADMIN, MAINTENANCE})
+
+
+def _role_of(path: Path) -> str | None:
+    rel = path.relative_to(ROOT).as_posix()
+    if rel.startswith("services/ingress/"):
+        return INGRESS
+    if rel.startswith("services/materializer/"):
+        return MATERIALIZER
+    if rel.startswith("services/executor/"):
+        inner = path.relative_to(EXECUTOR).as_posix()
+        # The admin API and the cutover gates it runs (DESIGN §2: admin owns replay transitions,
+        # cutover/rollback receipts and fences, pack install).
+        if inner.startswith(("admin/", "cutover")):
+            return ADMIN
+        return EXECUTOR_ROLE
+    if rel.startswith("libs/cli/"):
+        return ADMIN
+    name = rel.removeprefix("libs/common/connector/common/")
+    if name in ("materialization.py", "backfill.py"):
+        return MATERIALIZER  # the materializer's modules in common (the cutover's gate 3 runs backfill)
+    if name in ("retention.py", "upkeep.py"):
+        return MAINTENANCE
+    if name == "pack_store.py":
+        return ADMIN  # pack install
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# (a) DESIGN §2's sole-writer table, as store writer functions.
+# --------------------------------------------------------------------------------------------------
+
+WRITERS: dict[str, frozenset[str]] = {
+    # ingress: receipt insert
+    "receipt_insert_batch": frozenset({INGRESS}),
+    # materializer: receipt routing state, event rows, WorkItem creation (lanes settle their members)
+    "receipt_claim_routable": frozenset({MATERIALIZER}),
+    "receipt_mark_materialized_batch": frozenset({MATERIALIZER}),
+    "receipt_mark_failed_batch": frozenset({MATERIALIZER}),
+    "receipt_mark_retry_batch": frozenset({MATERIALIZER}),
+    "receipt_release_batch": frozenset({MATERIALIZER}),
+    "event_insert_batch": frozenset({MATERIALIZER}),
+    # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
+    "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_renew_lease_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_complete_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_fail_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_retry_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_dead_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_release_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_finalize": frozenset({EXECUTOR_ROLE}),
+    "work_item_reclaim_expired": frozenset({EXECUTOR_ROLE}),
+    # lane facts change with every membership change: materialize, finalize, reclaim, replay, fence
+    "lane_settle_batch": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
+    "lanes_change": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
+    "lane_repair": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    # retention (ADR 009): retired deliveries and expired admin request ids
+    "work_item_delete_retired": frozenset({MAINTENANCE}),
+    "event_delete_retired": frozenset({MAINTENANCE}),
+    "receipt_delete_retired": frozenset({MAINTENANCE}),
+    "admin_request_delete_expired": frozenset({MAINTENANCE}),
+}
+
+# Store functions that are not writers although they mention a write (none yet); kept explicit.
+NOT_WRITERS: frozenset[str] = frozenset()
+
+
+def _py_files(*dirs: Path) -> Iterator[Path]:
+    for d in dirs:
+        for path in sorted(d.rglob("*.py")):
+            if "_pb2" in path.name or "/migrations/" in path.as_posix():
+                continue
+            yield path
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _store_modules() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(STORE.glob("*.py")) if p.stem != "__init__"}
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level string constants (f-strings: their literal parts)."""
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            text = _literal_text(node.value)
+            if text is not None:
+                out[node.targets[0].id] = text
+    return out
+
+
+def _literal_text(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(
+            v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+        )
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _literal_text(node.left), _literal_text(node.right)
+        if left is not None or right is not None:
+            return (left or "") + (right or "")
+    return None
+
+
+def store_writers() -> dict[str, set[str]]:
+    """Writer functions of every store module (``{module: {function}}``), to a fixpoint over calls
+    between store functions."""
+    funcs: dict[str, dict[str, set[str]]] = {}  # module -> function -> names it references
+    consts: dict[str, dict[str, str]] = {}
+    imported: dict[str, dict[str, str]] = {}  # module -> local name -> "module.function"
+    for mod, path in _store_modules().items():
+        tree = _parse(path)
+        consts[mod] = _constants(tree)
+        imported[mod] = {}
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("connector.common.store."):
+                src = (node.module or "").rsplit(".", 1)[1]
+                for alias in node.names:
+                    imported[mod][alias.asname or alias.name] = f"{src}.{alias.name}"
+        funcs[mod] = {}
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                funcs[mod][node.name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    writers: set[str] = set()
+    for mod, fs in funcs.items():
+        for name, refs in fs.items():
+            if any(_WRITE.search(consts[mod].get(r, "")) for r in refs):
+                writers.add(f"{mod}.{name}")
+    changed = True
+    while changed:
+        changed = False
+        for mod, fs in funcs.items():
+            for name, refs in fs.items():
+                key = f"{mod}.{name}"
+                if key in writers:
+                    continue
+                targets = {f"{mod}.{r}" for r in refs if r in fs} | {
+                    imported[mod][r] for r in refs if r in imported[mod]
+                }
+                if targets & writers:
+                    writers.add(key)
+                    changed = True
+    out: dict[str, set[str]] = {}
+    for key in writers:
+        mod, name = key.split(".")
+        if not name.startswith("_"):
+            out.setdefault(mod, set()).add(name)
+    return out
+
+
+def store_references(tree: ast.Module) -> set[tuple[str, str]]:
+    """``(store module, name)`` pairs a module references: ``from connector.common.store.M import f``
+    and ``from connector.common.store import M`` followed by ``M.f``."""
+    refs: set[tuple[str, str]] = set()
+    module_aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if mod.startswith("connector.common.store."):
+                for alias in node.names:
+                    refs.add((mod.rsplit(".", 1)[1], alias.name))
+            elif mod == "connector.common.store":
+                for alias in node.names:
+                    module_aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("connector.common.store.") and alias.asname:
+                    module_aliases[alias.asname] = alias.name.rsplit(".", 1)[1]
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in module_aliases
+        ):
+            refs.add((module_aliases[node.value.id], node.attr))
+    return refs
+
+
+def writer_violations(
+    files: Iterable[Path], writers: dict[str, set[str]], role_of: Callable[[Path], str | None] = _role_of
+) -> list[str]:
+    out: list[str] = []
+    for path in files:
+        role = role_of(path)
+        if role is None:
+            continue
+        for mod, name in sorted(store_references(_parse(path))):
+            if name in writers.get(mod, set()) and role not in WRITERS.get(name, frozenset()):
+                out.append(f"{path.name} ({role}) calls store.{mod}.{name}")
+    return out
+
+
+def test_every_store_writer_is_in_the_sole_writer_table() -> None:
+    writers = store_writers()
+    found = {name for names in writers.values() for name in names} - NOT_WRITERS
+    assert "work_item_claim_batch" in found and "receipt_insert_batch" in found, "the scanner finds writers"
+    unlisted = sorted(found - set(WRITERS))
+    assert not unlisted, f"store writers missing from WRITERS (say which role may call them): {unlisted}"
+    gone = sorted(set(WRITERS) - found)
+    assert not gone, f"WRITERS lists functions that are not store writers (any more): {gone}"
+
+
+def test_each_role_calls_only_its_own_writers() -> None:
+    files = list(_py_files(ROOT / "services", ROOT / "libs/cli", COMMON))
+    files = [f for f in files if STORE not in f.parents]
+    assert not writer_violations(files, store_writers())
+
+
+def test_writer_scanner_control(tmp_path: Path) -> None:
+    """A planted ingress module that claims WorkItems is reported (the check can fail); the same
+    call from the executor's role is not."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from connector.common.store import work_items\n"
+        "from connector.common.store.lanes import lane_settle_batch\n\n"
+        "async def f(c):\n    await work_items.work_item_claim_batch(c)\n"
+    )
+    writers = store_writers()
+    got = writer_violations([planted], writers, role_of=lambda _: INGRESS)
+    assert got == [
+        "planted.py (ingress) calls store.lanes.lane_settle_batch",
+        "planted.py (ingress) calls store.work_items.work_item_claim_batch",
+    ]
+    assert writer_violations([planted], writers, role_of=lambda _: EXECUTOR_ROLE) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# (b) SQL text on connector tables only in the store.
+# --------------------------------------------------------------------------------------------------
+
+# Modules that still hold statements, each with why and who moves them. The test fails when one of
+# them no longer does (delete its line): the list only shrinks.
+ALLOWLIST: dict[str, str] = {
+    # executor engineer (this change): statements of the gates and the legacy path move to
+    # store/authority.py, store/legacy.py, store/processes.py with cutover/ and legacy/.
+    "services/executor/connector/executor/cutover.py": "gate statements -> store.authority/legacy",
+    "services/executor/connector/executor/legacy.py": "legacy path statements -> store.legacy/work_items",
+    "services/executor/connector/executor/admin/reads.py": "DLQ/receipt/process reads -> store",
+    "services/executor/connector/executor/admin/replay.py": "replay statements -> store.work_items/receipts",
+    "services/executor/connector/executor/admin/stats.py": "admin stats reads -> store.work_items/authority",
+    "services/executor/connector/executor/admin/transitions.py": "cutover receipt and legacy failure reads",
+    "libs/common/connector/common/process_registry.py": "process statements -> store.processes",
+    # materializer/ingress/common engineer (F):
+    "libs/common/connector/common/materialization.py": "WorkItem insert and lane statements -> store",
+    "libs/common/connector/common/pack_store.py": "pack install statements -> store.packs/authority",
+    "services/ingress/connector/ingress/routes.py": "ROUTE_LIST_ACTIVE -> store.packs",
+    "libs/cli/connector/cli/up.py": "connector up's database checks",
+    "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
+}
+
+
+def _docstring_nodes(tree: ast.Module) -> set[int]:
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def sql_strings(source: str) -> list[str]:
+    """String literals (not docstrings) that read like SQL on a connector table."""
+    tree = ast.parse(source)
+    docs = _docstring_nodes(tree)
+    docs |= {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    found: list[str] = []
+    for node in ast.walk(tree):
+        text: str | None = None
+        if isinstance(node, ast.JoinedStr):
+            text = _literal_text(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            text = node.value
+        if text and _TABLE.search(text) and _VERB.search(text):
+            found.append(" ".join(text.split())[:80])
+    return found
+
+
+def _sql_modules() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for path in _py_files(ROOT / "libs", ROOT / "services"):
+        if STORE in path.parents or path == COMMON / "schema.py":
+            continue
+        found = sql_strings(path.read_text())
+        if found:
+            out[path.relative_to(ROOT).as_posix()] = found
+    return out
+
+
+def test_no_sql_on_connector_tables_outside_the_store() -> None:
+    found = _sql_modules()
+    unexpected = {m: s[:2] for m, s in found.items() if m not in ALLOWLIST}
+    assert not unexpected, f"SQL outside connector.common.store: {unexpected}"
+
+
+def test_the_allowlist_only_names_modules_that_still_hold_sql() -> None:
+    found = _sql_modules()
+    stale = sorted(m for m in ALLOWLIST if m not in found)
+    assert not stale, f"these modules hold no SQL any more; delete them from ALLOWLIST: {stale}"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("X = \"SELECT work_id FROM connector_work_item WHERE state = 'dead'\"\n", 1),
+        ('def f(t):\n    return f"UPDATE connector_event SET x = 1 WHERE {t}"\n', 1),
+        ('"""Module doc: SELECT * FROM connector_work_item is described here."""\n', 0),
+        ('TABLES = ("connector_work_item", "connector_process")\n', 0),
+        ('MSG = "vacuum connector_work_item regularly"\n', 0),
+    ],
+)
+def test_sql_scanner_control(source: str, expected: int) -> None:
+    """A planted statement is found; docstrings, bare table names and prose are not."""
+    assert len(sql_strings(source)) == expected
+
+
+# --------------------------------------------------------------------------------------------------
+# (c) Layering
+# --------------------------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+@pytest.mark.parametrize("service", ["ingress", "materializer", "executor"])
+def test_services_do_not_import_each_other(service: str) -> None:
+    others = {"ingress", "materializer", "executor"} - {service}
+    bad = []
+    for path in _py_files(ROOT / "services" / service):
+        for name in _imports(path):
+            if any(name == f"connector.{o}" or name.startswith(f"connector.{o}.") for o in others):
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad
+
+
+def test_the_store_imports_no_service() -> None:
+    bad = [
+        f"{p.relative_to(ROOT)} imports {n}"
+        for p in _py_files(STORE)
+        for n in _imports(p)
+        if n.startswith(
+            ("connector.ingress", "connector.materializer", "connector.executor", "connector.cli")
+        )
+    ]
+    assert not bad
