@@ -46,6 +46,7 @@ from connector.common.packs import (
     route_effective_config,
     sha256_hex,
 )
+from connector.common.store import packs as store_packs
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +197,6 @@ SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generat
 FROM connector_installed_pack p
 LEFT JOIN connector_pack_generation g ON g.installed_pack_id = p.installed_pack_id
 ORDER BY p.name, g.generation
-"""
-# Active generation of every pack, its claim authority and routes (the route cache's only read).
-ROUTE_LIST_ACTIVE = """
-SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation AS generation,
-       g.manifest, a.claim_path, a.phase,
-       coalesce(json_agg(json_build_object('route_id', r.route_id, 'route_key', r.route_key,
-                                           'route_version', r.route_version, 'config', r.config)
-                         ORDER BY r.route_key) FILTER (WHERE r.route_id IS NOT NULL), '[]'::json) AS routes
-FROM connector_installed_pack p
-JOIN connector_pack_generation g
-  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation AND g.status = 'active'
-LEFT JOIN connector_claim_authority a
-  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
-LEFT JOIN connector_route r
-  ON r.installed_pack_id = p.installed_pack_id AND r.generation = p.active_generation
-GROUP BY p.installed_pack_id, g.manifest, a.claim_path, a.phase
 """
 
 
@@ -527,10 +512,8 @@ class RouteCache:
         return list(self._packs.values())
 
     async def refresh(self, conn: AsyncConnection[Any]) -> None:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(ROUTE_LIST_ACTIVE)
         packs: dict[str, ActivePack] = {}
-        for row in await cur.fetchall():
+        for row in await store_packs.pack_list_active(conn):
             packs[str(row["namespace"])] = _active_pack(row)
         self._packs = packs
         self.version += 1

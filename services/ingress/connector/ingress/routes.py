@@ -23,26 +23,18 @@ from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import Notify
-from psycopg.rows import dict_row
 from pydantic import ValidationError
 
 from connector.common import schema
 from connector.common.listener import Listener, ListenerConfig
 from connector.common.packs import RouteSpec
+from connector.common.store.packs import route_list_active
 from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
 from connector.ingress import metrics
 from connector.ingress.envelope import Envelope
 from connector.ingress.verify import HmacVerifier, NoneVerifier, Verifier
 
 log = logging.getLogger(__name__)
-
-ROUTE_LIST_ACTIVE = """
-SELECT r.route_id, r.installed_pack_id, r.generation, r.namespace, r.route_key, r.route_version, r.config
-FROM connector_route r
-JOIN connector_pack_generation g USING (installed_pack_id, generation)
-WHERE g.status = 'active'
-ORDER BY r.namespace, r.route_key, r.generation
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +198,7 @@ class RouteTable:
         log.warning("route refresh failed; reconnecting", extra={"error_class": type(exc).__name__})
 
     async def _refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(ROUTE_LIST_ACTIVE)
-            rows = await cur.fetchall()
+        rows = await route_list_active(conn)
         table: dict[tuple[str, str], CompiledRoute] = {}
         for row in rows:  # ordered by generation: a later active generation wins
             route = compile_route(row)

@@ -14,6 +14,50 @@ from psycopg.rows import dict_row
 Conn = AsyncConnection[Any]
 
 # --------------------------------------------------------------------------------------------------
+# Active routes: the ingress route table (one row per route) and the materializer's route cache (one
+# row per pack, with its claim authority and routes)
+# --------------------------------------------------------------------------------------------------
+
+# Routes of every active generation, a later generation last (it wins in the table).
+ROUTE_LIST_ACTIVE = """
+SELECT r.route_id, r.installed_pack_id, r.generation, r.namespace, r.route_key, r.route_version, r.config
+FROM connector_route r
+JOIN connector_pack_generation g USING (installed_pack_id, generation)
+WHERE g.status = 'active'
+ORDER BY r.namespace, r.route_key, r.generation
+"""
+
+# Active generation of every pack, its claim authority and routes (the materializer's route cache).
+PACK_LIST_ACTIVE = """
+SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation AS generation,
+       g.manifest, a.claim_path, a.phase,
+       coalesce(json_agg(json_build_object('route_id', r.route_id, 'route_key', r.route_key,
+                                           'route_version', r.route_version, 'config', r.config)
+                         ORDER BY r.route_key) FILTER (WHERE r.route_id IS NOT NULL), '[]'::json) AS routes
+FROM connector_installed_pack p
+JOIN connector_pack_generation g
+  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation AND g.status = 'active'
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
+LEFT JOIN connector_route r
+  ON r.installed_pack_id = p.installed_pack_id AND r.generation = p.active_generation
+GROUP BY p.installed_pack_id, g.manifest, a.claim_path, a.phase
+"""
+
+
+async def route_list_active(conn: Conn) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(ROUTE_LIST_ACTIVE)
+        return await cur.fetchall()
+
+
+async def pack_list_active(conn: Conn) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(PACK_LIST_ACTIVE)
+    return await cur.fetchall()
+
+
+# --------------------------------------------------------------------------------------------------
 # Materializer: the snapshot check of a batch, route snapshots of events (backfill)
 # --------------------------------------------------------------------------------------------------
 
