@@ -20,7 +20,6 @@ from connector.common.settings import (
     MaterializerSettings,
 )
 from connector.executor import cutover
-from connector.executor.admin import pagination
 from connector.executor.legacy import service_scope
 from connector.executor.service import ExecutorService
 from connector.ingress.service import IngressService
@@ -108,7 +107,8 @@ async def test_filter_by_service_and_keyset_pagination(admin: Admin, seed: Seed)
     await expect_error(
         _list(admin.stub, page_token="not-a-token"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"
     )
-    wrong_key = pagination.encode([42], {"service": None})  # well-formed, but not a process id
+    # Signed with the server's key and well-formed, but not a process id.
+    wrong_key = admin.servicer.pages.encode("ListProcesses", [42], {"service": None})
     await expect_error(
         _list(admin.stub, page_token=wrong_key), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"
     )

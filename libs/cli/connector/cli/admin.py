@@ -609,9 +609,11 @@ def packs_list(client: Client, args: argparse.Namespace) -> int:
 
 def packs_apply(client: Client, args: argparse.Namespace) -> int:
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"cannot read {args.file}: not UTF-8 text") from None
     response = client.call(
         "ApplyPack",
         pb.ApplyPackRequest(

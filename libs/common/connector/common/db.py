@@ -62,8 +62,15 @@ async def open_pool(
     pool: PoolSettings,
     *,
     url: str | None = None,
+    check: bool = False,
 ) -> AsyncConnectionPool:
-    """Open the service's own pool (waits until ``pool_min_size`` connections are up)."""
+    """Open the service's own pool (waits until ``pool_min_size`` connections are up).
+
+    ``check``: test every connection when it is taken from the pool (one empty-query round trip,
+    ``AsyncConnectionPool.check_connection``) and replace it when the server dropped it (a database
+    restart, ``pg_terminate_backend``, an idle timeout on the way), so the first call after an
+    outage does not fail on a dead connection. Only for pools off the hot path (the admin API's):
+    a claim or receipt batch would pay the round trip on every batch."""
     conninfo = conninfo_with(
         url or db.url(),
         application_name=f"connector-{service}",
@@ -75,6 +82,7 @@ async def open_pool(
         max_size=max(pool.pool_max_size, pool.pool_min_size),
         timeout=pool.pool_timeout_s,
         configure=_configure,
+        check=AsyncConnectionPool.check_connection if check else None,
         name=f"connector-{service}",
         open=False,
     )
@@ -89,6 +97,24 @@ async def open_pool(
         ) from None
     _POOLS[service] = p
     return p
+
+
+#: SQLSTATEs of a server that dropped the connection or refuses connections for now: connection
+#: exceptions (08), admin shutdown / crash shutdown / cannot connect now (57P01-57P03), insufficient
+#: resources (53: too many connections, out of memory, disk full).
+_LOST_STATES = ("08", "57P01", "57P02", "57P03", "53")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """True when ``exc`` says the database connection is gone or the server cannot serve it now (a
+    retry on a new connection may succeed): libpq-level failures (no SQLSTATE: "server closed the
+    connection unexpectedly", "the connection is closed", connect failures) and the SQLSTATEs above.
+    Deadlocks, serialization failures, lock and statement timeouts are not: they are answered on a
+    healthy connection and have their own codes."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(_LOST_STATES)
 
 
 class DatabaseUnavailable(SystemExit):

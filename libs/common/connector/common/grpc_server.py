@@ -4,10 +4,16 @@ Interceptors, outermost first:
   metrics   ``grpc_server_handled_total{grpc_service,grpc_method,grpc_code}`` and
             ``grpc_server_handling_seconds`` histograms;
   errors    maps domain errors (``ServiceError``) to canonical codes with a google.rpc.ErrorInfo
-            reason, and any unexpected exception to INTERNAL without detail;
+            reason; a lost or refused database connection (``db.connection_lost``) to UNAVAILABLE
+            ``DATABASE_UNAVAILABLE`` (retryable), a saturated pool to RESOURCE_EXHAUSTED
+            ``DATABASE_BUSY``; any other unexpected exception to INTERNAL without detail;
   auth      an optional hook: ``authenticate(method, metadata) -> principal`` raising ServiceError;
             the handler reads the principal with ``current_principal()`` (a grpc.aio context takes
-            no new attributes, so it travels in a context variable of the RPC's task).
+            no new attributes, so it travels in a context variable of the RPC's task);
+  input     after auth, before the handler: bytes that do not decode as the request message are
+            INVALID_ARGUMENT ``MALFORMED_REQUEST`` (grpc's own answer would be UNKNOWN with the
+            decoder's text), and ``grpc_input.check`` applies the servicer's ``input_rules`` (NUL
+            characters, string lengths, Timestamp ranges) to every request of every RPC.
 
 Shutdown (STYLE.md): health NOT_SERVING → stop accepting (grace) → caller drains work → pools close.
 """
@@ -23,16 +29,23 @@ from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
+from psycopg_pool import PoolTimeout
 
+from connector.common import grpc_input
+from connector.common.db import connection_lost
 from connector.common.metrics import LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "connector.v1"
+#: Reasons of the database outcomes every service shares (UNAVAILABLE / RESOURCE_EXHAUSTED).
+DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
+DATABASE_BUSY = "DATABASE_BUSY"
 
 GRPC_HANDLED = Counter(
     "grpc_server_handled_total",
@@ -106,6 +119,63 @@ def _code_of(exc: BaseException) -> grpc.StatusCode:
     return exc.code if isinstance(exc, ServiceError) else grpc.StatusCode.UNKNOWN
 
 
+class _Undecodable:
+    """What the request deserializer hands the handler when the bytes are not a valid message."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+
+
+def _safe_deserializer(deserialize: Callable[[bytes], Any] | None, type_name: str) -> Any:
+    if deserialize is None:
+        return None
+
+    def safe(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception:
+            return _Undecodable(type_name)
+
+    return safe
+
+
+def _request_type_name(deserialize: Any, method: str) -> str:
+    owner = getattr(deserialize, "__self__", None)
+    descriptor = getattr(owner, "DESCRIPTOR", None)
+    return str(getattr(descriptor, "name", "") or f"{method.rsplit('/', 1)[-1]} request")
+
+
+def _checked(request: Any, rules: grpc_input.InputRules) -> None:
+    """The input stage: INVALID_ARGUMENT for undecodable bytes and for requests breaking a rule."""
+    try:
+        if isinstance(request, _Undecodable):
+            raise grpc_input.malformed(request.type_name, rules)
+        if isinstance(request, Message):
+            grpc_input.check(request, rules)
+    except grpc_input.InputError as exc:
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, exc.reason, exc.message, exc.metadata) from None
+
+
+def _translated(exc: BaseException, method: str) -> BaseException:
+    """Database outcomes every service shares, as canonical errors (never INTERNAL)."""
+    if isinstance(exc, ServiceError | asyncio.CancelledError):
+        return exc
+    if connection_lost(exc):
+        log.warning(
+            "database connection lost or refused", extra={"rpc": method, "exc_type": type(exc).__name__}
+        )
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE, DATABASE_UNAVAILABLE, "database unavailable; retry with backoff"
+        )
+    if isinstance(exc, PoolTimeout):
+        return ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, DATABASE_BUSY, "database busy: no connection available"
+        )
+    return exc
+
+
 def _split(method: str) -> tuple[str, str]:
     _, service, name = method.split("/", 2) if method.count("/") >= 2 else ("", "unknown", method)
     return service, name
@@ -117,6 +187,8 @@ class _Interceptor(grpc.aio.ServerInterceptor):
     def __init__(self, authenticate: Authenticator | None, protected_prefixes: tuple[str, ...]) -> None:
         self._authenticate = authenticate
         self._protected = protected_prefixes
+        #: Input rules per gRPC service full name (``GrpcServer.add``); others get the defaults.
+        self.rules: dict[str, grpc_input.InputRules] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -126,6 +198,10 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         service, name = _split(method)
         needs_auth = self._authenticate is not None and method.startswith(self._protected)
         authenticate = self._authenticate
+        rules = self.rules.get(service, grpc_input.DEFAULT_RULES)
+        deserializer = _safe_deserializer(
+            handler.request_deserializer, _request_type_name(handler.request_deserializer, method)
+        )
 
         async def _auth(context: grpc.aio.ServicerContext) -> None:
             if needs_auth and authenticate is not None:
@@ -158,17 +234,17 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                 code = grpc.StatusCode.OK
                 try:
                     await _auth(context)
+                    _checked(request, rules)
                     return await inner(request, context)
-                except BaseException as exc:
+                except BaseException as raised:
+                    exc = _translated(raised, method)
                     code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
                     GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
                     GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(unary, deserializer, handler.response_serializer)
         if handler.unary_stream:
             inner_stream = handler.unary_stream
 
@@ -177,18 +253,18 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                 code = grpc.StatusCode.OK
                 try:
                     await _auth(context)
+                    _checked(request, rules)
                     async for item in inner_stream(request, context):
                         yield item
-                except BaseException as exc:
+                except BaseException as raised:
+                    exc = _translated(raised, method)
                     code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
                     GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
                     GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(stream, deserializer, handler.response_serializer)
         return handler
 
 
@@ -207,8 +283,9 @@ class GrpcServer:
     ) -> None:
         # SO_REUSEPORT only when asked (several worker processes on one port): otherwise a second
         # server on a taken port must fail instead of silently sharing it.
+        self._interceptor = _Interceptor(authenticate, protected_prefixes)
         self.server = grpc.aio.server(
-            interceptors=[_Interceptor(authenticate, protected_prefixes)],
+            interceptors=[self._interceptor],
             options=[
                 ("grpc.so_reuseport", 1 if reuse_port else 0),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -225,8 +302,13 @@ class GrpcServer:
         )
 
     def add(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str) -> None:
+        """Register ``servicer``; its ``input_rules`` attribute (``grpc_input.InputRules``), when it
+        has one, sets the limits its requests are checked against."""
         register(servicer, self.server)
         self._service_names.append(full_name)
+        rules = getattr(servicer, "input_rules", None)
+        if isinstance(rules, grpc_input.InputRules):
+            self._interceptor.rules[full_name] = rules
 
     async def start(self) -> None:
         reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)

@@ -493,14 +493,80 @@ def _construct_mapping(
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+#: Limits of a manifest document, checked before its fields are (docs/packs.md, "Limits"): nesting
+#: depth (a manifest needs fewer than ten levels) and values in all, a YAML alias counted at every
+#: place it is used (so an alias "bomb" is refused instead of validated billions of times).
+MAX_DOCUMENT_DEPTH = 32
+MAX_DOCUMENT_VALUES = 100_000
+MAX_DOCUMENT_ERRORS = 100
+
+
 def load_document(text: str | bytes) -> Any:
     """Parse YAML or JSON text (duplicate keys are an error)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8")
     try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ManifestError([f"not valid YAML/JSON: {exc}"]) from None
+    except UnicodeDecodeError:
+        raise ManifestError(["not valid YAML/JSON: the text is not UTF-8"]) from None
+    except RecursionError:
+        raise ManifestError([f"(manifest): nested deeper than {MAX_DOCUMENT_DEPTH} levels"]) from None
+
+
+def _text_problem(value: str) -> str | None:
+    """What no text of a manifest may hold: PostgreSQL text and JSON columns cannot store a NUL
+    character, and a lone surrogate (``"\\ud800"`` in a JSON or YAML escape) is not Unicode text."""
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+def _label(key: Any) -> str:
+    text = str(key)
+    return text if _text_problem(text) is None else text.encode("unicode_escape").decode("ascii")
+
+
+def document_errors(data: Any) -> tuple[list[str], bool]:
+    """Problems of the raw document no field check may see: text with a NUL character or a lone
+    surrogate (keys included), nesting deeper than ``MAX_DOCUMENT_DEPTH``, more than
+    ``MAX_DOCUMENT_VALUES`` values. Iterative (no recursion limit). Returns the errors and whether
+    the shape itself is refused (too deep or too large: nothing else is checked then)."""
+    errors: list[str] = []
+    seen = 0
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack and len(errors) < MAX_DOCUMENT_ERRORS:
+        node, path, depth = stack.pop()
+        seen += 1
+        if seen > MAX_DOCUMENT_VALUES:
+            return [
+                f"(manifest): more than {MAX_DOCUMENT_VALUES} values (a YAML alias counts at every use)"
+            ], True
+        if isinstance(node, str):
+            problem = _text_problem(node)
+            if problem is not None:
+                errors.append(f"{path or '(manifest)'}: {problem}")
+            continue
+        if not isinstance(node, dict | list | tuple):
+            continue
+        if depth >= MAX_DOCUMENT_DEPTH:
+            return [f"{path or '(manifest)'}: nested deeper than {MAX_DOCUMENT_DEPTH} levels"], True
+        if isinstance(node, dict):
+            children = []
+            for key, value in node.items():
+                here = f"{path}.{_label(key)}" if path else _label(key)
+                if isinstance(key, str) and (problem := _text_problem(key)) is not None:
+                    errors.append(f"{here}: the key {problem}")
+                children.append((value, here, depth + 1))
+        else:
+            children = [(value, f"{path}[{index}]", depth + 1) for index, value in enumerate(node)]
+        stack.extend(reversed(children))
+    return errors, False
 
 
 def _format_loc(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
@@ -548,7 +614,9 @@ def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
     data: Any = dict(text) if isinstance(text, Mapping) else load_document(text)
     if not isinstance(data, dict):
         raise ManifestError(["the document must be a mapping with name, namespace, work_types, routes"])
-    errors: list[str] = []
+    errors, refused = document_errors(data)
+    if refused:
+        raise ManifestError(errors)
     manifest: Manifest | None = None
     try:
         manifest = Manifest.model_validate(data, context={"skip_reference_checks": True})

@@ -182,6 +182,17 @@ class AdminSettings(BaseSettings):
     #: Target for the CLI (``connector admin …``).
     address: str = "127.0.0.1:50053"
     token: SecretStr = SecretStr("")
+    #: HMAC key of page tokens (at least 32 characters; the same on every replica behind one load
+    #: balancer). Unset: derived from ``tokens``; no tokens either: a random key per process
+    #: (docs/admin.md, "Page tokens"). Never logged.
+    page_token_key: SecretStr = SecretStr("")
+
+    @field_validator("page_token_key")
+    @classmethod
+    def _key_length(cls, v: SecretStr) -> SecretStr:
+        if v.get_secret_value() and len(v.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters (e.g. `openssl rand -hex 32`)")
+        return v
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -192,6 +192,7 @@ class ExecutorService:
                 self.db,
                 PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=self.cfg.pool_timeout_s),
                 url=url,
+                check=True,  # the first admin call after a database restart gets a live connection
             )
             admin_api = admin.build_admin(self.admin_pool, settings)
             authenticate = authenticate or admin_api.authenticate

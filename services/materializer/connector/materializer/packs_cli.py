@@ -58,6 +58,11 @@ def apply(args: argparse.Namespace) -> int:
     except psycopg.OperationalError as exc:
         print(f"database unavailable ({type(exc).__name__}); nothing installed", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except psycopg.DataError as exc:
+        # A value the database cannot store that validation let through (it checks NUL characters,
+        # lone surrogates, nesting): refused as invalid, without a traceback; the transaction rolled back.
+        print(f"refused by the database ({type(exc).__name__}); nothing installed", file=sys.stderr)
+        return EXIT_INVALID
 
 
 async def _apply(url: str, manifest: Manifest, *, activate: bool, dry_run: bool, actor: str) -> int:

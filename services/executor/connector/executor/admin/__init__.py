@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common.settings import AdminSettings
 from connector.executor.admin.auth import PROTECTED_PREFIXES, SERVICE, Principal, Role, TokenAuthenticator
 from connector.executor.admin.auth import server_credentials as server_credentials
+from connector.executor.admin.pagination import PageTokens
 from connector.executor.admin.servicer import AdminServicer
 from connector.v1 import admin_service_pb2_grpc
 
@@ -52,6 +53,7 @@ def build_admin(pool: AsyncConnectionPool, settings: AdminSettings, **options: A
     ``process_heartbeat_s``). Raises ``SettingsError`` when ``CONNECTOR_ADMIN_TOKENS`` is malformed.
     """
     authenticate = TokenAuthenticator(settings.tokens.get_secret_value())
+    options.setdefault("page_tokens", PageTokens.from_settings(settings))
     return AdminApi(AdminServicer(pool, **options), authenticate)
 
 

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 import grpc
 
+from connector.common import grpc_input, grpc_server
 from connector.common.grpc_server import ServiceError
 
 
@@ -26,6 +27,12 @@ class Reason(StrEnum):
     PAGE_TOKEN_FILTER_MISMATCH = "PAGE_TOKEN_FILTER_MISMATCH"  # noqa: S105 - a reason code, not a secret
     REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
     INVALID_MANIFEST = "INVALID_MANIFEST"
+    # INVALID_ARGUMENT, from the server's input stage (connector.common.grpc_input), before any
+    # handler runs; metadata ``field`` names the field (never its value)
+    MALFORMED_REQUEST = grpc_input.MALFORMED_REQUEST
+    INVALID_STRING = grpc_input.INVALID_STRING
+    STRING_TOO_LONG = grpc_input.STRING_TOO_LONG
+    INVALID_TIMESTAMP = grpc_input.INVALID_TIMESTAMP
     # NOT_FOUND
     WORK_ITEM_NOT_FOUND = "WORK_ITEM_NOT_FOUND"
     RECEIPT_NOT_FOUND = "RECEIPT_NOT_FOUND"
@@ -57,10 +64,14 @@ class Reason(StrEnum):
     # ABORTED
     CONCURRENT_CHANGE = "CONCURRENT_CHANGE"
     # RESOURCE_EXHAUSTED
-    DATABASE_BUSY = "DATABASE_BUSY"
+    DATABASE_BUSY = grpc_server.DATABASE_BUSY
     BULK_REPLAY_LIMIT = "BULK_REPLAY_LIMIT"
     # DEADLINE_EXCEEDED
     STATEMENT_TIMEOUT = "STATEMENT_TIMEOUT"
+    # UNAVAILABLE: the database connection was lost under the call, or the server refuses
+    # connections now (restart, failover); retry with backoff (a mutation with the same
+    # request_id, which answers the first outcome if its commit did land)
+    DATABASE_UNAVAILABLE = grpc_server.DATABASE_UNAVAILABLE
 
 
 def invalid_argument(message: str, reason: Reason = Reason.INVALID_ARGUMENT, **md: str) -> ServiceError:

@@ -1,6 +1,8 @@
 """Pack RPCs over ``connector.common.pack_store`` (the one implementation of apply / activate / list).
 
-* ApplyPack parses and validates the manifest (``packs.parse_manifest``: every error listed). An
+* ApplyPack parses and validates the manifest (``packs.parse_manifest``: every error listed; text
+  with a NUL character or a lone surrogate, nesting deeper than 32 levels and more than 100,000
+  values are errors too, so nothing the database cannot store gets past it). An
   invalid manifest is INVALID_ARGUMENT ``INVALID_MANIFEST`` (nothing installed); with
   ``validate_only`` the errors come back in the response instead and nothing is installed either.
   A valid one is installed by ``pack_store.pack_apply`` as a new generation (WorkItem-owned, with an
@@ -13,6 +15,7 @@ changed, no claim authority), with the store's reason upper-cased as the ErrorIn
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -69,7 +72,9 @@ async def apply_pack(servicer: Any, request: pb.ApplyPackRequest) -> pb.ApplyPac
     if request.validate_only and request.activate:
         raise invalid_argument("validate_only and activate exclude each other", field="validate_only")
     try:
-        manifest = parse_manifest(request.manifest)
+        # Parsing a large YAML document takes seconds of CPU (PyYAML's pure-Python loader; the C
+        # one recurses without a depth limit): off the event loop that also runs the claim loop.
+        manifest = await asyncio.to_thread(parse_manifest, request.manifest)
     except ManifestError as exc:
         if request.validate_only:
             return pb.ApplyPackResponse(errors=exc.errors)
@@ -129,13 +134,15 @@ async def activate_generation(
     )
 
 
-async def list_packs(conn: Any, request: pb.ListPacksRequest) -> pb.ListPacksResponse:
+async def list_packs(
+    conn: Any, request: pb.ListPacksRequest, pages: pagination.PageTokens
+) -> pb.ListPacksResponse:
     size = pagination.page_size(request.page_size)
-    key = pagination.decode(request.page_token, {}, arity=1)
+    key = pages.decode("ListPacks", request.page_token, {}, arity=1)
     infos = sorted(await pack_store.pack_list(conn), key=lambda p: p.name)
     if key is not None:
         infos = [p for p in infos if p.name > str(key[0])]
     response = pb.ListPacksResponse(packs=[pack_proto(p) for p in infos[:size]])
     if len(infos) > size:
-        response.next_page_token = pagination.encode([infos[size - 1].name], {})
+        response.next_page_token = pages.encode("ListPacks", [infos[size - 1].name], {})
     return response

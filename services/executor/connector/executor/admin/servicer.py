@@ -17,6 +17,7 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.grpc_input import InputRules
 from connector.common.grpc_server import current_principal
 from connector.executor import cutover
 from connector.executor.admin import convert, packs, pagination, reads, replay, requests, stats, transitions
@@ -86,13 +87,30 @@ def dead_letter_filter(
     return flt
 
 
+#: Limits of the server's input stage for admin requests (connector.common.grpc_input): every
+#: string field of every RPC, in characters. Names, namespaces, work types, failure classes and
+#: service names are far shorter; a manifest is bounded by bytes in ``packs`` too.
+INPUT_RULES = InputRules(
+    max_length=1024,
+    field_max_length={
+        "manifest": packs.MAX_MANIFEST_BYTES,
+        "page_token": pagination.MAX_TOKEN_LENGTH,
+        "request_id": requests.MAX_REQUEST_ID_LENGTH,
+    },
+)
+
+
 class AdminServicer(pb_grpc.AdminServiceServicer):
     """connector.v1.AdminService over one database pool."""
+
+    #: Read by ``GrpcServer.add``: checked for every request before its handler runs.
+    input_rules = INPUT_RULES
 
     def __init__(
         self,
         pool: AsyncConnectionPool,
         *,
+        page_tokens: pagination.PageTokens | None = None,
         replay_rate_default: float = 100.0,
         replay_rate_max: float = 5000.0,
         replay_batch_size: int = 100,
@@ -101,6 +119,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         process_heartbeat_s: float = 5.0,
     ) -> None:
         self._pool = pool
+        #: Page tokens are authenticated with this key (pagination.PageTokens).
+        self.pages = page_tokens or pagination.PageTokens()
         self._rate_default = replay_rate_default
         self._rate_max = replay_rate_max
         self._batch = replay_batch_size
@@ -136,7 +156,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     ) -> pb.ListDeadLettersResponse:
         flt = dead_letter_filter(request)
         size = pagination.page_size(request.page_size)
-        key = pagination.decode(request.page_token, flt.as_dict(), arity=2)
+        key = self.pages.decode("ListDeadLetters", request.page_token, flt.as_dict(), arity=2)
         after = None
         if key is not None:
             try:
@@ -156,8 +176,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if len(rows) > size:
             last = rows[size - 1]
             finished = last["w_finished_at"]
-            response.next_page_token = pagination.encode(
-                [finished.isoformat() if finished else None, int(last["w_work_id"])], flt.as_dict()
+            response.next_page_token = self.pages.encode(
+                "ListDeadLetters",
+                [finished.isoformat() if finished else None, int(last["w_work_id"])],
+                flt.as_dict(),
             )
         return response
 
@@ -247,7 +269,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     ) -> pb.ListReceiptFailuresResponse:
         size = pagination.page_size(request.page_size)
         filters = {"namespace": request.namespace or None}
-        key = pagination.decode(request.page_token, filters, arity=1)
+        key = self.pages.decode("ListReceiptFailures", request.page_token, filters, arity=1)
         after: int | None = None
         if key is not None:
             try:
@@ -264,7 +286,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             assert r is not None
             response.receipts.append(r)
         if len(rows) > size:
-            response.next_page_token = pagination.encode([int(rows[size - 1]["r_receipt_id"])], filters)
+            response.next_page_token = self.pages.encode(
+                "ListReceiptFailures", [int(rows[size - 1]["r_receipt_id"])], filters
+            )
         return response
 
     async def ReplayReceipt(self, request: pb.ReplayReceiptRequest, context: Any) -> pb.ReplayReceiptResponse:
@@ -314,7 +338,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         pack = _optional_id(request.installed_pack_id, "installed_pack_id")
         size = pagination.page_size(request.page_size)
         filters = {"pack": pack}
-        key = pagination.decode(request.page_token, filters, arity=3)
+        key = self.pages.decode("ListBlockedLanes", request.page_token, filters, arity=3)
         after: tuple[int, str, str] | None = None
         if key is not None:
             try:
@@ -336,8 +360,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             )
         if len(rows) > size:
             last = rows[size - 1]
-            response.next_page_token = pagination.encode(
-                [int(last["w_installed_pack_id"]), last["lane_kind"], last["lane_key"]], filters
+            response.next_page_token = self.pages.encode(
+                "ListBlockedLanes",
+                [int(last["w_installed_pack_id"]), last["lane_kind"], last["lane_key"]],
+                filters,
             )
         return response
 
@@ -476,7 +502,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def ListProcesses(self, request: pb.ListProcessesRequest, context: Any) -> pb.ListProcessesResponse:
         size = pagination.page_size(request.page_size)
         filters = {"service": request.service or None}
-        key = pagination.decode(request.page_token, filters, arity=1)
+        key = self.pages.decode("ListProcesses", request.page_token, filters, arity=1)
         after: str | None = None
         if key is not None:
             if not isinstance(key[0], str):
@@ -509,7 +535,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 )
             )
         if len(rows) > size:
-            response.next_page_token = pagination.encode([rows[size - 1]["process_id"]], filters)
+            response.next_page_token = self.pages.encode(
+                "ListProcesses", [rows[size - 1]["process_id"]], filters
+            )
         return response
 
     # -- packs (connector.common.pack_store) ------------------------------------------------------
@@ -519,7 +547,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def ListPacks(self, request: pb.ListPacksRequest, context: Any) -> pb.ListPacksResponse:
         async with connection(self._pool) as conn:
-            return await packs.list_packs(conn, request)
+            return await packs.list_packs(conn, request, self.pages)
 
     async def ActivateGeneration(
         self, request: pb.ActivateGenerationRequest, context: Any

@@ -247,7 +247,7 @@ async def legacy_failures(
         except cutover.CutoverError as exc:
             raise service_error(exc) from None
         filters = {"pack": request.installed_pack_id, "generation": generation}
-        key = pagination.decode(request.page_token, filters, arity=1)
+        key = servicer.pages.decode("ListLegacyFailures", request.page_token, filters, arity=1)
         try:
             after = int(key[0]) if key is not None else 2**62
         except (TypeError, ValueError):
@@ -281,7 +281,7 @@ async def legacy_failures(
             )
         )
     if len(rows) > size:
-        response.next_page_token = pagination.encode(
-            [int(rows[size - 1]["legacy_outcome_receipt_id"])], filters
+        response.next_page_token = servicer.pages.encode(
+            "ListLegacyFailures", [int(rows[size - 1]["legacy_outcome_receipt_id"])], filters
         )
     return response

@@ -8,6 +8,14 @@ provider exactly as the HTTP endpoint would:
     route_not_found → NOT_FOUND            signature/timestamp/id problems → UNAUTHENTICATED
     namespace_limit → RESOURCE_EXHAUSTED   database unavailable / overloaded → UNAVAILABLE
     every other refusal (method, size, empty, JSON, media type, header) → INVALID_ARGUMENT
+
+Before the handler runs, the server's input stage (``connector.common.grpc_input``) refuses, with
+INVALID_ARGUMENT and ``http_status`` 400: bytes that are not a SubmitDeliveryRequest
+(``MALFORMED_REQUEST``), a string (namespace, route key, method, URI, header names and values)
+longer than ``MAX_STRING`` (``STRING_TOO_LONG``) or, outside the headers, holding a NUL character
+(``INVALID_STRING``; in a header it is ``BAD_HEADER``, as over HTTP), and a ``receive_time``
+outside the Timestamp range (``INVALID_TIMESTAMP``). Nothing is written and
+the value is never echoed or logged.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any
 import grpc
 from multidict import CIMultiDict
 
+from connector.common.grpc_input import InputRules
 from connector.common.grpc_server import ServiceError
 from connector.ingress import admission as adm
 from connector.ingress.admission import Admission, Outcome
@@ -30,6 +39,9 @@ TRANSPORT = "grpc"
 _TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 # Header values may hold visible characters, spaces and tabs (RFC 9110 field-value), nothing else.
 _BAD_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+#: Longest string field (characters): the HTTP listener's own limit for a request line or header.
+MAX_STRING = 8192
 
 _CODES = {
     adm.ROUTE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -46,6 +58,13 @@ def _code(outcome: Outcome) -> grpc.StatusCode:
 
 
 class IngressServicer(pb_grpc.IngressServiceServicer):
+    #: Read by ``GrpcServer.add``: the input stage's limits, and the HTTP status a gateway answers.
+    input_rules = InputRules(
+        max_length=MAX_STRING,
+        error_metadata={"http_status": "400"},
+        nul_checked_by_handler=frozenset({"headers"}),  # BAD_HEADER, as over HTTP
+    )
+
     def __init__(self, admission: Admission, *, public_base_url: str | None = None) -> None:
         self._admission = admission
         self._base = public_base_url.rstrip("/") if public_base_url else None
