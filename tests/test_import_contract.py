@@ -296,7 +296,6 @@ ALLOWLIST: dict[str, str] = {
     # materializer/ingress/common engineer (F):
     "libs/common/connector/common/materialization.py": "WorkItem insert and lane statements -> store",
     "libs/common/connector/common/pack_store.py": "pack install statements -> store.packs/authority",
-    "services/ingress/connector/ingress/routes.py": "ROUTE_LIST_ACTIVE -> store.packs",
     "libs/cli/connector/cli/up.py": "connector up's database checks",
     "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
 }
