@@ -20,7 +20,6 @@ import pytest
 
 from connector.cli import main as cli_main
 from connector.common import retention
-from connector.common.lanes import lane_lock_batch, lane_repair, lane_settle_batch
 from connector.common.retention import (
     RETENTION_DELETED,
     RETENTION_OLDEST_AGE,
@@ -30,6 +29,7 @@ from connector.common.retention import (
 )
 from connector.common.settings import ExecutorSettings
 from connector.common.store import deliveries, receipts
+from connector.common.store.lanes import lane_lock_batch, lane_repair, lane_settle_batch
 from tests.executor import seed
 
 DAY = 86_400.0

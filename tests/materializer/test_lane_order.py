@@ -11,8 +11,8 @@ from typing import Any
 
 import psycopg
 
-from connector.common.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.store import receipts
+from connector.common.store.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.materializer import metrics
 from connector.materializer.router import Router
 

@@ -33,10 +33,10 @@ from connector.common.extraction import (
     template_reads_body,
 )
 from connector.common.jsonvalues import scalar_text
-from connector.common.lanes import LANE_HOLDING_PREDICATE, Lane, lane_lock_batch, lane_settle_batch
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, canonical_json
 from connector.common.store import events
+from connector.common.store.lanes import Lane, lane_holding, lane_lock_batch, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
@@ -372,7 +372,7 @@ ORDER BY ord
 ON CONFLICT (event_id, work_type) DO NOTHING
 """
 
-_HOLD_W = LANE_HOLDING_PREDICATE.replace("state", "w.state").replace("dead_blocks_lane", "w.dead_blocks_lane")
+_HOLD_W = lane_holding("w")
 
 # For each lane a batch adds members to (with the smallest new delivery_seq): is its first holding
 # member *later*, and ready (it must go back to blocked: demote) or already started (an inversion)?
