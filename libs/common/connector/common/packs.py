@@ -493,9 +493,10 @@ def _construct_mapping(
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-#: Limits of a manifest document, checked before its fields are (docs/packs.md, "Limits"): nesting
-#: depth (a manifest needs fewer than ten levels) and values in all, a YAML alias counted at every
-#: place it is used (so an alias "bomb" is refused instead of validated billions of times).
+#: Limits of a manifest document, checked before its fields are (docs/admin.md, "Input
+#: validation"): nesting depth (a manifest needs fewer than ten levels) and values in all, a YAML
+#: alias counted at every place it is used (so an alias "bomb" is refused, not validated billions
+#: of times).
 MAX_DOCUMENT_DEPTH = 32
 MAX_DOCUMENT_VALUES = 100_000
 MAX_DOCUMENT_ERRORS = 100

@@ -14,8 +14,12 @@ INVALID_ARGUMENT and ``http_status`` 400: bytes that are not a SubmitDeliveryReq
 (``MALFORMED_REQUEST``), a string (namespace, route key, method, URI, header names and values)
 longer than ``MAX_STRING`` (``STRING_TOO_LONG``) or, outside the headers, holding a NUL character
 (``INVALID_STRING``; in a header it is ``BAD_HEADER``, as over HTTP), and a ``receive_time``
-outside the Timestamp range (``INVALID_TIMESTAMP``). Nothing is written and
-the value is never echoed or logged.
+outside the Timestamp range (``INVALID_TIMESTAMP``). The handler then refuses a ``receive_time``
+before 1970-01-01 or more than ``RECEIVE_TIME_MAX_AHEAD_S`` ahead of this server's clock
+(``INVALID_RECEIVE_TIME``): it is stored as the receipt's ``received_at``, and instants near the
+Timestamp range's ends do not survive the database and back (9999-12-31T23:59:59.9999999 rounds to
+year 10000, which Python cannot read; year 1 reads as year 0 in a time zone west of UTC). Nothing is
+written and the value is never echoed or logged.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ _BAD_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 #: Longest string field (characters): the HTTP listener's own limit for a request line or header.
 MAX_STRING = 8192
+#: A gateway's clock may run this far ahead of ours (seconds); a later receive_time is refused.
+RECEIVE_TIME_MAX_AHEAD_S = 300.0
 
 _CODES = {
     adm.ROUTE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -87,6 +93,14 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
             if request.HasField("receive_time")
             else now
         )
+        if not 0 <= received <= now + RECEIVE_TIME_MAX_AHEAD_S:
+            raise ServiceError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_RECEIVE_TIME",
+                f"receive_time must be after 1970-01-01 and at most {RECEIVE_TIME_MAX_AHEAD_S:g} s ahead"
+                " of the server's clock",
+                {"http_status": "400", "field": "receive_time"},
+            )
         method = (request.method or "POST").upper()
         body = bytes(request.body)
         route = admission.route_for(request.namespace, request.route_key, method, len(body))
