@@ -3,7 +3,6 @@ drain on stop, process registration, lanes and fairness with a control."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import psycopg
@@ -232,21 +231,32 @@ async def test_small_pack_is_not_starved_by_a_huge_backlog(db, executor_factory,
 
 
 async def test_metrics_count_outcomes(db, executor_factory) -> None:
-    from prometheus_client import REGISTRY
+    from connector.executor.metrics import REGISTRY
 
     def sample(name: str, **labels) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
     pack = seed.seed_pack(db, "p", {"ok": _wt("noop"), "bad": _wt("permanent")})
-    before_ok = sample("connector_executor_outcomes_total", pack=str(pack), state="succeeded")
-    before_dead = sample("connector_executor_outcomes_total", pack=str(pack), state="dead")
+    ok = {"pack": "p", "work_type": "ok"}  # the pack label is the name, never the id
+    bad = {"pack": "p", "work_type": "bad"}
+    before_ok = sample("connector_executor_outcomes_total", **ok, state="succeeded")
+    before_dead = sample("connector_executor_outcomes_total", **bad, state="dead")
+    before_runs = sample("connector_executor_handler_seconds_count", **ok)
+    before_failed = sample("connector_executor_failures_total", **bad, failure_class="validation")
     seed.seed_items(db, pack, 30, work_type="ok")
     seed.seed_items(db, pack, 3, work_type="bad")
     await executor_factory()
     await await_for(lambda: states(db) == {"succeeded": 30, "dead": 3}, 10, "done")
-    await asyncio.sleep(0.05)
-    assert sample("connector_executor_outcomes_total", pack=str(pack), state="succeeded") - before_ok == 30
-    assert sample("connector_executor_outcomes_total", pack=str(pack), state="dead") - before_dead == 3
+    await await_for(
+        lambda: sample("connector_executor_outcomes_total", **bad, state="dead") - before_dead >= 3,
+        10,
+        "outcomes counted",
+    )
+    assert sample("connector_executor_outcomes_total", **ok, state="succeeded") - before_ok == 30
+    assert sample("connector_executor_outcomes_total", **bad, state="dead") - before_dead == 3
+    assert sample("connector_executor_handler_seconds_count", **ok) - before_runs == 30
+    assert sample("connector_executor_failures_total", **bad, failure_class="validation") - before_failed == 3
+    assert sample("connector_executor_outcomes_total", pack=str(pack), work_type="ok", state="succeeded") == 0
     assert sample("connector_executor_claim_statements_total", result="rows") > 0
 
 

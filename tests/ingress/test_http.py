@@ -15,9 +15,9 @@ import pytest
 import standardwebhooks
 import stripe
 from multidict import CIMultiDict
-from prometheus_client import REGISTRY
 
 from connector.common import schema
+from connector.ingress.metrics import REGISTRY
 from connector.ingress.service import IngressService
 
 from .conftest import (

@@ -7,10 +7,11 @@ import logging
 
 import aiohttp
 import pytest
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import generate_latest
 
 from connector.common.logs import JsonFormatter
 from connector.common.settings import DatabaseSettings
+from connector.ingress.metrics import REGISTRY
 from connector.ingress.service import IngressService
 
 from .conftest import SECRETS, StartIngress, github_headers, install_routes, post, settings

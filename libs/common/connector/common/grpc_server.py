@@ -1,8 +1,10 @@
 """gRPC server bootstrap shared by the services: health, reflection, interceptors, shutdown order.
 
 Interceptors, outermost first:
-  metrics   ``grpc_server_handled_total{grpc_service,grpc_method,grpc_code}`` and
-            ``grpc_server_handling_seconds`` histograms;
+  metrics   the conventional (go-grpc-prometheus) families in the registry of the service that runs
+            the server (``GrpcServer(service=...)``): ``grpc_server_started_total``,
+            ``grpc_server_handled_total{grpc_type,grpc_service,grpc_method,grpc_code}`` and the
+            ``grpc_server_handling_seconds`` histogram (``grpc_type`` unary or server_stream);
   errors    maps domain errors (``ServiceError``) to canonical codes with a google.rpc.ErrorInfo
             reason; a lost or refused database connection (``db.connection_lost``) to UNAVAILABLE
             ``DATABASE_UNAVAILABLE`` (retryable), a saturated pool to RESOURCE_EXHAUSTED
@@ -33,12 +35,12 @@ from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg_pool import PoolTimeout
 
 from connector.common import grpc_input
 from connector.common.db import connection_lost
-from connector.common.metrics import LATENCY_BUCKETS
+from connector.common.metrics import LATENCY_BUCKETS, PerService
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +49,31 @@ ERROR_DOMAIN = "connector.v1"
 DATABASE_UNAVAILABLE = "DATABASE_UNAVAILABLE"
 DATABASE_BUSY = "DATABASE_BUSY"
 
-GRPC_HANDLED = Counter(
-    "grpc_server_handled_total",
-    "RPCs completed on the server, by code",
-    ["grpc_service", "grpc_method", "grpc_code"],
-)
-GRPC_SECONDS = Histogram(
-    "grpc_server_handling_seconds",
-    "RPC handling time on the server",
-    ["grpc_service", "grpc_method"],
-    buckets=LATENCY_BUCKETS,
-)
+
+class _GrpcFamilies:
+    """The gRPC server families of one service's registry (labels as go-grpc-prometheus)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = Counter(
+            "grpc_server_started_total", "RPCs started on the server", labels, registry=registry
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, by code",
+            [*labels, "grpc_code"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "RPC handling time on the server (until the last response message)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+
+GRPC_METRICS = PerService(_GrpcFamilies)
 
 
 class ServiceError(Exception):
@@ -184,7 +200,13 @@ def _split(method: str) -> tuple[str, str]:
 class _Interceptor(grpc.aio.ServerInterceptor):
     """Metrics + error mapping + auth for unary and server-streaming handlers."""
 
-    def __init__(self, authenticate: Authenticator | None, protected_prefixes: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        authenticate: Authenticator | None,
+        protected_prefixes: tuple[str, ...],
+        families: _GrpcFamilies | None = None,
+    ) -> None:
+        self._families = families or GRPC_METRICS("unattributed")
         self._authenticate = authenticate
         self._protected = protected_prefixes
         #: Input rules per gRPC service full name (``GrpcServer.add``); others get the defaults.
@@ -199,6 +221,7 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         needs_auth = self._authenticate is not None and method.startswith(self._protected)
         authenticate = self._authenticate
         rules = self.rules.get(service, grpc_input.DEFAULT_RULES)
+        families = self._families
         deserializer = _safe_deserializer(
             handler.request_deserializer, _request_type_name(handler.request_deserializer, method)
         )
@@ -229,7 +252,11 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary:
             inner = handler.unary_unary
 
+            started = families.started.labels("unary", service, name)
+            seconds = families.seconds.labels("unary", service, name)
+
             async def unary(request, context):
+                started.inc()
                 start = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:
@@ -241,14 +268,18 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
-                    GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
-                    GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
+                    seconds.observe(time.perf_counter() - start)
+                    families.handled.labels("unary", service, name, _code(context, code)).inc()
 
             return grpc.unary_unary_rpc_method_handler(unary, deserializer, handler.response_serializer)
         if handler.unary_stream:
             inner_stream = handler.unary_stream
 
+            stream_started = families.started.labels("server_stream", service, name)
+            stream_seconds = families.seconds.labels("server_stream", service, name)
+
             async def stream(request, context):
+                stream_started.inc()
                 start = time.perf_counter()
                 code = grpc.StatusCode.OK
                 try:
@@ -261,8 +292,8 @@ class _Interceptor(grpc.aio.ServerInterceptor):
                     code = _code_of(exc)
                     await _fail(context, exc)
                 finally:
-                    GRPC_SECONDS.labels(service, name).observe(time.perf_counter() - start)
-                    GRPC_HANDLED.labels(service, name, _code(context, code)).inc()
+                    stream_seconds.observe(time.perf_counter() - start)
+                    families.handled.labels("server_stream", service, name, _code(context, code)).inc()
 
             return grpc.unary_stream_rpc_method_handler(stream, deserializer, handler.response_serializer)
         return handler
@@ -280,10 +311,13 @@ class GrpcServer:
         protected_prefixes: tuple[str, ...] = (),
         credentials: grpc.ServerCredentials | None = None,
         reuse_port: bool = False,
+        service: str = "unattributed",
     ) -> None:
+        """``service`` names the registry the gRPC server metrics go to (``connector.common.metrics``;
+        ``unattributed`` is served by no endpoint)."""
         # SO_REUSEPORT only when asked (several worker processes on one port): otherwise a second
         # server on a taken port must fail instead of silently sharing it.
-        self._interceptor = _Interceptor(authenticate, protected_prefixes)
+        self._interceptor = _Interceptor(authenticate, protected_prefixes, GRPC_METRICS(service))
         self.server = grpc.aio.server(
             interceptors=[self._interceptor],
             options=[

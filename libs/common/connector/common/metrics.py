@@ -1,17 +1,41 @@
-"""Prometheus helpers: one process-wide registry, an HTTP endpoint per service, pool gauges.
+"""Prometheus helpers: one registry per service, an HTTP endpoint per service, pool gauges.
 
-Labels never carry payloads, tokens or secrets: only service names, pack ids, queue classes, states
-and outcome reasons drawn from fixed vocabularies.
+Every service (``ingress``, ``materializer``, ``executor``) exports only its own families: its
+``/metrics`` endpoint serves ``registry(service)``, never prometheus_client's global ``REGISTRY``
+(which stays unserved). A service's registry holds:
+
+* the families its own ``metrics`` module declares (``registry=REGISTRY`` of that module);
+* ``connector_build_info{version,revision,python}`` and the standard ``process_*`` / ``python_*``
+  collectors;
+* families made per service by shared code (``PerService``: the gRPC server metrics);
+* its share of the families of shared code kept in ``SHARED`` (pool gauges, upkeep): those carry a
+  ``service`` label and a service's registry yields only the samples whose ``service`` is its own.
+
+``connector up`` runs the three services in one process and still serves one endpoint per service
+(each its own registry), so a scrape configuration written for separate deployments works unchanged.
+
+Labels never carry payloads, tokens or secrets: only service names, pack names, queue classes,
+states, work types and outcome reasons drawn from fixed or installed vocabularies (docs/metrics.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from importlib import metadata
+from typing import Any, Generic, TypeVar
 
-from prometheus_client import REGISTRY, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # Latency buckets from 0.25 ms to 10 s, dense where the hot paths live.
@@ -19,6 +43,97 @@ LATENCY_BUCKETS = (
     0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+#: The services that have a registry (and a metrics endpoint) of their own.
+SERVICES = ("ingress", "materializer", "executor")
+
+#: Families recorded by code every service shares; each has a ``service`` label, and a service's
+#: registry exports only its own samples of them (never served whole).
+SHARED = CollectorRegistry(auto_describe=True)
+
+_REGISTRIES: dict[str, CollectorRegistry] = {}
+_LOCK = threading.Lock()
+
+
+def build_info() -> tuple[str, str, str]:
+    """``(version, revision, python)`` of this build: the distribution's version, the source revision
+    from ``CONNECTOR_BUILD_REVISION`` (set by the image build; ``unknown`` otherwise), the Python
+    version."""
+    try:
+        version = metadata.version("connector-runtime")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    revision = os.environ.get("CONNECTOR_BUILD_REVISION", "").strip()[:40] or "unknown"
+    return version, revision, platform.python_version()
+
+
+class _BuildInfo(Collector):
+    def __init__(self) -> None:
+        self._labels = list(build_info())
+
+    def collect(self) -> Iterable[Metric]:
+        g = GaugeMetricFamily(
+            "connector_build_info",
+            "Always 1: the version, source revision and Python version of this service's build",
+            labels=["version", "revision", "python"],
+        )
+        g.add_metric(self._labels, 1)
+        return [g]
+
+
+class _SharedView(Collector):
+    """The samples of ``SHARED`` families whose ``service`` label is this service."""
+
+    def __init__(self, service: str) -> None:
+        self._service = service
+
+    def collect(self) -> Iterable[Metric]:
+        out = []
+        for family in SHARED.collect():
+            mine = [s for s in family.samples if s.labels.get("service") == self._service]
+            if not mine:
+                continue
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = mine
+            out.append(copy)
+        return out
+
+
+def registry(service: str) -> CollectorRegistry:
+    """The registry of ``service`` (created on first use): what its ``/metrics`` endpoint serves."""
+    with _LOCK:
+        reg = _REGISTRIES.get(service)
+        if reg is None:
+            reg = CollectorRegistry(auto_describe=True)
+            for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+                reg.register(standard)
+            reg.register(_BuildInfo())
+            reg.register(_SharedView(service))
+            _REGISTRIES[service] = reg
+        return reg
+
+
+T = TypeVar("T")
+
+
+class PerService(Generic[T]):
+    """Families that shared code records for whichever service runs it, one set per service
+    registry: ``GRPC = PerService(make)``; ``GRPC("executor")`` is ``make(registry("executor"))``,
+    made once."""
+
+    def __init__(self, make: Callable[[CollectorRegistry], T]) -> None:
+        self._make = make
+        self._made: dict[str, T] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, service: str) -> T:
+        made = self._made.get(service)
+        if made is None:
+            with self._lock:
+                made = self._made.get(service)
+                if made is None:
+                    made = self._made[service] = self._make(registry(service))
+        return made
 
 
 class _CallbackCollector(Collector):
@@ -30,26 +145,27 @@ class _CallbackCollector(Collector):
 
 
 def register_callback(fn: Callable[[], Iterable[GaugeMetricFamily]]) -> Collector:
-    """Register a collector evaluated at scrape time (for gauges read from live objects)."""
+    """Register a collector evaluated at scrape time (gauges read from live objects) in ``SHARED``:
+    its families must carry a ``service`` label."""
     collector = _CallbackCollector(fn)
-    REGISTRY.register(collector)
+    SHARED.register(collector)
     return collector
 
 
 def unregister(collector: Collector) -> None:
     try:
-        REGISTRY.unregister(collector)
+        SHARED.unregister(collector)
     except KeyError:
         pass
 
 
-def serve(port: int, host: str = "127.0.0.1") -> Any:
-    """Start the metrics endpoint (``/metrics``) on ``port`` (0 picks a free one); returns the
-    server (its ``server_address[1]`` is the bound port; ``stop_server`` ends it), or None when
-    ``port`` is negative (no endpoint)."""
+def serve(port: int, host: str = "127.0.0.1", *, service: str) -> Any:
+    """Start ``service``'s metrics endpoint (``/metrics``, its own registry) on ``port`` (0 picks a
+    free one); returns the server (its ``server_address[1]`` is the bound port; ``stop_server`` ends
+    it), or None when ``port`` is negative (no endpoint)."""
     if port < 0:
         return None
-    server, _thread = start_http_server(port, addr=host)
+    server, _thread = start_http_server(port, addr=host, registry=registry(service))
     return server
 
 

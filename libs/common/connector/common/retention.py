@@ -55,7 +55,7 @@ import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 
 from connector.common.background import BackgroundJob
-from connector.common.metrics import LATENCY_BUCKETS
+from connector.common.metrics import LATENCY_BUCKETS, registry
 from connector.common.store import admin_requests, deliveries, receipts
 
 log = logging.getLogger("connector.retention")
@@ -84,20 +84,28 @@ KEEP_REASONS = (
     "locked",  # a row of the chunk was locked by another transaction; re-checked next sweep
 )
 
+#: Retention runs in the executor (ADR 009): its families are the executor's (``connector retention
+#: sweep`` records them too, unserved).
+_REGISTRY = registry("executor")
 RETENTION_DELETED = Counter(
-    "connector_retention_deleted_total", "Rows deleted by the retention sweep", ["table"]
+    "connector_retention_deleted_total", "Rows deleted by the retention sweep", ["table"], registry=_REGISTRY
 )
 RETENTION_SWEEP_SECONDS = Histogram(
     "connector_retention_sweep_seconds",
     "Duration of retention sweeps (lock held)",
     buckets=(*LATENCY_BUCKETS, 30.0, 60.0, 300.0, 900.0),
+    registry=_REGISTRY,
 )
 RETENTION_RUNS = Counter(
-    "connector_retention_runs_total", "Retention sweep rounds by result (done, busy, error)", ["result"]
+    "connector_retention_runs_total",
+    "Retention sweep rounds by result (done, busy, error)",
+    ["result"],
+    registry=_REGISTRY,
 )
 RETENTION_OLDEST_AGE = Gauge(
     "connector_retention_oldest_receipt_age_seconds",
     "Age of the oldest ingress receipt left after the last sweep (0: none)",
+    registry=_REGISTRY,
 )
 for _table in TABLES:
     RETENTION_DELETED.labels(_table)

@@ -39,7 +39,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from psycopg import sql
 
 from connector.common.background import BackgroundJob
-from connector.common.metrics import LATENCY_BUCKETS
+from connector.common.metrics import LATENCY_BUCKETS, SHARED
 
 log = logging.getLogger("connector.upkeep")
 
@@ -51,25 +51,32 @@ UPKEEP_ACTIVE = Gauge(
     "connector_upkeep_active",
     "1 when this process vacuums/analyzes the table (autovacuum off for it, or mode on), else 0",
     ["service", "table"],
+    registry=SHARED,
 )
 UPKEEP_DEAD_ROWS = Gauge(
     "connector_upkeep_dead_rows",
     "Dead row versions of the table at the last upkeep check (pg_stat_user_tables.n_dead_tup)",
     ["service", "table"],
+    registry=SHARED,
 )
 UPKEEP_RUNS = Counter(
-    "connector_upkeep_runs_total", "VACUUM / ANALYZE runs done by this process", ["service", "table", "op"]
+    "connector_upkeep_runs_total",
+    "VACUUM / ANALYZE runs done by this process",
+    ["service", "table", "op"],
+    registry=SHARED,
 )
 UPKEEP_SECONDS = Histogram(
     "connector_upkeep_seconds",
     "Duration of upkeep VACUUM / ANALYZE runs",
     ["service", "table", "op"],
     buckets=(*LATENCY_BUCKETS, 30.0, 60.0, 300.0),
+    registry=SHARED,
 )
 UPKEEP_ERRORS = Counter(
     "connector_upkeep_errors_total",
     "Upkeep runs that failed or were refused (permission, lock timeout, connection)",
     ["service", "table"],
+    registry=SHARED,
 )
 
 # One row per owned table: the activity counters and what decides whether autovacuum covers it.

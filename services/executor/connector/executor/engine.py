@@ -322,8 +322,11 @@ class Engine:
     async def _discover(self, conn: AsyncConnection[Any], now: float) -> None:
         rows = await work_items.work_item_ready_groups(conn)
         new = {r[0] for r in rows} - self.known_packs
-        if new and (self.cfg.pack_weights or self.cfg.pack_budgets):
-            self.scheduler.set_pack_names(await work_items.pack_names(conn))
+        if new:
+            names = await work_items.pack_names(conn)
+            m.PACK_NAMES.update(names)  # the metrics' pack label is the name
+            if self.cfg.pack_weights or self.cfg.pack_budgets:
+                self.scheduler.set_pack_names(names)
         self.known_packs |= new
         self.scheduler.observe(rows, now)
 
@@ -346,7 +349,7 @@ class Engine:
             g, n = alloc[0]
             self.scheduler.record(g, n, len(rows))
             if rows:
-                m.CLAIMED.labels(str(g.pack), g.queue_class).inc(len(rows))
+                m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
         else:
             got: dict[tuple[int, str], int] = {}
             for r in rows:
@@ -356,7 +359,7 @@ class Engine:
                 c = got.get(g.key, 0)
                 self.scheduler.record(g, n, c)
                 if c:
-                    m.CLAIMED.labels(str(g.pack), g.queue_class).inc(c)
+                    m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
         if not rows:
             return
         registry = self.registry
@@ -448,8 +451,11 @@ class Engine:
                 if handler is None:
                     out: Outcome | None = _unknown_outcome(rt)
                 else:
-                    ctx._t0 = monotonic()
-                    out = await handler(ctx)
+                    ctx._t0 = t0 = monotonic()
+                    try:
+                        out = await handler(ctx)
+                    finally:
+                        m.handler_seconds(ctx.installed_pack_id, ctx.work_type).observe(monotonic() - t0)
             except asyncio.CancelledError:
                 reason = ctx._cancel
                 if reason is None or reason == "shutdown" or me is None:
@@ -650,15 +656,16 @@ class Engine:
         for ctx in batch.ctxs:
             if held.pop(ctx.work_id, None) is not None:
                 hbp[ctx.installed_pack_id] -= 1
-        counts: dict[tuple[int, str], int] = {}
+        counts: dict[tuple[int, str, str], int] = {}
         if res.completed:
-            packs = {c.installed_pack_id for c in batch.ctxs}
-            if len(packs) == 1:
-                counts[(packs.pop(), "succeeded")] = len(res.completed)
+            kinds = {(c.installed_pack_id, c.work_type) for c in batch.ctxs}
+            if len(kinds) == 1:
+                pack, work_type = kinds.pop()
+                counts[(pack, work_type, "succeeded")] = len(res.completed)
             else:
-                pack_of = {c.work_id: c.installed_pack_id for c in batch.ctxs}
+                kind_of = {c.work_id: (c.installed_pack_id, c.work_type) for c in batch.ctxs}
                 for wid in res.completed:
-                    k = (pack_of[wid], "succeeded")
+                    k = (*kind_of[wid], "succeeded")
                     counts[k] = counts.get(k, 0) + 1
         if res.transitions:
             fail = batch.fail
@@ -672,16 +679,16 @@ class Engine:
                 op, delay, cls = info[wid]
                 ctx = by_id[wid]
                 label = "released" if op == FailOp.RELEASE else st
-                k = (ctx.installed_pack_id, label)
+                k = (ctx.installed_pack_id, ctx.work_type, label)
                 counts[k] = counts.get(k, 0) + 1
                 if op != FailOp.RELEASE and cls:
-                    m.FAILURES.labels(cls).inc()
+                    m.failure(ctx.installed_pack_id, ctx.work_type, cls)
                 if st in ("retry", "pending"):
                     due = now + delay if (op == FailOp.RETRY and delay > 0) else 0.0
                     self.scheduler.note_due(ctx.installed_pack_id, ctx.queue_class, due)
             self._wake.set()
-        for (pack, label), c in counts.items():
-            m.OUTCOMES.labels(str(pack), label).inc(c)
+        for (pack, work_type, label), c in counts.items():
+            m.OUTCOMES.labels(m.pack_label(pack), m.work_type_label(work_type), label).inc(c)
         m.HELD.set(len(held))
         self._space()
 

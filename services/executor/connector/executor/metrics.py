@@ -1,6 +1,7 @@
-"""Executor metrics (Prometheus). Labels: pack ids, queue classes, states, operations and failure
-classes from fixed vocabularies — never payloads, tokens or keys. Hot-path counters are incremented
-once per batch, not per item.
+"""Executor metrics (Prometheus). Labels: pack *names* (``pack_label``), work types and queue classes of
+installed manifests, states, operations and failure classes (bounded: ``failure_class_label``) —
+never payloads, tokens or keys. Hot-path counters are incremented once per batch, not per item; the
+handler-duration histogram once per execution (its labelled child is cached).
 
 Queue depth, oldest ready age, blocked lanes and active claimants are sampled from the database by
 ``stats.py`` every ``stats_interval_s`` (diagnostics, never an input of the claim loop); the DB pool
@@ -9,71 +10,178 @@ gauges come from ``connector.common.db`` (``service="executor"``).
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
+from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
+
+#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.metrics).
+REGISTRY = registry("executor")
 
 CLAIM_STATEMENTS = Counter(
-    "connector_executor_claim_statements_total", "Claim statements executed (claim QPS)", ["result"]
+    "connector_executor_claim_statements_total",
+    "Claim statements executed (claim QPS)",
+    ["result"],
+    registry=REGISTRY,
 )
 CLAIM_SECONDS = Histogram(
-    "connector_executor_claim_seconds", "Claim statement latency", buckets=LATENCY_BUCKETS
+    "connector_executor_claim_seconds", "Claim statement latency", buckets=LATENCY_BUCKETS, registry=REGISTRY
 )
 CLAIM_BATCH = Histogram(
-    "connector_executor_claim_batch_size", "Items per claim statement", buckets=BATCH_BUCKETS
+    "connector_executor_claim_batch_size",
+    "Items per claim statement",
+    buckets=BATCH_BUCKETS,
+    registry=REGISTRY,
 )
-CLAIMED = Counter("connector_executor_claimed_total", "Items claimed", ["pack", "queue_class"])
+CLAIMED = Counter(
+    "connector_executor_claimed_total", "Items claimed", ["pack", "queue_class"], registry=REGISTRY
+)
 FINALIZE_SECONDS = Histogram(
-    "connector_executor_finalize_seconds", "Finalize flush latency", ["lanes"], buckets=LATENCY_BUCKETS
+    "connector_executor_finalize_seconds",
+    "Finalize flush latency",
+    ["lanes"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 FINALIZE_BATCH = Histogram(
-    "connector_executor_finalize_batch_size", "Items per finalize flush", buckets=BATCH_BUCKETS
+    "connector_executor_finalize_batch_size",
+    "Items per finalize flush",
+    buckets=BATCH_BUCKETS,
+    registry=REGISTRY,
 )
 OUTCOMES = Counter(
     "connector_executor_outcomes_total",
-    "Finalized items by written state (succeeded, retry, dead, released)",
-    ["pack", "state"],
+    "Finalized items by pack, work type and written state (succeeded, retry, dead, pending, released)",
+    ["pack", "work_type", "state"],
+    registry=REGISTRY,
 )
 FAILURES = Counter(
-    "connector_executor_failures_total", "Failed executions by failure class", ["failure_class"]
+    "connector_executor_failures_total",
+    "Failed executions by pack, work type and failure class",
+    ["pack", "work_type", "failure_class"],
+    registry=REGISTRY,
+)
+HANDLER_SECONDS = Histogram(
+    "connector_executor_handler_seconds",
+    "Handler execution time (start of the call to its outcome, timeouts and errors included)",
+    ["pack", "work_type"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 STALE = Counter(
     "connector_executor_stale_token_rejections_total",
     "Fenced writes that matched no row: the lease was lost to another claimer",
     ["op"],
+    registry=REGISTRY,
 )
 ABANDONED = Counter(
-    "connector_executor_abandoned_total", "Items this process abandoned after losing their lease"
+    "connector_executor_abandoned_total",
+    "Items this process abandoned after losing their lease",
+    registry=REGISTRY,
 )
 RECLAIMED = Counter(
-    "connector_executor_lease_reclaims_total", "Expired leases reclaimed by this process", ["state"]
+    "connector_executor_lease_reclaims_total",
+    "Expired leases reclaimed by this process",
+    ["state"],
+    registry=REGISTRY,
 )
-RENEWED = Counter("connector_executor_lease_renewals_total", "Leases renewed")
+RENEWED = Counter("connector_executor_lease_renewals_total", "Leases renewed", registry=REGISTRY)
 DEADLOCK_RETRIES = Counter(
-    "connector_executor_deadlock_retries_total", "Statements retried after a deadlock (should stay ~0)"
+    "connector_executor_deadlock_retries_total",
+    "Statements retried after a deadlock (should stay ~0)",
+    registry=REGISTRY,
 )
 LANE_PROMOTIONS = Counter(
-    "connector_executor_lane_promotions_total", "Lane members made runnable by this process's finalizes"
+    "connector_executor_lane_promotions_total",
+    "Lane members made runnable by this process's finalizes",
+    registry=REGISTRY,
 )
-SLOTS_IN_USE = Gauge("connector_executor_slots_in_use", "Executor slots running a handler")
-SLOTS = Gauge("connector_executor_slots", "Executor slots (workers)")
-HELD = Gauge("connector_executor_held_items", "Items claimed by this process (running + prefetched)")
-ERRORS = Counter("connector_executor_loop_errors_total", "Unexpected errors in executor loops", ["loop"])
+SLOTS_IN_USE = Gauge("connector_executor_slots_in_use", "Executor slots running a handler", registry=REGISTRY)
+SLOTS = Gauge("connector_executor_slots", "Executor slots (workers)", registry=REGISTRY)
+HELD = Gauge(
+    "connector_executor_held_items", "Items claimed by this process (running + prefetched)", registry=REGISTRY
+)
+ERRORS = Counter(
+    "connector_executor_loop_errors_total", "Unexpected errors in executor loops", ["loop"], registry=REGISTRY
+)
 
 # Sampled by stats.py
 QUEUE_DEPTH = Gauge(
     "connector_executor_queue_depth",
     "WorkItems by pack, queue class and state",
     ["pack", "queue_class", "state"],
+    registry=REGISTRY,
 )
 OLDEST_READY_AGE = Gauge(
-    "connector_executor_oldest_ready_age_seconds", "Age of the oldest due item", ["pack", "queue_class"]
+    "connector_executor_oldest_ready_age_seconds",
+    "Age of the oldest due item",
+    ["pack", "queue_class"],
+    registry=REGISTRY,
 )
 BLOCKED_LANES = Gauge(
     "connector_executor_blocked_lanes",
     "Lanes held by a dead head or a head waiting to retry",
     ["pack", "reason"],
+    registry=REGISTRY,
 )
 ACTIVE_CLAIMANTS = Gauge(
-    "connector_executor_active_claimants", "Registered claim-capable processes with a fresh heartbeat"
+    "connector_executor_active_claimants",
+    "Registered claim-capable processes with a fresh heartbeat",
+    registry=REGISTRY,
 )
+
+
+# --------------------------------------------------------------------------------------------------
+# Bounded label values
+# --------------------------------------------------------------------------------------------------
+
+#: installed_pack_id -> pack name (``connector_installed_pack.name``), filled by the engine when it
+#: discovers packs and by the stats sampler.
+PACK_NAMES: dict[int, str] = {}
+#: The label value of anything over the bounds below (a handler inventing failure classes).
+OTHER = "other"
+_LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+MAX_FAILURE_CLASSES = 64
+MAX_WORK_TYPES = 256
+_failure_classes: set[str] = set()
+_work_types: set[str] = set()
+_handler_children: dict[tuple[int, str], Histogram] = {}
+
+
+def pack_label(pack: int) -> str:
+    """The pack's name (installed names are unique); ``pack-<id>`` until the name is known."""
+    return PACK_NAMES.get(pack) or f"pack-{pack}"
+
+
+def _bounded(value: str, seen: set[str], limit: int) -> str:
+    if value in seen:
+        return value
+    if len(seen) >= limit or not _LABEL_RE.fullmatch(value):
+        return OTHER
+    seen.add(value)
+    return value
+
+
+def work_type_label(work_type: str) -> str:
+    """Work types come from installed manifests; bounded anyway (``other`` past ``MAX_WORK_TYPES``)."""
+    return _bounded(work_type, _work_types, MAX_WORK_TYPES)
+
+
+def failure_class_label(failure_class: str) -> str:
+    """Failure classes are chosen by handlers: at most ``MAX_FAILURE_CLASSES`` distinct values of a
+    safe shape are exported, anything else is ``other``."""
+    return _bounded(failure_class, _failure_classes, MAX_FAILURE_CLASSES)
+
+
+def handler_seconds(pack: int, work_type: str) -> Histogram:
+    child = _handler_children.get((pack, work_type))
+    if child is None:
+        child = HANDLER_SECONDS.labels(pack_label(pack), work_type_label(work_type))
+        if pack in PACK_NAMES:  # cache only under the final label
+            _handler_children[(pack, work_type)] = child
+    return child
+
+
+def failure(pack: int, work_type: str, failure_class: str) -> None:
+    FAILURES.labels(pack_label(pack), work_type_label(work_type), failure_class_label(failure_class)).inc()

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
@@ -37,6 +37,7 @@ from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorS
 from connector.common.upkeep import Upkeep, UpkeepConfig
 from connector.executor import stats
 from connector.executor.engine import Engine, engine_config_from_settings
+from connector.executor.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +205,7 @@ class ExecutorService:
             authenticate=authenticate,
             protected_prefixes=protected,
             credentials=credentials,
+            service=SERVICE,
         )
         if admin_api is not None:
             from connector.executor import admin

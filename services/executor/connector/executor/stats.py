@@ -18,17 +18,18 @@ from connector.executor import metrics as m
 
 
 async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
+    m.PACK_NAMES.update(await work_items.pack_names(conn))  # the pack label is the name
     depth = await work_items.work_item_queue_depth(conn)
     m.QUEUE_DEPTH.clear()
     for pack, qc, state, n in depth:
-        m.QUEUE_DEPTH.labels(str(pack), qc, state).set(n)
+        m.QUEUE_DEPTH.labels(m.pack_label(pack), qc, state).set(n)
     groups = await work_items.work_item_ready_groups(conn)
     m.OLDEST_READY_AGE.clear()
     for pack, qc, due_in in groups:
-        m.OLDEST_READY_AGE.labels(str(pack), qc).set(max(0.0, -due_in))
+        m.OLDEST_READY_AGE.labels(m.pack_label(pack), qc).set(max(0.0, -due_in))
     m.BLOCKED_LANES.clear()
     for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
-        m.BLOCKED_LANES.labels(str(pack), "dead_head").set(dead_head)
-        m.BLOCKED_LANES.labels(str(pack), "retry_wait").set(retry_wait)
+        m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)
+        m.BLOCKED_LANES.labels(m.pack_label(pack), "retry_wait").set(retry_wait)
     claimants = await process_list(conn, capability="work_item", fresh_within_s=3 * heartbeat_s)
     m.ACTIVE_CLAIMANTS.set(len(claimants))

@@ -56,7 +56,7 @@ DEFAULT_FAILURE_STATUS: Final = 503
 class Outcome:
     """The answer to one delivery."""
 
-    __slots__ = ("allow", "outcome", "reason", "receipt_id", "retry_after", "status")
+    __slots__ = ("allow", "outcome", "reason", "receipt_id", "retry_after", "route", "status")
 
     def __init__(
         self,
@@ -74,6 +74,8 @@ class Outcome:
         self.receipt_id = receipt_id
         self.retry_after = retry_after
         self.allow = allow
+        #: The installed route it was answered for (the metrics' namespace/route labels), if any.
+        self.route: CompiledRoute | None = None
 
     @property
     def ok(self) -> bool:
@@ -131,6 +133,7 @@ class Admission:
         self._inflight: dict[str, int] = {}
         self.inflight_total = 0
         self._counters: dict[tuple[str, str, str], Counter] = {}
+        self._route_counters: dict[tuple[str, str, str], Counter] = {}
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -140,6 +143,17 @@ class Admission:
         if child is None:
             child = self._counters[key] = metrics.DELIVERIES.labels(*key)
         child.inc()
+        # By route: only installed routes are label values; any other path counts as one value.
+        route = outcome.route
+        rkey = (
+            (route.namespace, route.route_key, outcome.outcome)
+            if route is not None
+            else (metrics.UNKNOWN_ROUTE, metrics.UNKNOWN_ROUTE, outcome.outcome)
+        )
+        rchild = self._route_counters.get(rkey)
+        if rchild is None:
+            rchild = self._route_counters[rkey] = metrics.ROUTE_DELIVERIES.labels(*rkey)
+        rchild.inc()
         return outcome
 
     def reject(self, reason: str, *, allow: str | None = None) -> Outcome:
@@ -158,15 +172,25 @@ class Admission:
         route = self.routes.get(namespace, route_key)
         if route is None:
             return self.reject(ROUTE_NOT_FOUND)
+        refused: Outcome | None = None
         if method != route.method:
-            return self.reject(METHOD_NOT_ALLOWED, allow=route.method)
-        if content_length is not None and content_length > self.max_body_bytes:
-            return self.reject(BODY_TOO_LARGE)
-        if route.unavailable is not None:
-            return self.unavailable(route, route.unavailable)
+            refused = self.reject(METHOD_NOT_ALLOWED, allow=route.method)
+        elif content_length is not None and content_length > self.max_body_bytes:
+            refused = self.reject(BODY_TOO_LARGE)
+        elif route.unavailable is not None:
+            refused = self.unavailable(route, route.unavailable)
+        if refused is not None:
+            refused.route = route
+            return refused
         return route
 
-    async def admit(
+    async def admit(self, route: CompiledRoute, **kwargs: Any) -> Outcome:
+        """``_admit`` (arguments as there), its outcome tagged with the route for the metrics."""
+        outcome = await self._admit(route, **kwargs)
+        outcome.route = route
+        return outcome
+
+    async def _admit(
         self,
         route: CompiledRoute,
         *,

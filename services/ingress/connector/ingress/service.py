@@ -27,7 +27,7 @@ import threading
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
@@ -121,7 +121,9 @@ class IngressService:
             metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
             metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
 
-            self._grpc = GrpcServer(host=s.grpc_host, port=s.grpc_port, reuse_port=self._reuse_port)
+            self._grpc = GrpcServer(
+                host=s.grpc_host, port=s.grpc_port, reuse_port=self._reuse_port, service=SERVICE
+            )
             self._grpc.add(
                 ingress_servicer.register,
                 ingress_servicer.IngressServicer(admission, public_base_url=s.public_base_url),
@@ -141,7 +143,7 @@ class IngressService:
 
             if self._serve_metrics:
                 metrics_server, thread = start_http_server(
-                    s.metrics_port, addr=s.metrics_host, registry=REGISTRY
+                    s.metrics_port, addr=s.metrics_host, registry=metrics.REGISTRY
                 )
                 self._metrics_server, self._metrics_thread = metrics_server, thread
                 self.metrics_port = int(metrics_server.server_address[1])

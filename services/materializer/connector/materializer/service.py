@@ -142,10 +142,12 @@ class MaterializerService:
         self._tasks.append(asyncio.create_task(self._sample_lag(), name="materializer-lag"))
         self.upkeep = Upkeep(self.url, "materializer", UPKEEP_TABLES, UpkeepConfig.from_settings(self.cfg))
         self.upkeep.start()
-        self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port)
+        self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port, service="materializer")
         await self._grpc.start()
         self.grpc_port = self._grpc.port
-        self._metrics_server = common_metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+        self._metrics_server = common_metrics.serve(
+            self.cfg.metrics_port, self.cfg.metrics_host, service="materializer"
+        )
         self.metrics_port = int(self._metrics_server.server_address[1]) if self._metrics_server else -1
 
     async def _check_horizon_visibility(self, conn: psycopg.AsyncConnection[Any]) -> None:

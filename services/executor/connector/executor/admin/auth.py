@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from connector.common.settings import AdminSettings, SettingsError
 from connector.executor.admin.errors import Reason, permission_denied, unauthenticated
+from connector.executor.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ AUTH_FAILURES = Counter(
     "connector_admin_auth_failures_total",
     "Admin API calls refused by authentication or authorization",
     ["reason"],
+    registry=REGISTRY,
 )
 
 
