@@ -19,7 +19,7 @@ from connector.common.settings import (
     IngressSettings,
     MaterializerSettings,
 )
-from connector.executor import cutover
+from connector.common.store import processes
 from connector.executor.legacy import service_scope
 from connector.executor.service import ExecutorService
 from connector.ingress.service import IngressService
@@ -192,8 +192,8 @@ async def test_running_services_register_and_only_executors_count_as_claimers(
             0,
         )
         params = {"stale_s": 30.0, "scope": service_scope(pack, 1)}
-        assert await seed.one(cutover.PROCESS_WORK_ITEM_FRESH, params) == 1
-        assert await (await seed.conn.execute(cutover.PROCESS_LEGACY_FRESH, params)).fetchall() == []
+        assert await seed.one(processes.PROCESS_COUNT_WORK_ITEM_FRESH, params) == 1
+        assert await (await seed.conn.execute(processes.PROCESS_LIST_LEGACY_FRESH, params)).fetchall() == []
 
         # A clean stop deregisters: the row is gone, the others stay.
         await ingress.stop()

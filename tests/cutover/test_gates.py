@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.store import work_items
+from connector.common.store import authority, work_items
+from connector.common.store import legacy as legacy_store
 from connector.executor import cutover, legacy
 from connector.executor.legacy import LegacyOutcomeError, legacy_outcome_resolve
 
@@ -35,7 +36,7 @@ async def _work_item_claims(rig: Rig) -> tuple[int, int]:
 
 async def _legacy_lease(rig: Rig, owner: str = "probe", lease_s: float = 30.0) -> int | None:
     params = {"pack": rig.pack, "generation": rig.generation, "owner": owner, "lease_s": lease_s}
-    row = await (await rig.conn.execute(legacy.SCHEDULER_LEASE_ACQUIRE, params)).fetchone()
+    row = await (await rig.conn.execute(authority.SCHEDULER_LEASE_ACQUIRE, params)).fetchone()
     return None if row is None else int(row[0])
 
 
@@ -92,7 +93,7 @@ async def test_claims_fail_closed_in_every_phase_but_their_own(rig: Rig) -> None
         "pack": rig.pack, "generation": rig.generation, "owner": "probe", "lease_token": token,
         "limit": 10, "lease_s": 30.0,
     }  # fmt: skip
-    assert (await (await rig.conn.execute(legacy.EVENT_LEGACY_CLAIM_BATCH, params)).fetchall()) == []
+    assert (await (await rig.conn.execute(legacy_store.EVENT_LEGACY_CLAIM_BATCH, params)).fetchall()) == []
 
 
 async def test_an_authority_change_waits_for_claim_transactions_in_flight(rig: Rig) -> None:
@@ -200,7 +201,7 @@ async def test_final_attempt_that_lost_its_lease_is_unknown_not_retried(rig: Rig
         "pack": rig.pack, "generation": rig.generation, "owner": "dead-holder", "lease_token": token,
         "limit": 10, "lease_s": 0.2,
     }  # fmt: skip
-    assert len(await (await rig.conn.execute(legacy.EVENT_LEGACY_CLAIM_BATCH, params)).fetchall()) == 1
+    assert len(await (await rig.conn.execute(legacy_store.EVENT_LEGACY_CLAIM_BATCH, params)).fetchall()) == 1
     lx = await rig.legacy_executor(lease_s=1.0)
     await wait_until(
         lambda: rig.scalar(

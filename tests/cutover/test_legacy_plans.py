@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from connector.common import testdb
-from connector.executor import legacy
+from connector.common.store import legacy as legacy_store
 from tests.executor import seed
 from tests.plans import assert_update_reads_by_key, prepared_explain
 
@@ -56,7 +56,7 @@ def test_legacy_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
         db.execute("VACUUM ANALYZE connector_event")
         db.execute("SET plan_cache_mode = force_generic_plan")
         params = {"pack": pack, "generation": 1, "owner": "o", "lease_token": 1, "limit": 64, "lease_s": 30.0}
-        nodes = prepared_explain(db, "claim", legacy.EVENT_LEGACY_CLAIM_BATCH, params)
+        nodes = prepared_explain(db, "claim", legacy_store.EVENT_LEGACY_CLAIM_BATCH, params)
         assert nodes()[0]["Actual Rows"] == 0  # nothing pending: the generic plan is made here
         db.execute(
             PACK_EVENTS, {"tag": "due-", "n": 30_000, "pack": pack, "route": route_id, "state": "pending"}

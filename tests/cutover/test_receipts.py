@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from connector.common.store import authority
+from connector.common.store import legacy as legacy_store
 from connector.executor import cutover, legacy
 from connector.executor.legacy import legacy_outcome_project, outcome_digest
 
@@ -28,10 +30,10 @@ async def _claim(rig: Rig, owner: str, limit: int, lease_s: float = 30.0) -> lis
         "owner": owner,
         "lease_s": lease_s,
     }
-    row = await (await rig.conn.execute(legacy.SCHEDULER_LEASE_ACQUIRE, params)).fetchone()
+    row = await (await rig.conn.execute(authority.SCHEDULER_LEASE_ACQUIRE, params)).fetchone()
     assert row is not None, "scheduler lease acquired"
     cur = await rig.conn.execute(
-        legacy.EVENT_LEGACY_CLAIM_BATCH, {**params, "lease_token": row[0], "limit": limit}
+        legacy_store.EVENT_LEGACY_CLAIM_BATCH, {**params, "lease_token": row[0], "limit": limit}
     )
     return [(int(r[0]), int(r[1]), int(r[2])) for r in await cur.fetchall()]
 
@@ -40,7 +42,7 @@ async def _finalize(rig: Rig, event_id: int, token: int, outcome: str = "succeed
     cls = None if outcome == "succeeded" else "permanent_test"
     row = await (
         await rig.conn.execute(
-            legacy.EVENT_LEGACY_FINALIZE,
+            legacy_store.EVENT_LEGACY_FINALIZE,
             {
                 "event_id": event_id,
                 "token": token,
@@ -117,7 +119,9 @@ async def test_duplicate_terminal_delivery_and_repeated_projection_change_nothin
     lease_token = await rig.scalar(
         "SELECT token FROM connector_scheduler_lease WHERE installed_pack_id = %s", (rig.pack,)
     )
-    cur = await rig.conn.execute(legacy.EVENT_LEGACY_RECLAIM_EXPIRED, {**params, "lease_token": lease_token})
+    cur = await rig.conn.execute(
+        legacy_store.EVENT_LEGACY_RECLAIM_EXPIRED, {**params, "lease_token": lease_token}
+    )
     assert [int(r[0]) for r in await cur.fetchall()] == [events[1]]
     reclaimed = await _claim(rig, "holder-a", 10)
     assert [e for e, _, _ in reclaimed] == [events[1]]

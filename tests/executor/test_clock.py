@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     *sorted((ROOT / "services/executor/connector/executor").rglob("*.py")),
     ROOT / "libs/common/connector/common/process_registry.py",
+    ROOT / "libs/common/connector/common/listener.py",
+    *sorted((ROOT / "libs/common/connector/common/store").glob("*.py")),
 ]
 WALL_CLOCK = {
     ("time", "time"),

@@ -1,4 +1,5 @@
-"""Process registry: every running service process has a ``connector_process`` row.
+"""Process registry: every running service process has a ``connector_process`` row (statements:
+``connector.common.store.processes``; this module holds the registering actor).
 
 The row says what the process may do (``claim_capability``: ``work_item`` for executors on the
 WorkItem path, ``legacy_event`` for the compatibility path, ``none`` for ingress, materializer and
@@ -20,58 +21,23 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
 from importlib import metadata
-from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.runtime import cancel_task
+from connector.common.store.processes import (
+    ProcessRow,
+    process_deregister,
+    process_heartbeat,
+    process_list,
+    process_prune_stale,
+    process_register,
+)
 
 log = logging.getLogger(__name__)
 
 CAPABILITIES = ("work_item", "legacy_event", "none")
-
-PROCESS_REGISTER = """
-INSERT INTO connector_process (process_id, service, hostname, pid, version, claim_capability,
-  started_at, heartbeat_at)
-VALUES (%(process_id)s, %(service)s, %(hostname)s, %(pid)s, %(version)s, %(capability)s, now(), now())
-ON CONFLICT (process_id) DO UPDATE SET heartbeat_at = now()
-"""
-
-PROCESS_HEARTBEAT = "UPDATE connector_process SET heartbeat_at = now() WHERE process_id = %(process_id)s"
-
-PROCESS_DEREGISTER = "DELETE FROM connector_process WHERE process_id = %(process_id)s"
-
-PROCESS_PRUNE_STALE = """
-DELETE FROM connector_process
-WHERE heartbeat_at < now() - make_interval(secs => %(older_than_s)s) AND process_id <> %(process_id)s
-"""
-
-PROCESS_LIST = """
-SELECT process_id, service, hostname, pid, version, claim_capability, started_at, heartbeat_at,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
-FROM connector_process
-WHERE (%(capability)s::text IS NULL OR claim_capability = %(capability)s::text)
-  AND (%(fresh_within_s)s::float8 IS NULL
-       OR heartbeat_at >= now() - make_interval(secs => %(fresh_within_s)s::float8))
-ORDER BY started_at, process_id
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessRow:
-    process_id: str
-    service: str
-    hostname: str
-    pid: int
-    version: str
-    claim_capability: str
-    started_at: datetime
-    heartbeat_at: datetime
-    heartbeat_age_s: float
 
 
 def runtime_version() -> str:
@@ -79,32 +45,6 @@ def runtime_version() -> str:
         return metadata.version("connector-runtime")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "0+unknown"
-
-
-async def process_register(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    await conn.execute(PROCESS_REGISTER, row)
-
-
-async def process_heartbeat(conn: AsyncConnection[Any], process_id: str) -> bool:
-    """True when the row was still there (False: it was pruned; the caller re-registers)."""
-    cur = await conn.execute(PROCESS_HEARTBEAT, {"process_id": process_id})
-    return cur.rowcount == 1
-
-
-async def process_deregister(conn: AsyncConnection[Any], process_id: str) -> None:
-    await conn.execute(PROCESS_DEREGISTER, {"process_id": process_id})
-
-
-async def process_prune_stale(conn: AsyncConnection[Any], older_than_s: float, keep: str = "") -> int:
-    cur = await conn.execute(PROCESS_PRUNE_STALE, {"older_than_s": older_than_s, "process_id": keep})
-    return cur.rowcount
-
-
-async def process_list(
-    conn: AsyncConnection[Any], *, capability: str | None = None, fresh_within_s: float | None = None
-) -> list[ProcessRow]:
-    cur = await conn.execute(PROCESS_LIST, {"capability": capability, "fresh_within_s": fresh_within_s})
-    return [ProcessRow(*row) for row in await cur.fetchall()]
 
 
 class ProcessRegistration:
@@ -165,3 +105,6 @@ class ProcessRegistration:
                 await process_deregister(conn, self.process_id)
         except Exception as exc:
             log.warning("process deregistration failed", extra={"exc_type": type(exc).__name__})
+
+
+__all__ = ["CAPABILITIES", "ProcessRegistration", "ProcessRow", "process_list", "runtime_version"]

@@ -7,8 +7,7 @@ catch-all, which gives generic plans that ignore the partial indexes) and pagina
   state = 'dead', newest finish first: ``ORDER BY finished_at DESC, work_id DESC``;
 * failed receipts: ``ix_connector_ingress_receipt_failed`` (namespace, receipt_id) WHERE
   router_status = 'failed', newest first;
-* processes: the primary key of ``connector_process`` (one row per running service process, a
-  small table), ``ORDER BY process_id``; heartbeat age and staleness come from the database clock.
+* processes: ``connector.common.store.processes.process_list_page`` (keyset on the primary key).
 """
 
 from __future__ import annotations
@@ -20,7 +19,17 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from connector.common.store.processes import process_list_page as process_list
 from connector.executor.admin.convert import EVENT_COLUMNS, RECEIPT_COLUMNS, WORK_ITEM_COLUMNS
+
+__all__ = [
+    "DeadLetterFilter",
+    "dead_letter_list",
+    "process_list",
+    "receipt_failure_list",
+    "receipt_get",
+    "work_item_get",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,33 +155,3 @@ async def receipt_get(conn: AsyncConnection[Any], receipt_id: int) -> dict[str, 
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(RECEIPT_GET, {"receipt_id": receipt_id})
         return await cur.fetchone()
-
-
-PROCESS_COLUMNS = """
-  p.process_id, p.service, p.hostname, p.pid, p.version, p.claim_capability, p.started_at,
-  p.heartbeat_at, now() - p.heartbeat_at AS heartbeat_age,
-  p.heartbeat_at < now() - make_interval(secs => %(stale_after_s)s::float8) AS stale"""
-
-
-async def process_list(
-    conn: AsyncConnection[Any],
-    service: str | None,
-    *,
-    stale_after_s: float,
-    after: str | None,
-    limit: int,
-) -> list[dict[str, Any]]:
-    """Registered processes by process id (keyset on the primary key), optionally of one service."""
-    clauses: list[str] = []
-    params: dict[str, Any] = {"stale_after_s": stale_after_s, "limit": limit}
-    if service is not None:
-        clauses.append("p.service = %(service)s")
-        params["service"] = service
-    if after is not None:
-        clauses.append("p.process_id > %(after)s")
-        params["after"] = after
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    query = f"SELECT {PROCESS_COLUMNS} FROM connector_process p{where} ORDER BY p.process_id LIMIT %(limit)s"
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, params)
-        return await cur.fetchall()

@@ -30,6 +30,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from connector.common.store.lanes import lane_holding
+from connector.common.store.processes import process_count_by_capability
 from connector.executor.admin.convert import WORK_ITEM_COLUMNS
 
 QUEUE_STATES = ("pending", "blocked", "processing", "retry", "dead", "awaiting_legacy_outcome")
@@ -338,12 +339,6 @@ ORDER BY r.installed_pack_id, r.generation, r.cutover_receipt_id
 """
 
 
-PROCESS_CLAIM_COUNTS = """
-SELECT claim_capability, count(*) AS n FROM connector_process
-WHERE claim_capability <> 'none' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
-GROUP BY claim_capability
-"""
-
 PACK_EXISTS = "SELECT 1 FROM connector_installed_pack WHERE installed_pack_id = %(pack)s"
 
 
@@ -368,6 +363,5 @@ async def cutover_state_get(conn: AsyncConnection[Any], pack: int | None, *, sta
         receipts: dict[tuple[int, int], list[dict[str, Any]]] = {}
         for row in await cur.fetchall():
             receipts.setdefault((int(row["installed_pack_id"]), int(row["generation"])), []).append(row)
-        await cur.execute(PROCESS_CLAIM_COUNTS, params)
-        processes = {str(r["claim_capability"]): int(r["n"]) for r in await cur.fetchall()}
+    processes = await process_count_by_capability(conn, stale_s=stale_s)
     return CutoverState(generations=generations, receipts=receipts, processes=processes)

@@ -1,0 +1,336 @@
+"""Every statement on the claim control plane: ``connector_claim_authority``,
+``connector_cutover_receipt``, ``connector_rollback_fence``, ``connector_scheduler_lease``
+(docs/adr/007-cutover.md, docs/cutover.md).
+
+The authority row of a (pack, generation) names the one claim path that may claim (``claim_path``,
+``phase``). Both paths' claim statements join it ``FOR SHARE``; a transition locks it ``FOR UPDATE``
+(``claim_authority_lock``), which waits for every claim transaction in flight — the lock order of a
+transition is the pack row first (``pack_lock``, held here because it is the first step of that
+protocol), then the authority row. Cutover receipts are immutable and bind a transition's proof;
+rollback fences group the WorkItems a rollback made non-executable. The legacy path's scheduler
+lease is one row per generation with a strictly increasing token.
+
+Reads joined here: the authority with its admitting receipt's kind (``claim_authority_get``,
+``claim_authority_lock``); the claim schema revision (``alembic_version``) and the database clock
+that a receipt's proof records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from connector.common.schema import CHANNEL_PACKS
+
+Conn = AsyncConnection[Any]
+
+# --------------------------------------------------------------------------------------------------
+# Pack row and claim authority (transition lock order: pack, then authority)
+# --------------------------------------------------------------------------------------------------
+
+PACK_LOCK = """
+SELECT installed_pack_id, name, active_generation FROM connector_installed_pack
+WHERE installed_pack_id = %(pack)s FOR UPDATE
+"""
+
+PACK_ACTIVE_GENERATION = (
+    "SELECT active_generation FROM connector_installed_pack WHERE installed_pack_id = %(pack)s"
+)
+
+PACK_RESOLVE = """
+SELECT installed_pack_id, active_generation FROM connector_installed_pack
+WHERE name = %(pack)s OR (%(pack)s ~ '^[0-9]+$' AND installed_pack_id = %(pack)s::bigint)
+"""
+
+CLAIM_AUTHORITY_GET = """
+SELECT a.claim_path, a.phase, a.version, a.cutover_receipt_id, r.kind AS receipt_kind
+FROM connector_claim_authority a
+LEFT JOIN connector_cutover_receipt r ON r.cutover_receipt_id = a.cutover_receipt_id
+WHERE a.installed_pack_id = %(pack)s AND a.generation = %(generation)s
+"""
+
+CLAIM_AUTHORITY_LOCK = """
+SELECT a.claim_path, a.phase, a.version, a.cutover_receipt_id, a.rollback_fence_id, r.kind AS receipt_kind
+FROM connector_claim_authority a
+LEFT JOIN connector_cutover_receipt r ON r.cutover_receipt_id = a.cutover_receipt_id
+WHERE a.installed_pack_id = %(pack)s AND a.generation = %(generation)s
+FOR UPDATE OF a
+"""
+
+CLAIM_AUTHORITY_SET = """
+UPDATE connector_claim_authority
+SET claim_path = %(claim_path)s, phase = %(phase)s, cutover_receipt_id = %(receipt_id)s,
+    rollback_fence_id = %(fence_id)s, version = version + 1, updated_at = clock_timestamp()
+WHERE installed_pack_id = %(pack)s AND generation = %(generation)s
+RETURNING claim_path, phase, version
+"""
+
+# An authority change: ingress and materializer caches reload on ``connector_packs``.
+AUTHORITY_NOTIFY = f"SELECT pg_notify('{CHANNEL_PACKS}', '')"
+
+
+async def pack_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(PACK_LOCK, params)
+    return await cur.fetchone()
+
+
+async def pack_active_generation(conn: Conn, pack: int) -> tuple[bool, int | None]:
+    """``(pack exists, its active generation)``."""
+    cur = await conn.execute(PACK_ACTIVE_GENERATION, {"pack": pack})
+    row = await cur.fetchone()
+    if row is None:
+        return False, None
+    return True, None if row[0] is None else int(row[0])
+
+
+async def pack_resolve(conn: Conn, pack: str) -> tuple[int, int | None] | None:
+    """A pack by name or id: ``(installed_pack_id, active generation)``."""
+    cur = await conn.execute(PACK_RESOLVE, {"pack": pack})
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+async def claim_authority_get(conn: Conn, pack: int, generation: int) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(CLAIM_AUTHORITY_GET, {"pack": pack, "generation": generation})
+    return await cur.fetchone()
+
+
+async def claim_authority_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(CLAIM_AUTHORITY_LOCK, params)
+    return await cur.fetchone()
+
+
+async def claim_authority_set(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
+    """Move the authority (``pack``, ``generation``, ``claim_path``, ``phase``, ``receipt_id``,
+    ``fence_id``); returns the new ``claim_path``, ``phase``, ``version``."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(CLAIM_AUTHORITY_SET, params)
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def authority_notify(conn: Conn) -> None:
+    await conn.execute(AUTHORITY_NOTIFY)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cutover receipts and what their proofs record
+# --------------------------------------------------------------------------------------------------
+
+CUTOVER_RECEIPT_INSERT = """
+INSERT INTO connector_cutover_receipt (installed_pack_id, generation, kind, claim_path, proof, proof_sha256,
+                                       actor)
+VALUES (%(pack)s, %(generation)s, %(kind)s, %(claim_path)s, %(proof)s, %(proof_sha256)s, %(actor)s)
+RETURNING cutover_receipt_id
+"""
+
+CUTOVER_RECEIPT_GET = """
+SELECT cutover_receipt_id, kind, claim_path, proof_sha256, actor, created_at
+FROM connector_cutover_receipt WHERE cutover_receipt_id = %(id)s
+"""
+
+ALEMBIC_REVISION = "SELECT version_num FROM alembic_version"
+
+DATABASE_NOW = "SELECT clock_timestamp()"
+
+
+async def cutover_receipt_insert(
+    conn: Conn,
+    *,
+    pack: int,
+    generation: int,
+    kind: str,
+    claim_path: str,
+    proof: dict[str, Any],
+    proof_sha256: str,
+    actor: str,
+) -> int:
+    cur = await conn.execute(
+        CUTOVER_RECEIPT_INSERT,
+        {
+            "pack": pack,
+            "generation": generation,
+            "kind": kind,
+            "claim_path": claim_path,
+            "proof": Jsonb(proof),
+            "proof_sha256": proof_sha256,
+            "actor": actor,
+        },
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def cutover_receipt_get(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(CUTOVER_RECEIPT_GET, {"id": receipt_id})
+    return await cur.fetchone()
+
+
+async def alembic_revision(conn: Conn) -> str | None:
+    cur = await conn.execute(ALEMBIC_REVISION)
+    row = await cur.fetchone()
+    return str(row[0]) if row is not None else None
+
+
+async def database_now(conn: Conn) -> str:
+    cur = await conn.execute(DATABASE_NOW)
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0].isoformat())
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollback fences
+# --------------------------------------------------------------------------------------------------
+
+ROLLBACK_FENCE_INSERT = """
+INSERT INTO connector_rollback_fence (installed_pack_id, generation, status, fenced_work_items)
+VALUES (%(pack)s, %(generation)s, 'open', %(n)s)
+RETURNING fence_id
+"""
+
+ROLLBACK_FENCE_OPEN = """
+SELECT coalesce(array_agg(fence_id ORDER BY fence_id), '{}') FROM connector_rollback_fence
+WHERE installed_pack_id = %(pack)s AND generation = %(generation)s AND status = 'open'
+"""
+
+ROLLBACK_FENCE_RESOLVED_IDS = """
+SELECT coalesce(array_agg(fence_id ORDER BY fence_id), '{}') FROM connector_rollback_fence
+WHERE installed_pack_id = %(pack)s AND generation = %(generation)s AND status = 'resolved'
+"""
+
+# Fences of a generation whose every fenced row is reconciled (and as many as were fenced).
+ROLLBACK_FENCE_RESOLVE = """
+UPDATE connector_rollback_fence f SET status = 'resolved', resolved_at = clock_timestamp()
+WHERE f.status = 'open' AND f.installed_pack_id = %(pack)s AND f.generation = %(generation)s
+  AND NOT EXISTS (
+    SELECT 1 FROM connector_work_item w
+    WHERE w.installed_pack_id = f.installed_pack_id AND w.generation = f.generation
+      AND w.state = 'awaiting_legacy_outcome' AND w.rollback_execution_fence_id = f.fence_id)
+  AND f.fenced_work_items = (
+    SELECT count(*) FROM connector_work_item w
+    WHERE w.installed_pack_id = f.installed_pack_id AND w.generation = f.generation
+      AND w.state = 'reconciled_legacy_terminal' AND w.rollback_execution_fence_id = f.fence_id
+      AND w.legacy_outcome_receipt_version IS NOT NULL)
+RETURNING f.fence_id
+"""
+
+
+async def rollback_fence_insert(conn: Conn, pack: int, generation: int, n: int) -> int:
+    cur = await conn.execute(ROLLBACK_FENCE_INSERT, {"pack": pack, "generation": generation, "n": n})
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def rollback_fence_open(conn: Conn, pack: int, generation: int) -> list[int]:
+    cur = await conn.execute(ROLLBACK_FENCE_OPEN, {"pack": pack, "generation": generation})
+    row = await cur.fetchone()
+    return [int(x) for x in (row[0] if row is not None else [])]
+
+
+async def rollback_fence_resolved_ids(conn: Conn, pack: int, generation: int) -> list[int]:
+    cur = await conn.execute(ROLLBACK_FENCE_RESOLVED_IDS, {"pack": pack, "generation": generation})
+    row = await cur.fetchone()
+    return [int(x) for x in (row[0] if row is not None else [])]
+
+
+async def rollback_fence_resolve(conn: Conn, pack: int, generation: int) -> list[int]:
+    """Resolve the generation's open fences whose every row is reconciled; returns their ids."""
+    cur = await conn.execute(ROLLBACK_FENCE_RESOLVE, {"pack": pack, "generation": generation})
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+# --------------------------------------------------------------------------------------------------
+# The legacy path's scheduler lease (one claimer per generation)
+# --------------------------------------------------------------------------------------------------
+
+# The generation's authority row when it admits legacy claims, share-locked for the transaction.
+LEGACY_AUTHORITY = """
+  SELECT a.installed_pack_id FROM connector_claim_authority a
+  WHERE a.installed_pack_id = %(pack)s AND a.generation = %(generation)s
+    AND a.claim_path = 'legacy_event' AND a.phase = 'legacy_active'
+  FOR SHARE
+"""
+
+SCHEDULER_LEASE_HELD = """
+  SELECT s.installed_pack_id FROM connector_scheduler_lease s
+  WHERE s.installed_pack_id = %(pack)s AND s.generation = %(generation)s AND s.holder = %(owner)s
+    AND s.token = %(lease_token)s AND s.lease_until > clock_timestamp()
+  FOR SHARE
+"""
+
+# Acquire or renew the pack-wide scheduler lease (only while the authority admits legacy claims). A
+# renewal keeps the token; a takeover (free, released or expired) increments it.
+SCHEDULER_LEASE_ACQUIRE = f"""
+WITH auth AS MATERIALIZED ({LEGACY_AUTHORITY})
+INSERT INTO connector_scheduler_lease AS s (installed_pack_id, generation, holder, token, lease_until)
+SELECT %(pack)s, %(generation)s, %(owner)s, 1,
+       clock_timestamp() + make_interval(secs => %(lease_s)s::float8)
+FROM auth
+ON CONFLICT (installed_pack_id, generation) DO UPDATE
+SET holder = EXCLUDED.holder,
+    token = CASE WHEN s.holder = EXCLUDED.holder AND s.lease_until >= clock_timestamp()
+                 THEN s.token ELSE s.token + 1 END,
+    lease_until = EXCLUDED.lease_until
+WHERE (s.holder = EXCLUDED.holder AND s.lease_until >= clock_timestamp())
+   OR s.holder IS NULL OR s.lease_until IS NULL OR s.lease_until < clock_timestamp()
+RETURNING s.token
+"""
+
+SCHEDULER_LEASE_RELEASE = """
+UPDATE connector_scheduler_lease SET holder = NULL, lease_until = NULL, token = token + 1
+WHERE installed_pack_id = %(pack)s AND generation = %(generation)s AND holder = %(owner)s
+"""
+
+SCHEDULER_LEASE_REVOKE = """
+WITH old AS (
+  SELECT holder, lease_until >= clock_timestamp() AS active FROM connector_scheduler_lease
+  WHERE installed_pack_id = %(pack)s AND generation = %(generation)s FOR UPDATE
+), revoked AS (
+  UPDATE connector_scheduler_lease SET holder = NULL, lease_until = NULL, token = token + 1
+  WHERE installed_pack_id = %(pack)s AND generation = %(generation)s
+  RETURNING token
+)
+SELECT (SELECT holder FROM old), coalesce((SELECT active FROM old), false), (SELECT token FROM revoked)
+"""
+
+SCHEDULER_LEASE_GET = """
+SELECT holder, token, coalesce(lease_until >= clock_timestamp(), false) AS active
+FROM connector_scheduler_lease WHERE installed_pack_id = %(pack)s AND generation = %(generation)s
+"""
+
+
+async def scheduler_lease_acquire(conn: Conn, params: dict[str, Any]) -> int | None:
+    """Acquire or renew (``pack``, ``generation``, ``owner``, ``lease_s``); the token, or ``None``
+    when another holder has it or the authority does not admit the legacy path."""
+    cur = await conn.execute(SCHEDULER_LEASE_ACQUIRE, params)
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None else None
+
+
+async def scheduler_lease_release(conn: Conn, params: dict[str, Any]) -> None:
+    await conn.execute(SCHEDULER_LEASE_RELEASE, params)
+
+
+async def scheduler_lease_revoke(conn: Conn, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """``(previous holder, was active, new token)``."""
+    cur = await conn.execute(SCHEDULER_LEASE_REVOKE, params)
+    return await cur.fetchone()
+
+
+async def scheduler_lease_get(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(SCHEDULER_LEASE_GET, params)
+    return await cur.fetchone()

@@ -1,0 +1,155 @@
+"""Every statement on ``connector_process``: the registry of running service processes.
+
+A row says what a process may claim (``claim_capability``), which version it runs and when it last
+proved it is alive (``heartbeat_at``, always the *database* clock). Liveness is judged by heartbeat
+age; rows silent for longer than the prune age are deleted by any registered process. The cutover
+gates read it as the source of "zero claim-capable old processes" (docs/cutover.md). The actor that
+registers and heartbeats is ``connector.common.process_registry.ProcessRegistration``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+Conn = AsyncConnection[Any]
+
+PROCESS_REGISTER = """
+INSERT INTO connector_process (process_id, service, hostname, pid, version, claim_capability,
+  started_at, heartbeat_at)
+VALUES (%(process_id)s, %(service)s, %(hostname)s, %(pid)s, %(version)s, %(capability)s, now(), now())
+ON CONFLICT (process_id) DO UPDATE SET heartbeat_at = now()
+"""
+
+PROCESS_HEARTBEAT = "UPDATE connector_process SET heartbeat_at = now() WHERE process_id = %(process_id)s"
+
+PROCESS_DEREGISTER = "DELETE FROM connector_process WHERE process_id = %(process_id)s"
+
+PROCESS_PRUNE_STALE = """
+DELETE FROM connector_process
+WHERE heartbeat_at < now() - make_interval(secs => %(older_than_s)s) AND process_id <> %(process_id)s
+"""
+
+PROCESS_LIST = """
+SELECT process_id, service, hostname, pid, version, claim_capability, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
+FROM connector_process
+WHERE (%(capability)s::text IS NULL OR claim_capability = %(capability)s::text)
+  AND (%(fresh_within_s)s::float8 IS NULL
+       OR heartbeat_at >= now() - make_interval(secs => %(fresh_within_s)s::float8))
+ORDER BY started_at, process_id
+"""
+
+# The admin API's page (keyset on the primary key), built from these fragments for the filters
+# present: heartbeat age and staleness come from the database clock.
+PROCESS_LIST_PAGE_COLUMNS = """
+  p.process_id, p.service, p.hostname, p.pid, p.version, p.claim_capability, p.started_at,
+  p.heartbeat_at, now() - p.heartbeat_at AS heartbeat_age,
+  p.heartbeat_at < now() - make_interval(secs => %(stale_after_s)s::float8) AS stale"""
+PROCESS_LIST_PAGE = "SELECT {columns} FROM connector_process p{where} ORDER BY p.process_id LIMIT %(limit)s"
+
+# Legacy-capable processes that could claim a generation: scoped to it, or of unknown scope.
+PROCESS_LIST_LEGACY_FRESH = """
+SELECT process_id, service, hostname, pid, version,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_s
+FROM connector_process
+WHERE claim_capability = 'legacy_event'
+  AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8)
+  AND (service = %(scope)s OR service NOT LIKE 'executor-legacy:%%')
+ORDER BY process_id
+"""
+
+PROCESS_COUNT_WORK_ITEM_FRESH = """
+SELECT count(*)::bigint FROM connector_process
+WHERE claim_capability = 'work_item' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8)
+"""
+
+PROCESS_COUNT_BY_CAPABILITY = """
+SELECT claim_capability, count(*) AS n FROM connector_process
+WHERE claim_capability <> 'none' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
+GROUP BY claim_capability
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRow:
+    process_id: str
+    service: str
+    hostname: str
+    pid: int
+    version: str
+    claim_capability: str
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+
+
+async def process_register(conn: Conn, row: dict[str, Any]) -> None:
+    await conn.execute(PROCESS_REGISTER, row)
+
+
+async def process_heartbeat(conn: Conn, process_id: str) -> bool:
+    """True when the row was still there (False: it was pruned; the caller re-registers)."""
+    cur = await conn.execute(PROCESS_HEARTBEAT, {"process_id": process_id})
+    return cur.rowcount == 1
+
+
+async def process_deregister(conn: Conn, process_id: str) -> None:
+    await conn.execute(PROCESS_DEREGISTER, {"process_id": process_id})
+
+
+async def process_prune_stale(conn: Conn, older_than_s: float, keep: str = "") -> int:
+    cur = await conn.execute(PROCESS_PRUNE_STALE, {"older_than_s": older_than_s, "process_id": keep})
+    return cur.rowcount
+
+
+async def process_list(
+    conn: Conn, *, capability: str | None = None, fresh_within_s: float | None = None
+) -> list[ProcessRow]:
+    cur = await conn.execute(PROCESS_LIST, {"capability": capability, "fresh_within_s": fresh_within_s})
+    return [ProcessRow(*row) for row in await cur.fetchall()]
+
+
+async def process_list_page(
+    conn: Conn,
+    service: str | None,
+    *,
+    stale_after_s: float,
+    after: str | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Registered processes by process id (keyset on the primary key), optionally of one service."""
+    clauses: list[str] = []
+    params: dict[str, Any] = {"stale_after_s": stale_after_s, "limit": limit}
+    if service is not None:
+        clauses.append("p.service = %(service)s")
+        params["service"] = service
+    if after is not None:
+        clauses.append("p.process_id > %(after)s")
+        params["after"] = after
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    query = PROCESS_LIST_PAGE.format(columns=PROCESS_LIST_PAGE_COLUMNS, where=where)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query, params)
+        return await cur.fetchall()
+
+
+async def process_list_legacy_fresh(conn: Conn, *, stale_s: float, scope: str) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(PROCESS_LIST_LEGACY_FRESH, {"stale_s": stale_s, "scope": scope})
+    return await cur.fetchall()
+
+
+async def process_count_work_item_fresh(conn: Conn, *, stale_s: float) -> int:
+    cur = await conn.execute(PROCESS_COUNT_WORK_ITEM_FRESH, {"stale_s": stale_s})
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+async def process_count_by_capability(conn: Conn, *, stale_s: float) -> dict[str, int]:
+    cur = await conn.execute(PROCESS_COUNT_BY_CAPABILITY, {"stale_s": stale_s})
+    return {str(r[0]): int(r[1]) for r in await cur.fetchall()}

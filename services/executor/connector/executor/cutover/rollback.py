@@ -1,0 +1,243 @@
+"""Gate 4, rollback: ``rollback_begin`` (admission off), ``rollback_complete`` (zero proof, fence of
+every unstarted WorkItem, the ``rollback`` receipt admitting the legacy Event path), and
+``transition_abort`` (back to the path a generation in transition came from). See docs/cutover.md
+and docs/adr/007-cutover.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from connector.common.packs import sha256_hex
+from connector.common.store import authority as store
+from connector.common.store import work_items
+from connector.executor.cutover import proofs
+from connector.executor.cutover.authority import (
+    Blocker,
+    Conn,
+    CutoverBlocked,
+    CutoverError,
+    Locked,
+    Transition,
+    db_now,
+    lock,
+    schema_proof,
+    set_authority,
+    unchanged,
+    write_receipt,
+    wrong_phase,
+)
+from connector.executor.legacy.outcomes import ProjectionReport, legacy_outcome_project
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gate 4: rollback (admission, then fence + owner receipt)
+# --------------------------------------------------------------------------------------------------
+
+
+async def rollback_begin(conn: Conn, installed_pack_id: int, generation: int, *, actor: str) -> Transition:
+    """Disable WorkItem claim and reclaim admission for the generation."""
+    async with conn.transaction():
+        locked = await lock(conn, installed_pack_id, generation)
+        a = locked.authority
+        if a["phase"] == "rollback_fenced":
+            return unchanged(installed_pack_id, generation, "rollback_begin", a)
+        if a["phase"] != "work_item_active":
+            raise wrong_phase(locked, generation, "rollback", "work_item/work_item_active")
+        row = await set_authority(
+            conn,
+            locked,
+            claim_path="none",
+            phase="rollback_fenced",
+            receipt_id=a["cutover_receipt_id"],
+            fence_id=a["rollback_fence_id"],
+        )
+    log.warning(
+        "WorkItem claim admission disabled (rollback_fenced)",
+        extra={"installed_pack_id": installed_pack_id, "generation": generation, "actor": actor},
+    )
+    return Transition(
+        installed_pack_id, generation, "rollback_begin", row["claim_path"], row["phase"], row["version"],
+        True, receipt_id=a["cutover_receipt_id"], receipt_kind=a["receipt_kind"],
+    )  # fmt: skip
+
+
+async def rollback_complete(
+    conn: Conn,
+    installed_pack_id: int,
+    generation: int,
+    *,
+    actor: str,
+    process_stale_s: float = 30.0,
+    dry_run: bool = False,
+) -> Transition:
+    """Prove zero WorkItem claimers and started attempts, fence every remaining unstarted WorkItem
+    and write the ``rollback`` receipt admitting the legacy Event path (or raise ``CutoverBlocked``)."""
+    async with conn.transaction(force_rollback=dry_run):
+        locked = await lock(conn, installed_pack_id, generation, long=True)
+        a = locked.authority
+        if a["phase"] == "legacy_active" and not dry_run:
+            return unchanged(installed_pack_id, generation, "rollback", a)
+        # A dry run may also preview from work_item_active (items in flight then count as blockers;
+        # normally they finish once admission is disabled).
+        if a["phase"] != "rollback_fenced" and not (dry_run and a["phase"] == "work_item_active"):
+            raise wrong_phase(
+                locked, generation, "rollback", "none/rollback_fenced (run rollback begin first)"
+            )
+        return await to_legacy(conn, locked, "rollback", actor, process_stale_s, dry_run)
+
+
+async def transition_abort(
+    conn: Conn,
+    installed_pack_id: int,
+    generation: int,
+    *,
+    actor: str,
+    process_stale_s: float = 30.0,
+) -> Transition:
+    """Return a generation in transition to the path it came from (see the module docstring)."""
+    async with conn.transaction():
+        locked = await lock(conn, installed_pack_id, generation, long=True)
+        a = locked.authority
+        if a["phase"] == "quiescing":
+            return await to_legacy(conn, locked, "abort", actor, process_stale_s, False)
+        if a["phase"] == "rollback_fenced":
+            if a["cutover_receipt_id"] is None or a["receipt_kind"] not in ("install", "cutover"):
+                raise CutoverError(
+                    "wrong_phase",
+                    "the generation has no cutover receipt to return to; complete the rollback instead",
+                )
+            row = await set_authority(
+                conn,
+                locked,
+                claim_path="work_item",
+                phase="work_item_active",
+                receipt_id=a["cutover_receipt_id"],
+                fence_id=a["rollback_fence_id"],
+            )
+            log.warning(
+                "rollback aborted: WorkItem claims admitted again under the existing receipt",
+                extra={"installed_pack_id": installed_pack_id, "generation": generation, "actor": actor},
+            )
+            return Transition(
+                installed_pack_id, generation, "abort", row["claim_path"], row["phase"], row["version"], True,
+                receipt_id=a["cutover_receipt_id"], receipt_kind=a["receipt_kind"],
+            )  # fmt: skip
+        raise wrong_phase(locked, generation, "abort", "quiescing or rollback_fenced")
+
+
+async def to_legacy(
+    conn: Conn, locked: Locked, action: str, actor: str, process_stale_s: float, dry_run: bool
+) -> Transition:
+    """Gate 4 inside the caller's locked transaction: proof, fence, ``rollback`` receipt, authority."""
+    a = locked.authority
+    p = locked.params
+    pack, generation = int(p["pack"]), int(p["generation"])
+    blockers: list[Blocker] = []
+    idle = await proofs.work_item_idle_proof(conn, locked, process_stale_s, blockers)
+    schema = await schema_proof(conn, blockers)
+    await proofs.fence_plan(conn, locked, idle, process_stale_s)
+    counts, processing, started = idle.counts, idle.processing, idle.started
+    fenceable, held_by_dead_head = idle.fenceable, idle.held_by_dead_head
+    work_item_procs = idle.work_item_processes
+    if blockers:
+        if dry_run:
+            return Transition(
+                pack, generation, action, str(a["claim_path"]), str(a["phase"]), int(a["version"]), False,
+                blockers=blockers, dry_run=True, fenced_work_items=fenceable,
+            )  # fmt: skip
+        raise CutoverBlocked(action, blockers)
+
+    fence_id: int | None = None
+    fenced, fenced_events, fenced_sha, first_id, last_id = 0, 0, sha256_hex(""), None, None
+    if fenceable:
+        fence_id = await store.rollback_fence_insert(conn, pack, generation, fenceable)
+        r = await work_items.work_item_rollback_fence(conn, {**p, "fence_id": fence_id})
+        fenced, fenced_events, fenced_sha, first_id, last_id = int(r[0]), int(r[1]), str(r[2]), r[3], r[4]
+        if fenced != fenceable:  # cannot happen under the locks; never write a partial proof
+            raise CutoverBlocked(
+                action, [Blocker("fence_incomplete", fenceable, f"planned {fenceable} rows, fenced {fenced}")]
+            )
+    proof: dict[str, Any] = {
+        "kind": "rollback",
+        "pack": locked.pack_name,
+        "installed_pack_id": pack,
+        "generation": generation,
+        "claim_path": "legacy_event",
+        "from_phase": a["phase"],
+        "checked_at": await db_now(conn),
+        "previous": {
+            "claim_path": a["claim_path"],
+            "phase": a["phase"],
+            "authority_version": a["version"],
+            "admitting_receipt_id": a["cutover_receipt_id"],
+        },
+        "zero_work_item_claimers": {
+            "claim_transactions": "authority row locked FOR UPDATE after every WorkItem claim/reclaim"
+            " transaction (each holds it FOR SHARE) released it; both statements require phase"
+            " work_item_active, which ended when WorkItem admission was disabled",
+            "authority_lock_wait_ms": locked.lock_wait_ms,
+            "processing": int(processing["n"]),
+            "expired_leases": int(processing["expired"]),
+            "started_attempts_unfinished": started,
+            "claim_capable_processes_for_generation": 0,
+            "definition": "a process is WorkItem-claim-capable for a generation only through the claim and"
+            " reclaim statements, which admit nothing unless the authority is work_item_active; with the"
+            " authority disabled and processing = 0 under the lock, no process holds or can take its work",
+            "work_item_processes_fresh_any_pack": work_item_procs,
+            "process_stale_s": process_stale_s,
+        },
+        "claim_schema": schema,
+        "fence": {
+            "fence_id": fence_id,
+            "fenced_work_items": fenced,
+            "fenced_set_sha256": fenced_sha,
+            "first_work_id": first_id,
+            "last_work_id": last_id,
+            "events_to_legacy": fenced_events,
+            "previously_awaiting": int(counts["awaiting_legacy_outcome"]["n"]),
+            "dead_kept_on_work_item_path": int(counts["dead"]["n"]),
+            "held_by_dead_lane_head_kept_on_work_item_path": held_by_dead_head,
+        },
+    }
+    receipt_id, digest = await write_receipt(
+        conn, locked, kind="rollback", claim_path="legacy_event", proof=proof, actor=actor
+    )
+    row = await set_authority(
+        conn,
+        locked,
+        claim_path="legacy_event",
+        phase="legacy_active",
+        receipt_id=receipt_id,
+        fence_id=fence_id,
+    )
+    if not dry_run:
+        log.warning(
+            "rollback receipt written: legacy Event path admitted",
+            extra={
+                "installed_pack_id": pack,
+                "generation": generation,
+                "receipt_id": receipt_id,
+                "fence_id": fence_id,
+                "fenced_work_items": fenced,
+                "actor": actor,
+            },
+        )
+    return Transition(
+        pack, generation, action,
+        row["claim_path"], row["phase"], row["version"],  # a dry run: where it would be (rolled back)
+        not dry_run,
+        receipt_id=None if dry_run else receipt_id, receipt_kind="rollback",
+        fence_id=None if dry_run else fence_id, fenced_work_items=fenced,
+        proof=proof, proof_sha256=digest, dry_run=dry_run,
+    )  # fmt: skip
+
+
+async def legacy_reconcile(
+    conn: Conn, installed_pack_id: int | None = None, generation: int | None = None
+) -> ProjectionReport:
+    """Project every unprojected legacy outcome receipt (of one generation, or all) and resolve fences."""
+    return await legacy_outcome_project(conn, installed_pack_id=installed_pack_id, generation=generation)
