@@ -47,6 +47,7 @@ from connector.executor.handlers import (
 )
 from connector.executor.handlers.registry import HandlerRegistry, WorkTypeRuntime
 from connector.executor.legacy.outcomes import legacy_outcome_project, outcome_digest
+from connector.executor.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,21 @@ AMBIGUOUS_FAILURE_CLASSES = frozenset({"outcome_unknown"})
 FAULT_ENV = "CONNECTOR_TEST_FAULT_INJECT"
 FAULT_AFTER_RECEIPT_COMMIT = "legacy_after_receipt_commit"
 
-CLAIMED = Counter("connector_legacy_claimed_total", "Events claimed on the legacy Event path")
-OUTCOMES = Counter(
-    "connector_legacy_outcomes_total", "Legacy work type outcomes written as receipts", ["outcome"]
+CLAIMED = Counter(
+    "connector_legacy_claimed_total", "Events claimed on the legacy Event path", registry=REGISTRY
 )
-STALE = Counter("connector_legacy_stale_total", "Legacy writes refused by the lease token", ["op"])
-ADMITTED = Gauge("connector_legacy_admitted", "1 while this generation admits the legacy path")
+OUTCOMES = Counter(
+    "connector_legacy_outcomes_total",
+    "Legacy work type outcomes written as receipts",
+    ["outcome"],
+    registry=REGISTRY,
+)
+STALE = Counter(
+    "connector_legacy_stale_total", "Legacy writes refused by the lease token", ["op"], registry=REGISTRY
+)
+ADMITTED = Gauge(
+    "connector_legacy_admitted", "1 while this generation admits the legacy path", registry=REGISTRY
+)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,13 +28,17 @@ from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
 from connector.common.store.lanes import lane_lock_batch, lane_settle_batch, lanes_of
 from connector.executor.handlers import sanitize_summary
+from connector.executor.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 
 Conn = AsyncConnection[Any]
 
 PROJECTED = Counter(
-    "connector_legacy_receipts_projected_total", "Legacy outcome receipts projected", ["result"]
+    "connector_legacy_receipts_projected_total",
+    "Legacy outcome receipts projected",
+    ["result"],
+    registry=REGISTRY,
 )
 
 

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,6 +21,7 @@ from connector.common.runtime import cancel_task
 from connector.common.settings import DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.common.store import authority
 from connector.executor.legacy.executor import LegacyConfig, LegacyExecutor, LegacyNotAdmitted
+from connector.executor.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
 
