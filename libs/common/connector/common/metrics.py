@@ -33,6 +33,7 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
+    disable_created_metrics,
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,6 +44,10 @@ LATENCY_BUCKETS = (
     0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+# No ``*_created`` series: they double the counter and histogram series and no rule reads them
+# (rate() and increase() handle counter resets; process_start_time_seconds dates a restart).
+disable_created_metrics()
 
 #: The services that have a registry (and a metrics endpoint) of their own.
 SERVICES = ("ingress", "materializer", "executor")

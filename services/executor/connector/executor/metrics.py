@@ -125,6 +125,14 @@ BLOCKED_LANES = Gauge(
     ["pack", "reason"],
     registry=REGISTRY,
 )
+#: Services whose processes register (connector_process); anything else is counted as ``other``.
+PROCESS_SERVICES = ("ingress", "materializer", "executor")
+STALE_PROCESSES = Gauge(
+    "connector_executor_stale_processes",
+    "Registered processes (connector_process rows) whose heartbeat is older than three heartbeats",
+    ["service"],
+    registry=REGISTRY,
+)
 ACTIVE_CLAIMANTS = Gauge(
     "connector_executor_active_claimants",
     "Registered claim-capable processes with a fresh heartbeat",

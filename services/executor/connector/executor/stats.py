@@ -3,7 +3,8 @@
 Depth by (pack, queue class, state) is an exact count over the non-terminal states; oldest ready
 age comes from the ready index (one descent per group); blocked lanes counts lane members that
 hold their lanes while not runnable: dead heads whose route blocks on dead, and heads waiting for
-their retry time. Active claimants: registered ``work_item`` processes with a fresh heartbeat.
+their retry time. Active claimants: registered ``work_item`` processes with a fresh heartbeat (within
+three heartbeats); stale processes: registered rows of any service whose heartbeat is older.
 """
 
 from __future__ import annotations
@@ -31,5 +32,13 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
     for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)
         m.BLOCKED_LANES.labels(m.pack_label(pack), "retry_wait").set(retry_wait)
-    claimants = await process_list(conn, capability="work_item", fresh_within_s=3 * heartbeat_s)
-    m.ACTIVE_CLAIMANTS.set(len(claimants))
+    processes = await process_list(conn)
+    fresh = [p for p in processes if p.heartbeat_age_s <= 3 * heartbeat_s]
+    m.ACTIVE_CLAIMANTS.set(sum(1 for p in fresh if p.claim_capability == "work_item"))
+    stale: dict[str, int] = dict.fromkeys(m.PROCESS_SERVICES, 0)
+    for p in processes:
+        if p.heartbeat_age_s > 3 * heartbeat_s:
+            service = p.service if p.service in stale else "other"
+            stale[service] = stale.get(service, 0) + 1
+    for service, n in stale.items():
+        m.STALE_PROCESSES.labels(service).set(n)

@@ -1,0 +1,111 @@
+"""Every service's ``/metrics`` endpoint, scraped from real processes after a small signed load:
+``promtool check metrics`` finds nothing, each service exports only its own families (no
+``connector_executor_*`` at the ingress: an alert without a job filter cannot misfire), the pack
+label is the pack's name, the route labels are installed routes only, and docs/metrics.md lists
+every family exported.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.metrics_stack import ROOT, SERVICES, require_prometheus_tools, running_stack, scrape
+
+#: Family prefixes only one service may export.
+OWN_PREFIX = {s: f"connector_{s}_" for s in SERVICES}
+#: Families of other services that a service must never export (besides the prefixes above).
+FOREIGN_EXTRA = {
+    "ingress": ("connector_admin_", "connector_legacy_", "connector_retention_"),
+    "materializer": ("connector_admin_", "connector_legacy_", "connector_retention_"),
+    "executor": (),
+}
+
+
+def _families(text: str) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, tmp_path: Path) -> None:
+    tools = require_prometheus_tools()
+    with running_stack(db_url, tmp_path) as stack, psycopg.connect(db_url, autocommit=True) as conn:
+        stack.load(conn, n=10, refused=2)
+        stack.post("x", bad_signature=True)
+        stack.health_checks()
+        # a delivery to a path that is no installed route: counted under one collapsed label value
+        for path in ("stranger-ns/route-a", "bench/not-a-route"):
+            assert stack.post_path(path) == 404
+        texts = {s: scrape(stack.metrics[s]) for s in SERVICES}
+        # the sampler has published its gauges at least once
+        deadline = time.monotonic() + 60
+        while "connector_executor_queue_depth" not in texts["executor"] or (
+            "connector_executor_active_claimants 1.0" not in texts["executor"]
+        ):
+            assert time.monotonic() < deadline, "the executor's stats sampler never published"
+            time.sleep(0.2)
+            texts["executor"] = scrape(stack.metrics["executor"])
+
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    for service, text in texts.items():
+        res = subprocess.run(
+            [tools["promtool"], "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
+        assert res.returncode == 0, f"promtool check metrics ({service}): {res.stdout}{res.stderr}"
+        assert not (res.stdout + res.stderr).strip(), (
+            f"promtool check metrics ({service}): {res.stdout}{res.stderr}"
+        )
+
+        families = _families(text)
+        names = set(families)
+        for other in SERVICES:
+            if other != service:
+                leaked = sorted(n for n in names if n.startswith(OWN_PREFIX[other]))
+                assert not leaked, f"{service} exports {other}'s families: {leaked}"
+        leaked = sorted(n for n in names if n.startswith(FOREIGN_EXTRA[service]))
+        assert not leaked, f"{service} exports families that are not its own: {leaked}"
+        assert any(n.startswith(OWN_PREFIX[service]) for n in names), f"{service} exports none of its own"
+
+        info = [s for s in families["connector_build_info"].samples]
+        assert len(info) == 1 and set(info[0].labels) == {"version", "revision", "python"}, info
+        handled = families["grpc_server_handled"].samples
+        assert handled, f"{service}: no gRPC server samples after a health check"
+        assert {"grpc_type", "grpc_service", "grpc_method", "grpc_code"} == set(handled[0].labels)
+        pools = [s for s in families["connector_db_pool_size"].samples]
+        assert pools and {s.labels["service"] for s in pools} == {service}, pools
+
+        for name in names:
+            if name.startswith(("connector_", "grpc_server_")):
+                assert f"`{name}" in documented, f"{name} ({service}) is not in docs/metrics.md"
+
+    ingress = _families(texts["ingress"])
+    routes = {
+        (s.labels["namespace"], s.labels["route"], s.labels["outcome"]): s.value
+        for s in ingress["connector_ingress_route_deliveries"].samples
+    }
+    assert routes[("bench", "events", "accepted")] >= 10, routes
+    assert routes[("bench", "events", "rejected")] >= 3, routes
+    assert routes[("_unknown", "_unknown", "rejected")] >= 2, routes  # strangers' paths: one value
+    assert {(ns, r) for ns, r, _ in routes} == {("bench", "events"), ("_unknown", "_unknown")}, routes
+
+    executor = _families(texts["executor"])
+    outcome_packs = {s.labels["pack"] for s in executor["connector_executor_outcomes"].samples}
+    assert outcome_packs == {"bench-e2e"}, outcome_packs  # the name, never the numeric id
+    assert {s.labels["pack"] for s in executor["connector_executor_queue_depth"].samples} <= {"bench-e2e"}
+    runs = [
+        s
+        for s in executor["connector_executor_handler_seconds"].samples
+        if s.name.endswith("_count") and s.labels == {"pack": "bench-e2e", "work_type": "noop"}
+    ]
+    assert runs and runs[0].value >= 10, runs
+    assert re.search(
+        r"^connector_materializer_receipts_total\{outcome=\"materialized\"\} (\d+)",
+        texts["materializer"],
+        re.M,
+    )
