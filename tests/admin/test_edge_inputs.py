@@ -8,9 +8,9 @@ connector table is compared before and after) and logs no part of the value:
   (bad UTF-8, lone surrogates); manifests nested very deep or expanding YAML aliases;
 * forged, tampered and foreign page tokens (INVALID_PAGE_TOKEN), a genuine token with other
   filters (PAGE_TOKEN_FILTER_MISMATCH), a token shared by two replicas configured with one key;
-* a database connection lost under a call (``pg_terminate_backend``): UNAVAILABLE
-  ``DATABASE_UNAVAILABLE``, and the first call after the admin pool's connections were killed
-  (a database restart) answers normally;
+* a database connection lost under a call (``pg_terminate_backend``) or a database that cannot be
+  reached (a proxy cut): UNAVAILABLE ``DATABASE_UNAVAILABLE``, and the first call after the admin
+  pool's connections were killed (a database restart) or the network is back answers normally;
 * ``connector pack apply`` on such manifests: exit 2, every error listed, no traceback.
 
 A hypothesis property drives random values (NUL and odd characters, any int64, any Timestamp,
@@ -27,6 +27,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ingress.proxy import TcpProxy  # tests/ingress (pytest puts tests/ on sys.path)
 from pydantic import SecretStr
 
 from connector.common import db as common_db
@@ -545,6 +547,68 @@ async def test_without_the_pool_check_the_dead_connection_is_unavailable_not_int
         await channel.close()
         await server.stop(0)
         await common_db.close_pool(name)
+
+
+RETRYABLE = {
+    (grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "DATABASE_BUSY"),
+}
+
+
+async def test_database_unreachable_is_unavailable_and_calls_resume(
+    db_url: str, seeded: dict[str, int]
+) -> None:
+    """A network cut (the proxy drops every connection and refuses new ones): UNAVAILABLE
+    ``DATABASE_UNAVAILABLE`` (not ``DATABASE_BUSY``: the pool is not saturated, it cannot connect),
+    and the first call after the database is back answers normally."""
+    proxy = TcpProxy("127.0.0.1", 5432)
+    await proxy.start()
+    name = f"admin-edge-cut-{id(proxy)}"
+    pool = await common_db.open_pool(
+        name,
+        DatabaseSettings(),
+        PoolSettings(pool_min_size=1, pool_max_size=2, pool_timeout_s=0.5),
+        url=proxy.url(db_url),
+        check=True,
+    )
+    api = build_admin(pool, AdminSettings(tokens=SecretStr(TOKENS)))
+    server = GrpcServer(port=0, authenticate=api.authenticate, protected_prefixes=PROTECTED_PREFIXES)
+    register(server, api.servicer)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+        assert len((await call(stub, "ListDeadLetters", pb.ListDeadLettersRequest())).dead_letters) == 2
+        await proxy.cut()
+        try:
+            for method, request_ in [
+                ("ListDeadLetters", pb.ListDeadLettersRequest()),
+                ("ReplayWorkItem", pb.ReplayWorkItemRequest(work_id=seeded["dead"], request_id="cut-1")),
+                ("GetQueueStats", pb.GetQueueStatsRequest()),
+            ]:
+                await expect_error(
+                    call(stub, method, request_), grpc.StatusCode.UNAVAILABLE, "DATABASE_UNAVAILABLE"
+                )
+        finally:
+            await proxy.restore()
+        # The pool reconnects with back-off (psycopg_pool: 1 s, doubling): until its next attempt a
+        # call may still be refused, always as a retryable outcome with a reason.
+        seen = []
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                page = await call(stub, "ListDeadLetters", pb.ListDeadLettersRequest())
+                break
+            except grpc.aio.AioRpcError as exc:
+                seen.append((exc.code(), reason_of(exc)))
+                assert seen[-1] in RETRYABLE, seen
+                assert time.monotonic() < deadline, seen
+        assert len(page.dead_letters) == 2
+    finally:
+        await channel.close()
+        await server.stop(0)
+        await common_db.close_pool(name)
+        await proxy.cut()
 
 
 async def test_connection_lost_under_a_mutation_is_unavailable_and_writes_nothing(
