@@ -114,6 +114,15 @@ WRITERS: dict[str, frozenset[str]] = {
     "lane_settle_batch": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
     "lanes_change": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
     "lane_repair": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    # admin: pack install and activation (connector.common.pack_store: a new generation, its routes
+    # and its install receipt + claim authority row)
+    "pack_insert": frozenset({ADMIN}),
+    "pack_generation_insert": frozenset({ADMIN}),
+    "route_insert_batch": frozenset({ADMIN}),
+    "claim_authority_insert": frozenset({ADMIN}),
+    "pack_generation_retire_active": frozenset({ADMIN}),
+    "pack_generation_set_active": frozenset({ADMIN}),
+    "pack_set_active_generation": frozenset({ADMIN}),
     # admin: cutover/rollback receipts and fences (the gates), legacy outcome reconciliation
     "claim_authority_set": frozenset({ADMIN}),
     "cutover_receipt_insert": frozenset({ADMIN}),
@@ -322,7 +331,6 @@ ALLOWLIST: dict[str, str] = {
     "services/executor/connector/executor/admin/transitions.py": "cutover receipt and legacy failure reads",
     # materializer/ingress/common engineer (F):
     "libs/common/connector/common/materialization.py": "WorkItem insert and lane statements -> store",
-    "libs/common/connector/common/pack_store.py": "pack install statements -> store.packs/authority",
     "libs/cli/connector/cli/up.py": "connector up's database checks",
     "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
 }

@@ -33,11 +33,9 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from connector.common import schema
 from connector.common.packs import (
     Manifest,
     RouteSpec,
@@ -46,6 +44,7 @@ from connector.common.packs import (
     route_effective_config,
     sha256_hex,
 )
+from connector.common.store import authority, events
 from connector.common.store import packs as store_packs
 
 log = logging.getLogger(__name__)
@@ -109,98 +108,6 @@ class PackInfo:
 
 
 # --------------------------------------------------------------------------------------------------
-# Statements
-# --------------------------------------------------------------------------------------------------
-
-PACK_GET_FOR_UPDATE = """
-SELECT installed_pack_id, name, namespace, incarnation, active_generation
-FROM connector_installed_pack WHERE name = %(name)s FOR UPDATE
-"""
-PACK_GET_BY_ID_FOR_UPDATE = """
-SELECT installed_pack_id, name, namespace, incarnation, active_generation
-FROM connector_installed_pack WHERE installed_pack_id = %(id)s FOR UPDATE
-"""
-PACK_INSERT = """
-INSERT INTO connector_installed_pack (name, namespace) VALUES (%(name)s, %(namespace)s)
-ON CONFLICT DO NOTHING
-RETURNING installed_pack_id, name, namespace, incarnation, active_generation
-"""
-PACK_NAMESPACE_OWNER = "SELECT name FROM connector_installed_pack WHERE namespace = %(namespace)s"
-PACK_GENERATION_LATEST = """
-SELECT generation, status, manifest_sha256 FROM connector_pack_generation
-WHERE installed_pack_id = %(id)s ORDER BY generation DESC LIMIT 1
-"""
-PACK_GENERATION_INSERT = """
-INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest, manifest_sha256)
-VALUES (%(id)s, %(generation)s, 'staged', %(manifest)s, %(sha)s)
-"""
-# The latest earlier occurrence of each route key, with the manifest of its generation.
-ROUTE_LATEST_BY_KEY = """
-SELECT DISTINCT ON (r.route_key) r.route_key, r.route_version, r.generation, g.manifest
-FROM connector_route r
-JOIN connector_pack_generation g USING (installed_pack_id, generation)
-WHERE r.installed_pack_id = %(id)s
-ORDER BY r.route_key, r.generation DESC
-"""
-ROUTE_INSERT_BATCH = """
-INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version, config,
-                             config_sha256)
-SELECT %(id)s, %(generation)s, %(namespace)s, k, v, c::jsonb, h
-FROM unnest(%(keys)s::text[], %(versions)s::int[], %(configs)s::text[], %(hashes)s::text[]) AS t(k, v, c, h)
-RETURNING route_id, route_key, route_version
-"""
-ROUTE_LIST_GENERATION = """
-SELECT route_id, route_key, route_version FROM connector_route
-WHERE installed_pack_id = %(id)s AND generation = %(generation)s ORDER BY route_key
-"""
-EVENT_COUNT_GENERATION = """
-SELECT count(*) AS events,
-       count(*) FILTER (WHERE execution_owner = 'legacy_event'
-                        AND legacy_state IN ('pending', 'processing', 'retry')) AS legacy_active
-FROM connector_event WHERE installed_pack_id = %(id)s AND generation = %(generation)s
-"""
-CUTOVER_RECEIPT_INSERT = """
-INSERT INTO connector_cutover_receipt (installed_pack_id, generation, kind, claim_path, proof, proof_sha256,
-                                       actor)
-VALUES (%(id)s, %(generation)s, 'install', 'work_item', %(proof)s, %(proof_sha256)s, %(actor)s)
-RETURNING cutover_receipt_id
-"""
-CLAIM_AUTHORITY_INSERT = """
-INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase, cutover_receipt_id)
-VALUES (%(id)s, %(generation)s, 'work_item', 'work_item_active', %(receipt_id)s)
-"""
-CLAIM_AUTHORITY_GET = """
-SELECT claim_path, phase, cutover_receipt_id FROM connector_claim_authority
-WHERE installed_pack_id = %(id)s AND generation = %(generation)s
-"""
-PACK_GENERATION_GET = """
-SELECT status FROM connector_pack_generation WHERE installed_pack_id = %(id)s AND generation = %(generation)s
-"""
-PACK_GENERATION_RETIRE_ACTIVE = """
-UPDATE connector_pack_generation SET status = 'retired'
-WHERE installed_pack_id = %(id)s AND status = 'active' AND generation <> %(generation)s
-"""
-PACK_GENERATION_SET_ACTIVE = """
-UPDATE connector_pack_generation SET status = 'active', activated_at = now()
-WHERE installed_pack_id = %(id)s AND generation = %(generation)s
-"""
-PACK_SET_ACTIVE_GENERATION = """
-UPDATE connector_installed_pack SET active_generation = %(generation)s, updated_at = now()
-WHERE installed_pack_id = %(id)s
-"""
-PACKS_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_PACKS}', '')"
-PACK_LIST = """
-SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation,
-       g.generation, g.status, g.manifest_sha256, g.created_at, g.activated_at,
-       (SELECT count(*) FROM connector_route r
-        WHERE r.installed_pack_id = g.installed_pack_id AND r.generation = g.generation) AS route_count
-FROM connector_installed_pack p
-LEFT JOIN connector_pack_generation g ON g.installed_pack_id = p.installed_pack_id
-ORDER BY p.name, g.generation
-"""
-
-
-# --------------------------------------------------------------------------------------------------
 # Apply / activate / list
 # --------------------------------------------------------------------------------------------------
 
@@ -214,25 +121,19 @@ async def pack_apply(
     document = manifest.model_dump(mode="json")
     manifest_sha = sha256_hex(document)
     async with conn.transaction():
-        cur = conn.cursor(row_factory=dict_row)
         pack, created_pack = await _pack_lock_or_create(conn, manifest)
         pack_id = int(pack["installed_pack_id"])
-        await cur.execute(PACK_GENERATION_LATEST, {"id": pack_id})
-        latest = await cur.fetchone()
+        latest = await store_packs.pack_generation_latest(conn, pack_id)
         if latest is not None and latest["manifest_sha256"] == manifest_sha:
             generation = int(latest["generation"])
-            await cur.execute(ROUTE_LIST_GENERATION, {"id": pack_id, "generation": generation})
             routes = tuple(
                 AppliedRoute(r["route_key"], int(r["route_id"]), int(r["route_version"]), "unchanged")
-                for r in await cur.fetchall()
+                for r in await store_packs.route_list_generation(conn, pack_id, generation)
             )
             created_generation, receipt_id, status = False, None, str(latest["status"])
         else:
             generation = (int(latest["generation"]) if latest is not None else 0) + 1
-            await cur.execute(
-                PACK_GENERATION_INSERT,
-                {"id": pack_id, "generation": generation, "manifest": Jsonb(document), "sha": manifest_sha},
-            )
+            await store_packs.pack_generation_insert(conn, pack_id, generation, Jsonb(document), manifest_sha)
             routes = await _routes_insert(conn, pack_id, generation, manifest)
             receipt_id = await _install_receipt(conn, pack_id, generation, manifest, manifest_sha, actor)
             created_generation, status = True, "staged"
@@ -255,25 +156,19 @@ async def pack_apply(
 
 
 async def _pack_lock_or_create(conn: AsyncConnection[Any], manifest: Manifest) -> tuple[dict[str, Any], bool]:
-    cur = conn.cursor(row_factory=dict_row)
-    params = {"name": manifest.name, "namespace": manifest.namespace}
-    await cur.execute(PACK_GET_FOR_UPDATE, params)
-    pack = await cur.fetchone()
+    pack = await store_packs.pack_get_for_update(conn, manifest.name)
     created = False
     if pack is None:
         # A concurrent apply of the same new pack waits here on the unique index, then finds it.
-        await cur.execute(PACK_INSERT, params)
-        pack = await cur.fetchone()
+        pack = await store_packs.pack_insert(conn, manifest.name, manifest.namespace)
         created = pack is not None
         if pack is None:
-            await cur.execute(PACK_GET_FOR_UPDATE, params)
-            pack = await cur.fetchone()
+            pack = await store_packs.pack_get_for_update(conn, manifest.name)
     if pack is None:
-        await cur.execute(PACK_NAMESPACE_OWNER, params)
-        owner = await cur.fetchone()
+        owner = await store_packs.pack_namespace_owner(conn, manifest.namespace)
         raise PackStoreError(
             "namespace_taken",
-            f"namespace {manifest.namespace!r} belongs to pack {owner['name'] if owner else '?'!r}",
+            f"namespace {manifest.namespace!r} belongs to pack {owner if owner else '?'!r}",
         )
     if pack["namespace"] != manifest.namespace:
         raise PackStoreError(
@@ -287,11 +182,9 @@ async def _pack_lock_or_create(conn: AsyncConnection[Any], manifest: Manifest) -
 async def _routes_insert(
     conn: AsyncConnection[Any], pack_id: int, generation: int, manifest: Manifest
 ) -> tuple[AppliedRoute, ...]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(ROUTE_LATEST_BY_KEY, {"id": pack_id})
     previous: dict[str, tuple[int, str | None]] = {}
     manifests: dict[int, Manifest | None] = {}
-    for row in await cur.fetchall():
+    for row in await store_packs.route_latest_by_key(conn, pack_id):
         gen = int(row["generation"])
         if gen not in manifests:
             manifests[gen] = _manifest_or_none(row["manifest"])
@@ -315,8 +208,8 @@ async def _routes_insert(
         configs.append(canonical_json(config))
         hashes.append(sha256_hex(config))
         changes[route.key] = change
-    await cur.execute(
-        ROUTE_INSERT_BATCH,
+    rows = await store_packs.route_insert_batch(
+        conn,
         {
             "id": pack_id,
             "generation": generation,
@@ -327,7 +220,6 @@ async def _routes_insert(
             "hashes": hashes,
         },
     )
-    rows = await cur.fetchall()
     return tuple(
         sorted(
             (
@@ -356,10 +248,7 @@ async def _install_receipt(
     manifest_sha: str,
     actor: str,
 ) -> int:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(EVENT_COUNT_GENERATION, {"id": pack_id, "generation": generation})
-    counts = await cur.fetchone()
-    assert counts is not None
+    events_in_generation, legacy_active = await events.event_count_generation(conn, pack_id, generation)
     proof = {
         "kind": "install",
         "statement": "new generation installed WorkItem-owned: no event of it exists, so no legacy Event "
@@ -369,25 +258,20 @@ async def _install_receipt(
         "generation": generation,
         "manifest_sha256": manifest_sha,
         "claim_path": "work_item",
-        "events_in_generation": int(counts["events"]),
-        "legacy_active_events": int(counts["legacy_active"]),
+        "events_in_generation": events_in_generation,
+        "legacy_active_events": legacy_active,
     }
-    await cur.execute(
-        CUTOVER_RECEIPT_INSERT,
-        {
-            "id": pack_id,
-            "generation": generation,
-            "proof": Jsonb(proof),
-            "proof_sha256": sha256_hex(proof),
-            "actor": actor,
-        },
+    receipt_id = await authority.cutover_receipt_insert(
+        conn,
+        pack=pack_id,
+        generation=generation,
+        kind="install",
+        claim_path="work_item",
+        proof=proof,
+        proof_sha256=sha256_hex(proof),
+        actor=actor,
     )
-    row = await cur.fetchone()
-    assert row is not None
-    receipt_id = int(row["cutover_receipt_id"])
-    await cur.execute(
-        CLAIM_AUTHORITY_INSERT, {"id": pack_id, "generation": generation, "receipt_id": receipt_id}
-    )
+    await authority.claim_authority_insert(conn, pack_id, generation, receipt_id)
     return receipt_id
 
 
@@ -396,19 +280,14 @@ async def pack_generation_activate(
 ) -> None:
     """Make ``generation`` the active one, atomically (previous active → retired), and notify
     ``connector_packs`` in the same transaction. Activating the active generation changes nothing."""
-    params = {"id": installed_pack_id, "generation": generation}
     async with conn.transaction():
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(PACK_GET_BY_ID_FOR_UPDATE, params)
-        pack = await cur.fetchone()
+        pack = await authority.pack_lock(conn, {"pack": installed_pack_id})
         if pack is None:
             raise PackStoreError("not_found", f"pack {installed_pack_id} does not exist")
-        await cur.execute(PACK_GENERATION_GET, params)
-        gen = await cur.fetchone()
+        gen = await store_packs.pack_generation_get(conn, installed_pack_id, generation)
         if gen is None:
             raise PackStoreError("not_found", f"pack {pack['name']!r} has no generation {generation}")
-        await cur.execute(CLAIM_AUTHORITY_GET, params)
-        if await cur.fetchone() is None:
+        if await authority.claim_authority_get(conn, installed_pack_id, generation) is None:
             raise PackStoreError(
                 "no_claim_authority",
                 f"generation {generation} of pack {pack['name']!r} has no claim authority; it cannot be"
@@ -416,18 +295,16 @@ async def pack_generation_activate(
             )
         if pack["active_generation"] == generation and gen["status"] == "active":
             return
-        await cur.execute(PACK_GENERATION_RETIRE_ACTIVE, params)
-        await cur.execute(PACK_GENERATION_SET_ACTIVE, params)
-        await cur.execute(PACK_SET_ACTIVE_GENERATION, params)
-        await cur.execute(PACKS_NOTIFY)
+        await store_packs.pack_generation_retire_active(conn, installed_pack_id, generation)
+        await store_packs.pack_generation_set_active(conn, installed_pack_id, generation)
+        await store_packs.pack_set_active_generation(conn, installed_pack_id, generation)
+        await authority.authority_notify(conn)
 
 
 async def pack_list(conn: AsyncConnection[Any]) -> list[PackInfo]:
     """Every installed pack with its generations (oldest first)."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(PACK_LIST)
     packs: dict[int, tuple[dict[str, Any], list[PackGenerationInfo]]] = {}
-    for row in await cur.fetchall():
+    for row in await store_packs.pack_list(conn):
         pack_id = int(row["installed_pack_id"])
         entry = packs.setdefault(pack_id, (row, []))
         if row["generation"] is not None:

@@ -334,3 +334,21 @@ async def scheduler_lease_get(conn: Conn, params: dict[str, Any]) -> dict[str, A
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(SCHEDULER_LEASE_GET, params)
     return await cur.fetchone()
+
+
+# --------------------------------------------------------------------------------------------------
+# Pack install: a new generation is bound WorkItem-owned by its install receipt
+# (connector.common.pack_store; the receipt is ``cutover_receipt_insert`` of kind ``install``)
+# --------------------------------------------------------------------------------------------------
+
+CLAIM_AUTHORITY_INSERT = """
+INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase, cutover_receipt_id)
+VALUES (%(id)s, %(generation)s, 'work_item', 'work_item_active', %(receipt_id)s)
+"""
+
+
+async def claim_authority_insert(conn: Conn, pack: int, generation: int, receipt_id: int) -> None:
+    """The authority row of a newly installed generation: WorkItem path, ``work_item_active``."""
+    await conn.execute(
+        CLAIM_AUTHORITY_INSERT, {"id": pack, "generation": generation, "receipt_id": receipt_id}
+    )

@@ -119,3 +119,24 @@ async def event_list_backfill_candidates(
 async def event_count_backfill_ineligible(conn: Conn, scope: dict[str, Any]) -> dict[str, int]:
     cur = await conn.execute(EVENT_COUNT_BACKFILL_INELIGIBLE, scope)
     return {str(reason): int(n) for reason, n in await cur.fetchall()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Pack install: what the install receipt of a new generation proves (connector.common.pack_store)
+# --------------------------------------------------------------------------------------------------
+
+EVENT_COUNT_GENERATION = """
+SELECT count(*) AS events,
+       count(*) FILTER (WHERE execution_owner = 'legacy_event'
+                        AND legacy_state IN ('pending', 'processing', 'retry')) AS legacy_active
+FROM connector_event WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+
+
+async def event_count_generation(conn: Conn, pack: int, generation: int) -> tuple[int, int]:
+    """``(events of the generation, of them legacy-owned and not finished)``."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(EVENT_COUNT_GENERATION, {"id": pack, "generation": generation})
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["events"]), int(row["legacy_active"])

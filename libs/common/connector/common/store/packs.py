@@ -1,6 +1,12 @@
 """Every statement on ``connector_installed_pack``, ``connector_pack_generation`` and
 ``connector_route`` (DESIGN §2: the admin API installs and activates packs; the ingress and the
-materializer read the active routes).
+materializer read the active routes). ``connector.common.pack_store`` holds the install logic
+(route versions, the install receipt) over these statements; the install receipt, the claim
+authority row and the packs notification are store/authority.py's, the event count store/events.py's.
+
+Joins held here: a generation's routes with its manifest (``route_latest_by_key``), routes of the
+active generations, the active generation with its claim authority (``pack_list_active``,
+``pack_active_check``) and the pack list with its route counts (``pack_list``).
 """
 
 from __future__ import annotations
@@ -92,3 +98,146 @@ async def route_get_with_manifest(conn: Conn, route_ids: Iterable[int]) -> list[
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(ROUTE_GET_WITH_MANIFEST, {"ids": sorted(route_ids)})
     return await cur.fetchall()
+
+
+# --------------------------------------------------------------------------------------------------
+# Install, activate, list (the admin API and the CLIs through connector.common.pack_store; the pack
+# row is locked first, so concurrent applies of one pack serialize)
+# --------------------------------------------------------------------------------------------------
+
+PACK_GET_FOR_UPDATE = """
+SELECT installed_pack_id, name, namespace, incarnation, active_generation
+FROM connector_installed_pack WHERE name = %(name)s FOR UPDATE
+"""
+PACK_INSERT = """
+INSERT INTO connector_installed_pack (name, namespace) VALUES (%(name)s, %(namespace)s)
+ON CONFLICT DO NOTHING
+RETURNING installed_pack_id, name, namespace, incarnation, active_generation
+"""
+PACK_NAMESPACE_OWNER = "SELECT name FROM connector_installed_pack WHERE namespace = %(namespace)s"
+PACK_GENERATION_LATEST = """
+SELECT generation, status, manifest_sha256 FROM connector_pack_generation
+WHERE installed_pack_id = %(id)s ORDER BY generation DESC LIMIT 1
+"""
+PACK_GENERATION_INSERT = """
+INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest, manifest_sha256)
+VALUES (%(id)s, %(generation)s, 'staged', %(manifest)s, %(sha)s)
+"""
+# The latest earlier occurrence of each route key, with the manifest of its generation.
+ROUTE_LATEST_BY_KEY = """
+SELECT DISTINCT ON (r.route_key) r.route_key, r.route_version, r.generation, g.manifest
+FROM connector_route r
+JOIN connector_pack_generation g USING (installed_pack_id, generation)
+WHERE r.installed_pack_id = %(id)s
+ORDER BY r.route_key, r.generation DESC
+"""
+ROUTE_INSERT_BATCH = """
+INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version, config,
+                             config_sha256)
+SELECT %(id)s, %(generation)s, %(namespace)s, k, v, c::jsonb, h
+FROM unnest(%(keys)s::text[], %(versions)s::int[], %(configs)s::text[], %(hashes)s::text[]) AS t(k, v, c, h)
+RETURNING route_id, route_key, route_version
+"""
+ROUTE_LIST_GENERATION = """
+SELECT route_id, route_key, route_version FROM connector_route
+WHERE installed_pack_id = %(id)s AND generation = %(generation)s ORDER BY route_key
+"""
+PACK_GENERATION_GET = """
+SELECT status FROM connector_pack_generation WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+PACK_GENERATION_RETIRE_ACTIVE = """
+UPDATE connector_pack_generation SET status = 'retired'
+WHERE installed_pack_id = %(id)s AND status = 'active' AND generation <> %(generation)s
+"""
+PACK_GENERATION_SET_ACTIVE = """
+UPDATE connector_pack_generation SET status = 'active', activated_at = now()
+WHERE installed_pack_id = %(id)s AND generation = %(generation)s
+"""
+PACK_SET_ACTIVE_GENERATION = """
+UPDATE connector_installed_pack SET active_generation = %(generation)s, updated_at = now()
+WHERE installed_pack_id = %(id)s
+"""
+PACK_LIST = """
+SELECT p.installed_pack_id, p.name, p.namespace, p.incarnation, p.active_generation,
+       g.generation, g.status, g.manifest_sha256, g.created_at, g.activated_at,
+       (SELECT count(*) FROM connector_route r
+        WHERE r.installed_pack_id = g.installed_pack_id AND r.generation = g.generation) AS route_count
+FROM connector_installed_pack p
+LEFT JOIN connector_pack_generation g ON g.installed_pack_id = p.installed_pack_id
+ORDER BY p.name, g.generation
+"""
+
+
+async def _one(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(statement, params)
+    return await cur.fetchone()
+
+
+async def _all(conn: Conn, statement: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(statement, params)
+    return await cur.fetchall()
+
+
+async def pack_get_for_update(conn: Conn, name: str) -> dict[str, Any] | None:
+    """The pack named ``name``, locked for the transaction."""
+    return await _one(conn, PACK_GET_FOR_UPDATE, {"name": name})
+
+
+async def pack_insert(conn: Conn, name: str, namespace: str) -> dict[str, Any] | None:
+    """A new pack row, or ``None`` when the name or the namespace exists (a concurrent insert of the
+    same name waits on the unique index, then conflicts)."""
+    return await _one(conn, PACK_INSERT, {"name": name, "namespace": namespace})
+
+
+async def pack_namespace_owner(conn: Conn, namespace: str) -> str | None:
+    row = await _one(conn, PACK_NAMESPACE_OWNER, {"namespace": namespace})
+    return None if row is None else str(row["name"])
+
+
+async def pack_generation_latest(conn: Conn, pack: int) -> dict[str, Any] | None:
+    return await _one(conn, PACK_GENERATION_LATEST, {"id": pack})
+
+
+async def pack_generation_insert(conn: Conn, pack: int, generation: int, manifest: Any, sha: str) -> None:
+    """A ``staged`` generation; ``manifest`` is the document (``Jsonb``)."""
+    params = {"id": pack, "generation": generation, "manifest": manifest, "sha": sha}
+    await conn.execute(PACK_GENERATION_INSERT, params)
+
+
+async def route_latest_by_key(conn: Conn, pack: int) -> list[dict[str, Any]]:
+    return await _all(conn, ROUTE_LATEST_BY_KEY, {"id": pack})
+
+
+async def route_insert_batch(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """One route row per key (``id``, ``generation``, ``namespace`` and the ``keys``, ``versions``,
+    ``configs``, ``hashes`` arrays); returns their ids and versions."""
+    return await _all(conn, ROUTE_INSERT_BATCH, params)
+
+
+async def route_list_generation(conn: Conn, pack: int, generation: int) -> list[dict[str, Any]]:
+    return await _all(conn, ROUTE_LIST_GENERATION, {"id": pack, "generation": generation})
+
+
+async def pack_generation_get(conn: Conn, pack: int, generation: int) -> dict[str, Any] | None:
+    return await _one(conn, PACK_GENERATION_GET, {"id": pack, "generation": generation})
+
+
+async def pack_generation_retire_active(conn: Conn, pack: int, generation: int) -> None:
+    """The pack's active generation other than ``generation`` becomes ``retired``."""
+    await conn.execute(PACK_GENERATION_RETIRE_ACTIVE, {"id": pack, "generation": generation})
+
+
+async def pack_generation_set_active(conn: Conn, pack: int, generation: int) -> None:
+    await conn.execute(PACK_GENERATION_SET_ACTIVE, {"id": pack, "generation": generation})
+
+
+async def pack_set_active_generation(conn: Conn, pack: int, generation: int) -> None:
+    await conn.execute(PACK_SET_ACTIVE_GENERATION, {"id": pack, "generation": generation})
+
+
+async def pack_list(conn: Conn) -> list[dict[str, Any]]:
+    """Every pack with each of its generations (one row per generation; a pack without any: one row
+    with NULL generation columns), by pack name and generation."""
+    return await _all(conn, PACK_LIST)
