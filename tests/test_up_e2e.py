@@ -4,9 +4,12 @@ ingress HTTP endpoint is materialized and executed by the demo handler."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -63,8 +66,22 @@ def test_connector_up_executes_a_signed_demo_delivery(tmp_path: Path, db_url: st
     assert secret.removeprefix("whsec_") not in out
 
 
+@pytest.fixture
+def outside_pytest_tmp() -> Iterator[Path]:
+    """A folder outside pytest's base temp: the embedded server runs as its own system user, which
+    must traverse the path, and every pytest session that starts on this machine resets
+    /tmp/pytest-of-<user> to mode 0700 (a second session beside this one made initdb fail)."""
+    path = Path(tempfile.mkdtemp(prefix="connector-up-test-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_connector_up_without_database_url_uses_embedded_postgres(tmp_path: Path) -> None:
+def test_connector_up_without_database_url_uses_embedded_postgres(outside_pytest_tmp: Path) -> None:
+    tmp_path = outside_pytest_tmp
     env = _env(tmp_path, None)
     proc = subprocess.run(
         [CONNECTOR, "up", "--once", "--timeout", "60"],
