@@ -14,7 +14,6 @@ import pytest
 from aiohttp import web
 
 from connector.common.grpc_server import GrpcServer
-from connector.executor.api.work_handler import register as register_work_handler
 from connector.executor.handlers import (
     EventFact,
     HandlerContext,
@@ -28,6 +27,7 @@ from connector.executor.handlers import (
 from connector.executor.handlers.grpc import GrpcHandler
 from connector.executor.handlers.http import HttpHandler, retry_after_s
 from connector.executor.handlers.python import HandlerUnavailable, python_handler
+from connector.executor.handlers.server import register as register_work_handler
 
 PAYLOAD = b'{"email": "alice@example.com", "customer": "cus_12345", "amount": 42}'
 

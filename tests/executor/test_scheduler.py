@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from connector.executor.scheduler import Scheduler, parse_budgets, parse_weights
+from connector.executor.work.scheduler import Scheduler, parse_budgets, parse_weights
 
 
 def _run_rounds(s: Scheduler, rounds: int, free: int, backlog: dict[tuple[int, str], int]) -> dict:

@@ -36,8 +36,8 @@ from connector.common.runtime import cancel_task
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
 from connector.common.upkeep import Upkeep, UpkeepConfig
 from connector.executor import stats
-from connector.executor.engine import Engine, engine_config_from_settings
 from connector.executor.metrics import REGISTRY
+from connector.executor.work import Engine, engine_config_from_settings
 
 log = logging.getLogger(__name__)
 

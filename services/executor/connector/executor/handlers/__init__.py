@@ -15,7 +15,8 @@ Failure summaries stored on the row are sanitized (``sanitize_summary``): the ex
 bounded message with payload fragments and secret-looking values removed.
 
 Handler kinds: ``python`` (``module:function``, sync or async), ``grpc`` (a remote
-``connector.v1.WorkHandlerService``) and ``http`` (POST JSON). See docs/executor.md.
+``connector.v1.WorkHandlerService``; ``server.py`` serves a python function as one) and ``http``
+(POST JSON). See docs/executor.md.
 """
 
 from __future__ import annotations
@@ -70,20 +71,15 @@ class EventFact:
 
 
 class HandlerContext:
-    """One claimed WorkItem, as its handler sees it (also the executor's own record of the claim).
+    """One claimed WorkItem, as its handler sees it (the executor's record of the claim,
+    ``work.inflight.InFlight``, extends it with its bookkeeping).
 
     ``attempt`` counts this execution (1 on the first). ``lease_lost`` turns true when the executor
     learns that another claimer fenced this lease (the handler should stop making effects);
     ``remaining_lease_s()`` is measured on the process's monotonic clock from the last renewal."""
 
     __slots__ = (
-        "_cancel",
         "_deadline",
-        "_done",
-        "_handler",
-        "_started",
-        "_t0",
-        "_task",
         "attempt",
         "content_type",
         "event",
@@ -116,12 +112,6 @@ class HandlerContext:
             self.target_mutation_lane_key,
         ) = row
         self._deadline = deadline
-        self._handler: Any = None
-        self._started = False
-        self._done = False
-        self._t0 = 0.0
-        self._cancel: str | None = None
-        self._task: asyncio.Task[Any] | None = None
         self.lease_lost = False
         self.event: EventFact | None = None
         self.payload: bytes | None = None

@@ -1,0 +1,194 @@
+"""The claimer: the only scanner of this process. It discovers which (pack, queue class) groups have
+ready rows, asks the scheduler how many of the free window each gets, claims them in one statement
+(``work_item_claim_batch``), loads the generation's handlers and the batch's event facts, and hands
+the items to the runners. It sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
+``poll_interval_s`` as the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from psycopg import AsyncConnection
+
+from connector.common.store import work_items
+from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
+from connector.executor import metrics as m
+from connector.executor.handlers import EventFact
+from connector.executor.work.inflight import InFlight
+
+if TYPE_CHECKING:
+    from connector.executor.work.engine import Engine
+
+monotonic = time.monotonic
+
+
+class Claimer:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def run(self) -> None:
+        e = self.engine
+        conn: AsyncConnection[Any] | None = None
+        next_discover = 0.0
+        backoff = 0.1
+        sched = e.scheduler
+        while e.claiming:
+            try:
+                if conn is None or conn.closed:
+                    await e.give_back(conn)
+                    conn = await e.dedicated()
+                now = monotonic()
+                if now >= next_discover or e.rediscover:
+                    e.rediscover = False
+                    await self._discover(conn, now)
+                    next_discover = now + e.cfg.poll_interval_s
+                free = e.capacity - len(e.held)
+                if free <= 0 or (free < e.min_claim and e.ready):
+                    e.wake.clear()
+                    await self._wait(e.cfg.poll_interval_s)
+                    continue
+                alloc = sched.allocate(min(free, e.cfg.claim_batch), e.held_by_pack, now)
+                if not alloc:
+                    e.wake.clear()
+                    due = sched.next_due()
+                    timeout = min(next_discover - now, (due - now) if due else 1e9)
+                    if await self._wait(max(0.0, timeout)):
+                        sched.mark_ready()
+                        next_discover = 0.0
+                    continue
+                await self._claim(conn, alloc)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                e.error("claim", exc)
+                if conn is not None and (conn.closed or conn.broken):
+                    await e.give_back(conn)
+                    conn = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        await e.give_back(conn)
+
+    async def _wait(self, limit_s: float) -> bool:
+        """Wait for a wake-up (True) or ``limit_s`` seconds (False)."""
+        wake = self.engine.wake
+        if wake.is_set():
+            return True
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=limit_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _discover(self, conn: AsyncConnection[Any], now: float) -> None:
+        e = self.engine
+        rows = await work_items.work_item_ready_groups(conn)
+        new = {r[0] for r in rows} - e.known_packs
+        if new:
+            names = await work_items.pack_names(conn)
+            m.PACK_NAMES.update(names)  # the metrics' pack label is the name
+            if e.cfg.pack_weights or e.cfg.pack_budgets:
+                e.scheduler.set_pack_names(names)
+        e.known_packs |= new
+        e.scheduler.observe(rows, now)
+
+    async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
+        e = self.engine
+        packs = [g.pack for g, _ in alloc]
+        qcs = [g.queue_class for g, _ in alloc]
+        limits = [n for _, n in alloc]
+        t0 = monotonic()
+        rows = await work_items.work_item_claim_batch(
+            conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s
+        )
+        dt = monotonic() - t0
+        m.CLAIM_SECONDS.observe(dt)
+        m.CLAIM_STATEMENTS.labels("rows" if rows else "empty").inc()
+        m.CLAIM_BATCH.observe(len(rows))
+        e.stats["claims"] += 1
+        e.stats["claimed"] += len(rows)
+        deadline = t0 + e.cfg.lease_s  # the lease started no earlier than we sent the claim
+        if len(alloc) == 1:
+            g, n = alloc[0]
+            e.scheduler.record(g, n, len(rows))
+            if rows:
+                m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
+        else:
+            got: dict[tuple[int, str], int] = {}
+            for r in rows:
+                k = (r[_PACK], r[_QUEUE_CLASS])
+                got[k] = got.get(k, 0) + 1
+            for g, n in alloc:
+                c = got.get(g.key, 0)
+                e.scheduler.record(g, n, c)
+                if c:
+                    m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
+        if not rows:
+            return
+        registry = e.registry
+        lookup = registry.lookup
+        held = e.held
+        hbp = e.held_by_pack
+        claimed = []
+        need_event: list[InFlight] = []
+        for r in rows:
+            f = InFlight(r, deadline)
+            if not registry.loaded(f.installed_pack_id, f.generation):
+                await self._load_generation(conn, f.installed_pack_id, f.generation)
+            rt = lookup(f.installed_pack_id, f.generation, f.work_type)
+            f.runtime = rt
+            if rt.needs_event:
+                need_event.append(f)
+            held[f.work_id] = f
+            hbp[f.installed_pack_id] = hbp.get(f.installed_pack_id, 0) + 1
+            claimed.append(f)
+        if need_event:
+            try:
+                await self._attach_events(conn, need_event)
+            except Exception:
+                # Claimed but not runnable: give them back rather than run without their context.
+                for f in claimed:
+                    e.finalizer.release(f, unstarted=True)
+                raise
+        e.ready.extend(claimed)
+        m.HELD.set(len(held))
+        idle = e.idle
+        for _ in range(min(len(claimed), len(idle))):
+            fut = idle.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _load_generation(self, conn: AsyncConnection[Any], pack: int, generation: int) -> None:
+        e = self.engine
+        found = await work_items.pack_generation_manifest(conn, pack, generation)
+        if found is None:
+            e.registry.install_broken(pack, generation, "the pack generation has no manifest row")
+            return
+        doc, name = found
+        try:
+            e.registry.install(pack, generation, doc, name)
+        except Exception as exc:  # a stored manifest this version cannot read: fail closed, retry
+            e.error("manifest", exc)
+            e.registry.install_broken(
+                pack, generation, f"the pack generation's manifest is not valid here ({type(exc).__name__})"
+            )
+
+    async def _attach_events(self, conn: AsyncConnection[Any], items: list[InFlight]) -> None:
+        rows = await work_items.work_item_event_batch(conn, sorted({f.event_id for f in items}))
+        by_id: dict[int, tuple[Any, ...]] = {int(r[0]): r for r in rows}
+        for f in items:
+            r = by_id.get(f.event_id)
+            if r is None:
+                continue
+            f.event = EventFact(*r[:EVENT_ROW_BODY])
+            body = r[EVENT_ROW_BODY]
+            f.payload = bytes(body) if body is not None else None
+            f.content_type = r[EVENT_ROW_CONTENT_TYPE]
+
+
+# Positions of a claimed row (work_items.ClaimedRow) the group count reads.
+_PACK = work_items.CLAIM_COLUMNS.index("installed_pack_id")
+_QUEUE_CLASS = work_items.CLAIM_COLUMNS.index("queue_class")

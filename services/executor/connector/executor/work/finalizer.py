@@ -1,0 +1,289 @@
+"""The finalizer: outcomes wait in a pending batch and are written by ``FINALIZERS`` flushers, each
+with its own connection (``work_item_finalize``: one fenced statement per kind of transition, rows in
+``work_id`` order; lane members in one transaction that locks their lanes first and settles them
+last, ADR 003). A flusher takes the whole plain batch, or one chunk of lane members; whatever
+finishes meanwhile forms the next batch. Lane chunks are small so that promotions commit early and
+the claimer, the other flusher and this one keep both database cores busy (a lane advances one
+member per flush). A statement that keeps failing on a healthy connection is abandoned after
+``FINALIZE_GIVE_UP`` tries: the items' leases expire and a reclaim retries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import AsyncConnection
+
+from connector.common.store import work_items
+from connector.common.store.lanes import Lane, LaneKind
+from connector.common.store.work_items import FailOp
+from connector.executor import metrics as m
+from connector.executor.handlers import Outcome, backoff_delay
+from connector.executor.work.inflight import InFlight
+
+if TYPE_CHECKING:
+    from connector.executor.work.engine import Engine
+
+monotonic = time.monotonic
+
+FINALIZERS = 2  # concurrent finalize flushes, one connection each (docs/executor.md: measured)
+LANE_FLUSH_MAX = 50  # lane members per flush: a round of 100 lanes splits between the two
+FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fine) is abandoned
+
+
+class Pending:
+    """Finalizes waiting for the next flush (plain items and lane items kept apart)."""
+
+    __slots__ = ("complete_ids", "complete_tokens", "fail", "items", "lanes")
+
+    def __init__(self) -> None:
+        self.complete_ids: list[int] = []
+        self.complete_tokens: list[int] = []
+        self.fail = work_items.FailBatch()
+        self.items: list[InFlight] = []
+        self.lanes: set[Lane] = set()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Finalizer:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._pending = Pending()  # plain items: one batch, flushed whole
+        self._lane_chunks: deque[Pending] = deque()  # lane members: chunks of <= LANE_FLUSH_MAX
+        self._inflight_flushes = 0
+        self._flush = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.run(), name=f"executor-finalizer-{i}") for i in range(FINALIZERS)
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    # ---------------------------------------------------------------------------------- enqueue
+
+    def finish(self, f: InFlight, out: Outcome | None) -> None:
+        """A runner's outcome for ``f`` (``None``: success)."""
+        f.done = True
+        if f.lease_lost and f.cancel == "lost":
+            # Cancelled because the lease was lost: nothing to write.
+            self.engine.abandon(f)
+            return
+        p = self._slot(f)
+        if out is None or out.kind == "success":
+            p.complete_ids.append(f.work_id)
+            p.complete_tokens.append(f.lease_token)
+        elif out.kind == "retry":
+            delay = out.delay_s
+            if delay is None:
+                pol = f.runtime.retry
+                delay = backoff_delay(
+                    f.attempt, pol.backoff_base_s, pol.backoff_cap_s, pol.jitter, self.engine.rnd
+                )
+            p.fail.add(
+                f.work_id,
+                f.lease_token,
+                FailOp.RETRY,
+                delay=max(0.0, float(delay)),
+                failure_class=out.failure_class,
+                summary=out.summary,
+            )
+        else:
+            p.fail.add(
+                f.work_id,
+                f.lease_token,
+                FailOp.DEAD,
+                failure_class=out.failure_class,
+                summary=out.summary,
+            )
+        p.items.append(f)
+        self._flush.set()
+
+    def release(self, f: InFlight, *, unstarted: bool) -> None:
+        """Give ``f`` back, immediately claimable elsewhere (``unstarted``: refund the attempt)."""
+        if f.done:
+            return
+        f.done = True
+        p = self._slot(f)
+        p.fail.add(f.work_id, f.lease_token, FailOp.RELEASE, unstarted=unstarted)
+        p.items.append(f)
+        self._flush.set()
+
+    def _slot(self, f: InFlight) -> Pending:
+        """Where a finished item waits for its flush: the plain batch, or the newest lane chunk."""
+        s_key = f.source_lane_key
+        t_key = f.target_mutation_lane_key
+        if s_key is None and t_key is None:
+            return self._pending
+        chunks = self._lane_chunks
+        if not chunks or len(chunks[-1]) >= LANE_FLUSH_MAX:
+            chunks.append(Pending())
+        p = chunks[-1]
+        if s_key is not None:
+            p.lanes.add((f.installed_pack_id, LaneKind.SOURCE, s_key))
+        if t_key is not None:
+            p.lanes.add((f.installed_pack_id, LaneKind.TARGET, t_key))
+        return p
+
+    def _take(self) -> Pending | None:
+        if len(self._pending):
+            batch, self._pending = self._pending, Pending()
+            return batch
+        if self._lane_chunks:
+            return self._lane_chunks.popleft()
+        return None
+
+    def has_pending(self) -> bool:
+        return bool(len(self._pending) or self._lane_chunks)
+
+    async def drain(self, limit_s: float) -> None:
+        """Flush until nothing is pending or in flight (or ``limit_s`` passed)."""
+        end = monotonic() + limit_s
+        while (self.has_pending() or self._inflight_flushes) and monotonic() < end:
+            self._flushed.clear()
+            self._flush.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flushed.wait(), timeout=max(0.01, end - monotonic()))
+
+    # ------------------------------------------------------------------------------------ flush
+
+    async def run(self) -> None:
+        e = self.engine
+        conn: AsyncConnection[Any] | None = None
+        backoff = 0.05
+        while True:
+            await self._flush.wait()
+            batch = self._take()
+            if batch is None:
+                self._flush.clear()
+                if not self._inflight_flushes:
+                    self._flushed.set()
+                continue
+            if not self.has_pending():
+                self._flush.clear()
+            self._inflight_flushes += 1
+            failures = 0
+            try:
+                while True:
+                    try:
+                        if conn is None or conn.closed:
+                            await e.give_back(conn)
+                            conn = await e.dedicated()
+                        await self._flush_batch(conn, batch)
+                        backoff = 0.05
+                        break
+                    except asyncio.CancelledError:
+                        await e.give_back(conn)
+                        raise
+                    except psycopg.errors.DeadlockDetected:
+                        m.DEADLOCK_RETRIES.inc()
+                        e.stats["deadlocks"] += 1
+                    except Exception as exc:
+                        e.error("finalize", exc)
+                        connection_lost = conn is None or conn.closed or conn.broken
+                        if connection_lost:
+                            await e.give_back(conn)
+                            conn = None
+                        else:
+                            failures += 1
+                        if failures >= FINALIZE_GIVE_UP:
+                            # The statement itself keeps failing (not the connection): do not wedge
+                            # the process. Abandon the items; their leases expire and another
+                            # claimer's reclaim retries them.
+                            for f in batch.items:
+                                e.abandon(f)
+                            break
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 2.0)
+            finally:
+                self._inflight_flushes -= 1
+            self._flushed.set()
+
+    async def _flush_batch(self, conn: AsyncConnection[Any], batch: Pending) -> None:
+        e = self.engine
+        t0 = monotonic()
+        n = len(batch)
+        if batch.lanes:
+            # Lane members and plain items of one flush share the transaction: the plain ones just
+            # ride along (no lock is taken for them).
+            # The members this flush promotes are claimed by this process's own loop (woken below)
+            # as far as its window allows; only what it cannot take is announced to the others.
+            free = e.capacity - len(e.held) + len(batch)
+            res = await work_items.work_item_finalize(
+                conn,
+                batch.complete_ids,
+                batch.complete_tokens,
+                batch.fail,
+                batch.lanes,
+                notify_above=free if e.claiming else 0,
+            )
+        else:
+            res = await work_items.work_item_finalize(
+                conn, batch.complete_ids, batch.complete_tokens, batch.fail
+            )
+        m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
+        m.FINALIZE_BATCH.observe(n)
+        if res.complete_stale:
+            m.STALE.labels("complete").inc(res.complete_stale)
+        if res.fail_stale:
+            m.STALE.labels("finalize_failure").inc(res.fail_stale)
+        e.stats["stale"] += res.complete_stale + res.fail_stale
+        e.stats["completed"] += len(res.completed)
+        if res.promoted:
+            m.LANE_PROMOTIONS.inc(res.promoted)
+            e.scheduler.mark_ready({lane[0] for lane in batch.lanes})
+            e.wake.set()
+        held = e.held
+        hbp = e.held_by_pack
+        for f in batch.items:
+            if held.pop(f.work_id, None) is not None:
+                hbp[f.installed_pack_id] -= 1
+        counts: dict[tuple[int, str, str], int] = {}
+        if res.completed:
+            kinds = {(c.installed_pack_id, c.work_type) for c in batch.items}
+            if len(kinds) == 1:
+                pack, work_type = kinds.pop()
+                counts[(pack, work_type, "succeeded")] = len(res.completed)
+            else:
+                kind_of = {c.work_id: (c.installed_pack_id, c.work_type) for c in batch.items}
+                for wid in res.completed:
+                    k = (*kind_of[wid], "succeeded")
+                    counts[k] = counts.get(k, 0) + 1
+        if res.transitions:
+            fail = batch.fail
+            info = {
+                wid: (op, delay, cls)
+                for wid, op, delay, cls in zip(fail.ids, fail.ops, fail.delays, fail.classes, strict=True)
+            }
+            by_id = {c.work_id: c for c in batch.items}
+            now = monotonic()
+            for wid, st in res.transitions:
+                op, delay, cls = info[wid]
+                f = by_id[wid]
+                label = "released" if op == FailOp.RELEASE else st
+                k = (f.installed_pack_id, f.work_type, label)
+                counts[k] = counts.get(k, 0) + 1
+                if op != FailOp.RELEASE and cls:
+                    m.failure(f.installed_pack_id, f.work_type, cls)
+                if st in ("retry", "pending"):
+                    due = now + delay if (op == FailOp.RETRY and delay > 0) else 0.0
+                    e.scheduler.note_due(f.installed_pack_id, f.queue_class, due)
+            e.wake.set()
+        for (pack, work_type, label), c in counts.items():
+            m.OUTCOMES.labels(m.pack_label(pack), m.work_type_label(work_type), label).inc(c)
+        m.HELD.set(len(held))
+        e.space()

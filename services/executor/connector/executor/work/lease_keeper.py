@@ -1,0 +1,97 @@
+"""The lease keeper: every ``lease_s / 3`` it renews every held, undecided item in one fenced
+statement (``work_item_renew_lease_batch``) and enforces handler timeouts. An item whose renewal
+matched nothing was fenced by another claimer: its handler is cancelled (async) or its late result
+is rejected by the fenced finalize (sync). Without a successful renewal within the lease (database
+unreachable) the lease is presumed lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from connector.common.store import work_items
+from connector.executor import metrics as m
+from connector.executor.work.inflight import InFlight
+
+if TYPE_CHECKING:
+    from connector.executor.work.engine import Engine
+
+monotonic = time.monotonic
+
+
+class LeaseKeeper:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def run(self) -> None:
+        e = self.engine
+        interval = max(0.05, e.cfg.lease_s / 3.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.renew_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                e.error("renew", exc)
+            self._expire_local()
+
+    async def renew_once(self) -> None:
+        e = self.engine
+        live = sorted((f for f in e.held.values() if not f.done), key=lambda f: f.work_id)
+        self._enforce_timeouts(live)
+        if not live:
+            return
+        ids = [f.work_id for f in live]
+        tokens = [f.lease_token for f in live]
+        t0 = monotonic()
+        async with e.pool.connection() as conn:
+            renewed = await work_items.work_item_renew_lease_batch(conn, ids, tokens, lease_s=e.cfg.lease_s)
+        deadline = t0 + e.cfg.lease_s
+        lost = 0
+        for f in live:
+            if f.work_id in renewed:
+                f.renewed(deadline)
+            elif not f.done and e.held.get(f.work_id) is f:
+                lost += 1
+                self._lose(f)
+        if renewed:
+            m.RENEWED.inc(len(renewed))
+        if lost:
+            m.STALE.labels("renew").inc(lost)
+            e.stats["stale"] += lost
+
+    def _lose(self, f: InFlight) -> None:
+        """This process no longer holds the lease: abandon the item."""
+        e = self.engine
+        f.lease_lost = True
+        if not f.started:
+            with contextlib.suppress(ValueError):
+                e.ready.remove(f)
+            e.abandon(f)
+            return
+        handler = f.runtime.handler
+        if f.task is not None and getattr(handler, "is_async", True):
+            f.cancel = "lost"
+            f.task.cancel()
+        # A sync handler cannot be interrupted: its late result is written fenced (and rejected).
+
+    def _expire_local(self) -> None:
+        """No successful renewal within the lease (database unreachable): presume the lease lost."""
+        now = monotonic()
+        for f in list(self.engine.held.values()):
+            if not f.done and f.deadline <= now:
+                self._lose(f)
+
+    def _enforce_timeouts(self, live: list[InFlight]) -> None:
+        now = monotonic()
+        for f in live:
+            if f.task is None or f.cancel is not None:
+                continue
+            rt = f.runtime
+            if f.t0 and now - f.t0 > rt.timeout_s:
+                f.cancel = "timeout"
+                f.task.cancel()

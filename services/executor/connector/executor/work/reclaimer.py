@@ -1,0 +1,51 @@
+"""The reclaimer: every ``reclaim_interval_s`` (±20 % jitter) it moves expired leases of any process
+back to ``retry`` (``dead`` when attempts are exhausted) with ``work_item_reclaim_expired``, which
+re-checks state, token and expiry in the same statement, so any number of reclaimers is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from connector.common.store import work_items
+from connector.executor import metrics as m
+
+if TYPE_CHECKING:
+    from connector.executor.work.engine import Engine
+
+
+class Reclaimer:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def run(self) -> None:
+        e = self.engine
+        while True:
+            interval = e.cfg.reclaim_interval_s
+            await asyncio.sleep(interval * (0.8 + 0.4 * e.rnd.random()))
+            try:
+                await self.reclaim_once()
+            except asyncio.CancelledError:
+                raise
+            except psycopg.errors.DeadlockDetected:
+                m.DEADLOCK_RETRIES.inc()
+                e.stats["deadlocks"] += 1
+            except Exception as exc:
+                e.error("reclaim", exc)
+
+    async def reclaim_once(self) -> list[work_items.Reclaimed]:
+        e = self.engine
+        async with e.pool.connection() as conn:
+            rows = await work_items.work_item_reclaim_expired(conn)
+        if rows:
+            for st in ("retry", "dead"):
+                c = sum(1 for r in rows if r.state == st)
+                if c:
+                    m.RECLAIMED.labels(st).inc(c)
+            e.stats["reclaimed"] += len(rows)
+            e.scheduler.mark_ready({r.installed_pack_id for r in rows})
+            e.wake.set()
+        return rows

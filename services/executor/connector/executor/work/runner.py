@@ -1,0 +1,88 @@
+"""The runners: ``workers`` tasks that take ready items and run their handlers (one at a time each),
+classify what the handler answered or raised, and hand the outcome to the finalizer. A runner that
+is cancelled because its item's lease was lost, or because the handler overran its timeout, carries
+on with the next item; one cancelled for shutdown stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from connector.executor import metrics as m
+from connector.executor.handlers import Outcome, classify, sanitize_summary
+from connector.executor.handlers.registry import WorkTypeRuntime
+
+if TYPE_CHECKING:
+    from connector.executor.work.engine import Engine
+
+monotonic = time.monotonic
+
+
+def unknown_outcome(rt: WorkTypeRuntime) -> Outcome:
+    if rt.unknown:
+        return Outcome.fail("unknown_work_type", "the pack generation declares no such work type")
+    return Outcome.retry(
+        None, "handler_unavailable", sanitize_summary(rt.unavailable or "handler unavailable")
+    )
+
+
+class Runner:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def run(self) -> None:
+        e = self.engine
+        loop = asyncio.get_running_loop()
+        ready = e.ready
+        idle = e.idle
+        me = asyncio.current_task()
+        finish = e.finalizer.finish
+        n = 0
+        while True:
+            if not ready:
+                fut = loop.create_future()
+                idle.append(fut)
+                await fut
+                continue
+            f = ready.popleft()
+            if f.lease_lost:
+                e.abandon(f)
+                continue
+            rt = f.runtime
+            e.running += 1
+            f.started = True
+            f.task = me
+            try:
+                handler = rt.handler
+                if handler is None:
+                    out: Outcome | None = unknown_outcome(rt)
+                else:
+                    f.t0 = t0 = monotonic()
+                    try:
+                        out = await handler(f)
+                    finally:
+                        m.handler_seconds(f.installed_pack_id, f.work_type).observe(monotonic() - t0)
+            except asyncio.CancelledError:
+                reason = f.cancel
+                if reason is None or reason == "shutdown" or me is None:
+                    e.running -= 1
+                    f.task = None
+                    raise
+                me.uncancel()
+                out = (
+                    None
+                    if reason == "lost"
+                    else Outcome.retry(None, "timeout", "the handler overran its timeout")
+                )
+            except Exception as exc:
+                out = classify(exc, f.payload)
+            e.running -= 1
+            f.task = None
+            finish(f, out)
+            if e.draining and not e.running:
+                e.idle_runners.set()
+            n += 1
+            if n & 31 == 0:
+                await asyncio.sleep(0)  # handlers that never suspend must not starve the other loops
