@@ -82,8 +82,21 @@ class IngressSettings(PoolSettings):
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(default=9101, ge=0, le=65535)
-    #: Largest accepted request body in bytes (413 above it).
+    #: Largest accepted request body in bytes (413 above it; for a compressed body, the inflated size).
     max_body_bytes: int = Field(default=1_048_576, ge=1)
+    #: HTTP edge defences (docs/ingress.md, "Defences"). A new connection whose request headers are
+    #: not complete this many seconds after it connected is closed.
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    #: A request body not complete this many seconds after its headers is answered 408 (and closed).
+    http_body_timeout_s: float = Field(default=30.0, gt=0)
+    #: A kept-alive connection whose next request headers are not complete this long after the
+    #: previous answer is closed.
+    http_keepalive_timeout_s: float = Field(default=15.0, gt=0)
+    #: Open HTTP connections at most (0: half the soft descriptor limit, at most 10,000). Past it the
+    #: connection waiting longest for a request is closed first (see the docs for the order).
+    http_max_connections: int = Field(default=0, ge=0)
+    #: Listen backlog (lowered so that a full backlog fits in the descriptors over the cap).
+    http_backlog: int = Field(default=1024, ge=1)
     #: Group commit: the longest a delivery waits for companions before its batch commits.
     group_commit_max_wait_ms: float = Field(default=0.0, ge=0)
     group_commit_max_batch: int = Field(default=256, ge=1)

@@ -36,6 +36,7 @@ BODY_EMPTY: Final = "body_empty"
 INVALID_JSON: Final = "invalid_json"
 UNSUPPORTED_MEDIA_TYPE: Final = "unsupported_media_type"
 BAD_HEADER: Final = "bad_header"
+BAD_URI: Final = "bad_uri"
 NAMESPACE_LIMIT: Final = "namespace_limit"
 
 REJECT_STATUS: Final[dict[str, int]] = {
@@ -46,11 +47,24 @@ REJECT_STATUS: Final[dict[str, int]] = {
     INVALID_JSON: 400,
     UNSUPPORTED_MEDIA_TYPE: 415,
     BAD_HEADER: 400,
+    BAD_URI: 400,
     NAMESPACE_LIMIT: 429,
 }
 VERIFY_STATUS: Final = 401
 #: Failure status when no route is known (the route's own ``failure_status`` otherwise).
 DEFAULT_FAILURE_STATUS: Final = 503
+
+
+class InvalidInput(Exception):
+    """Raised by a lazily computed input (the ``{uri}`` of a signed-content template) that cannot be
+    used, e.g. a ``Host`` that is not valid UTF-8: the delivery is refused with ``reason`` (400),
+    never an internal error."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Outcome:
@@ -216,6 +230,8 @@ class Admission:
             verification = verifier.verify(headers, body, method, uri, received_at if now is None else now)
         except verify.Rejected as exc:
             return Outcome(VERIFY_STATUS, REJECTED, exc.reason)
+        except InvalidInput as exc:
+            return self.reject(exc.reason)
         raw_content_type = headers.get("Content-Type")
         doc: Any = None
         if route.content_json:

@@ -39,7 +39,7 @@ from connector.common.settings import DatabaseSettings, IngressSettings, load
 from connector.ingress import metrics
 from connector.ingress.admission import Admission
 from connector.ingress.api import ingress_servicer
-from connector.ingress.http import build_server
+from connector.ingress.http import HttpLimits, build_server
 from connector.ingress.receipts import ReceiptWriter
 from connector.ingress.routes import RouteTable
 
@@ -77,6 +77,8 @@ class IngressService:
         self._metrics_server: Any = None
         self._metrics_thread: threading.Thread | None = None
         self.http_port = 0
+        #: The HTTP connection cap in force (derived from the descriptor limit unless set).
+        self.http_max_connections = 0
         self.grpc_port = 0
         self.metrics_port = 0
 
@@ -132,14 +134,24 @@ class IngressService:
             await self._grpc.start()
             self.grpc_port = self._grpc.port
 
-            server = build_server(admission, ready=self.ready, public_base_url=s.public_base_url)
+            server = build_server(
+                admission,
+                ready=self.ready,
+                public_base_url=s.public_base_url,
+                limits=HttpLimits.from_settings(s),
+            )
             self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
             await self._runner.setup()
             site = web.TCPSite(
-                self._runner, s.http_host, s.http_port, backlog=1024, reuse_port=self._reuse_port or None
+                self._runner,
+                s.http_host,
+                s.http_port,
+                backlog=server.guard.backlog,
+                reuse_port=self._reuse_port or None,
             )
             await site.start()
             self.http_port = int(self._runner.addresses[0][1])
+            self.http_max_connections = server.guard.max_connections
 
             if self._serve_metrics:
                 metrics_server, thread = start_http_server(
@@ -158,6 +170,7 @@ class IngressService:
                 "metrics_port": self.metrics_port,
                 "routes": len(self.routes),
                 "process_id": self.process_id,
+                "http_max_connections": self.http_max_connections,
             },
         )
 
