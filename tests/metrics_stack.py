@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
+import json
 import os
 import shutil
 import subprocess
@@ -30,8 +32,52 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import e2e_bench  # noqa: E402
+from connector.executor.handlers import HandlerContext, Outcome, work_handler  # noqa: E402
 
 SERVICES = ("ingress", "materializer", "executor")
+#: A second pack whose work never succeeds: one WorkItem waits an hour to retry (queue depth), one
+#: goes dead at once (dead letters, failure classes).
+PROBE_NAMESPACE = "probe"
+PROBE_PACK = "metrics-probe"
+
+
+@work_handler(needs_event=False)
+async def retry_later(ctx: HandlerContext) -> Outcome:
+    return Outcome.retry(3600.0, "probe_retry", "retry in an hour")
+
+
+@work_handler(needs_event=False)
+async def fail_now(ctx: HandlerContext) -> Outcome:
+    return Outcome.fail("probe_invalid", "permanently refused")
+
+
+def _probe_manifest() -> dict:
+    doc = e2e_bench._manifest()
+    doc["name"] = PROBE_PACK
+    doc["namespace"] = PROBE_NAMESPACE
+    doc["work_types"] = {
+        "later": {
+            "handler": {"kind": "python", "target": "tests.metrics_stack:retry_later"},
+            "retry": {"max_attempts": 5, "backoff_base_s": 3600, "backoff_cap_s": 3600, "jitter": 0},
+        },
+        "fail": {"handler": {"kind": "python", "target": "tests.metrics_stack:fail_now"}},
+    }
+    doc["routes"][0]["fan_out"] = [{"work_type": "later"}, {"work_type": "fail"}]
+    return doc
+
+
+async def _install_probe(url: str) -> None:
+    import psycopg
+
+    from connector.common import pack_store
+    from connector.common.packs import parse_manifest
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await pack_store.pack_apply(
+            conn, parse_manifest(_probe_manifest()), activate=True, actor="metrics-test"
+        )
+
+
 INSTALL_SCRIPT = ROOT / "scripts" / "install-prometheus.sh"
 
 
@@ -87,13 +133,29 @@ class Stack:
                 log = (self.logs / f"e2e-{name}.log").read_text(errors="replace")[-3000:]
                 raise AssertionError(f"{name} exited with code {p.returncode}:\n{log}")
 
-    def post(self, msg_id: str, *, bad_signature: bool = False) -> int:
+    def post(self, msg_id: str, *, bad_signature: bool = False, namespace: str = e2e_bench.NAMESPACE) -> int:
         """One signed delivery (or one whose signature is wrong); the HTTP status."""
         secret = self.secret
         if bad_signature:
             secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
+        key = base64.b64decode(secret.removeprefix("whsec_"))
+        ts = int(time.time())
+        body = json.dumps({"type": "metrics.probe", "id": msg_id}).encode()
+        sig = base64.b64encode(hmac.digest(key, f"{msg_id}.{ts}.".encode() + body, "sha256")).decode()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/v1/webhooks/{namespace}/{e2e_bench.ROUTE_KEY}",
+            data=body,
+            method="POST",
+            headers={
+                "content-type": "application/json",
+                "webhook-id": msg_id,
+                "webhook-timestamp": str(ts),
+                "webhook-signature": f"v1,{sig}",
+            },
+        )
         try:
-            return e2e_bench._post_one(self.http_port, secret, msg_id)
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return int(r.status)
         except urllib.error.HTTPError as exc:
             return int(exc.code)
 
@@ -123,6 +185,24 @@ class Stack:
             assert status == 200, status
         for i in range(refused):
             assert self.post(f"bad_{i}", bad_signature=True) == 401
+        probe = f"probe_{os.urandom(4).hex()}"
+        assert self.post(probe, namespace=PROBE_NAMESPACE) == 200
+        wait_for(
+            lambda: (
+                sorted(
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT w.state FROM connector_work_item w JOIN connector_event e USING (event_id)"
+                        " JOIN connector_ingress_receipt r USING (receipt_id)"
+                        " WHERE r.provider_delivery_id = %s",
+                        (probe,),
+                    ).fetchall()
+                )
+                == ["dead", "retry"]
+            ),
+            "the probe's WorkItems to be dead and waiting to retry",
+            check=self.check_alive,
+        )
         wait_for(
             lambda: (
                 conn.execute(
@@ -144,6 +224,7 @@ def running_stack(db_url: str, tmp_path: Path) -> Iterator[Stack]:
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     os.environ[e2e_bench.SECRET_ENV] = secret  # the pack apply checks that the reference resolves
     asyncio.run(e2e_bench._install(db_url))
+    asyncio.run(_install_probe(db_url))
     port = e2e_bench._free_port
     stack = Stack(
         url=db_url,

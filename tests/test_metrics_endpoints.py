@@ -44,8 +44,12 @@ def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, t
             assert stack.post_path(path) == 404
         texts = {s: scrape(stack.metrics[s]) for s in SERVICES}
         # the sampler has published its gauges at least once
+        # the stats sampler has published the probe's retry-waiting item (state, not time)
+        sampled = re.compile(
+            r'^connector_executor_queue_depth\{[^}]*pack="metrics-probe"[^}]*state="retry"', re.M
+        )
         deadline = time.monotonic() + 60
-        while "connector_executor_queue_depth" not in texts["executor"] or (
+        while not sampled.search(texts["executor"]) or (
             "connector_executor_active_claimants 1.0" not in texts["executor"]
         ):
             assert time.monotonic() < deadline, "the executor's stats sampler never published"
@@ -78,7 +82,9 @@ def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, t
         assert handled, f"{service}: no gRPC server samples after a health check"
         assert {"grpc_type", "grpc_service", "grpc_method", "grpc_code"} == set(handled[0].labels)
         pools = [s for s in families["connector_db_pool_size"].samples]
-        assert pools and {s.labels["service"] for s in pools} == {service}, pools
+        pool_services = {s.labels["service"] for s in pools}
+        assert service in pool_services, pools  # plus its second pools (executor-admin), nobody else's
+        assert all(p == service or p.startswith(f"{service}-") for p in pool_services), pools
 
         for name in names:
             if name.startswith(("connector_", "grpc_server_")):
@@ -92,12 +98,25 @@ def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, t
     assert routes[("bench", "events", "accepted")] >= 10, routes
     assert routes[("bench", "events", "rejected")] >= 3, routes
     assert routes[("_unknown", "_unknown", "rejected")] >= 2, routes  # strangers' paths: one value
-    assert {(ns, r) for ns, r, _ in routes} == {("bench", "events"), ("_unknown", "_unknown")}, routes
+    assert {(ns, r) for ns, r, _ in routes} == {
+        ("bench", "events"),
+        ("probe", "events"),
+        ("_unknown", "_unknown"),
+    }
 
     executor = _families(texts["executor"])
     outcome_packs = {s.labels["pack"] for s in executor["connector_executor_outcomes"].samples}
-    assert outcome_packs == {"bench-e2e"}, outcome_packs  # the name, never the numeric id
-    assert {s.labels["pack"] for s in executor["connector_executor_queue_depth"].samples} <= {"bench-e2e"}
+    assert outcome_packs == {"bench-e2e", "metrics-probe"}, outcome_packs  # the name, never the numeric id
+    depth = {
+        (s.labels["pack"], s.labels["state"]): s.value
+        for s in executor["connector_executor_queue_depth"].samples
+    }
+    assert depth.get(("metrics-probe", "retry")) == 1, depth
+    failures = {
+        (s.labels["pack"], s.labels["work_type"], s.labels["failure_class"]): s.value
+        for s in executor["connector_executor_failures"].samples
+    }
+    assert failures.get(("metrics-probe", "fail", "probe_invalid")) == 1, failures
     runs = [
         s
         for s in executor["connector_executor_handler_seconds"].samples
@@ -109,3 +128,32 @@ def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, t
         texts["materializer"],
         re.M,
     )
+
+
+def test_one_process_running_all_services_keeps_the_registries_apart() -> None:
+    """``connector up`` imports every service into one process: each registry still holds only its
+    own service's families (and its own samples of the shared pool families)."""
+    from prometheus_client import generate_latest
+
+    import connector.executor.admin.auth  # noqa: F401  (registers the admin families)
+    import connector.executor.metrics as executor_metrics
+    import connector.ingress.metrics as ingress_metrics
+    import connector.materializer.metrics as materializer_metrics
+    from connector.common import metrics as common
+    from connector.common.grpc_server import GRPC_METRICS
+
+    registries = {
+        "ingress": ingress_metrics.REGISTRY,
+        "materializer": materializer_metrics.REGISTRY,
+        "executor": executor_metrics.REGISTRY,
+    }
+    for service in SERVICES:
+        GRPC_METRICS(service).handled.labels("unary", "x.v1.S", "M", "OK").inc()
+        assert common.registry(service) is registries[service]
+    for service, reg in registries.items():
+        names = {f.name for f in text_string_to_metric_families(generate_latest(reg).decode())}
+        for other in SERVICES:
+            if other != service:
+                assert not [n for n in names if n.startswith(OWN_PREFIX[other])], (service, other)
+        assert not [n for n in names if n.startswith(FOREIGN_EXTRA[service])], service
+        assert "connector_build_info" in names and "grpc_server_handled" in names, service

@@ -9,7 +9,8 @@ Every service (``ingress``, ``materializer``, ``executor``) exports only its own
   collectors;
 * families made per service by shared code (``PerService``: the gRPC server metrics);
 * its share of the families of shared code kept in ``SHARED`` (pool gauges, upkeep): those carry a
-  ``service`` label and a service's registry yields only the samples whose ``service`` is its own.
+  ``service`` label and a service's registry yields only the samples whose ``service`` is its own
+  or one of its own pools' (``executor-admin`` is the executor's admin API pool).
 
 ``connector up`` runs the three services in one process and still serves one endpoint per service
 (each its own registry), so a scrape configuration written for separate deployments works unchanged.
@@ -87,15 +88,20 @@ class _BuildInfo(Collector):
 
 
 class _SharedView(Collector):
-    """The samples of ``SHARED`` families whose ``service`` label is this service."""
+    """The samples of ``SHARED`` families whose ``service`` label is this service or ``<service>-*``
+    (a second pool of the same service, e.g. ``executor-admin``)."""
 
     def __init__(self, service: str) -> None:
         self._service = service
+        self._prefix = f"{service}-"
+
+    def _mine(self, value: str | None) -> bool:
+        return value is not None and (value == self._service or value.startswith(self._prefix))
 
     def collect(self) -> Iterable[Metric]:
         out = []
         for family in SHARED.collect():
-            mine = [s for s in family.samples if s.labels.get("service") == self._service]
+            mine = [s for s in family.samples if self._mine(s.labels.get("service"))]
             if not mine:
                 continue
             copy = Metric(family.name, family.documentation, family.type, family.unit)
