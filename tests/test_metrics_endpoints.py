@@ -157,3 +157,30 @@ def test_one_process_running_all_services_keeps_the_registries_apart() -> None:
                 assert not [n for n in names if n.startswith(OWN_PREFIX[other])], (service, other)
         assert not [n for n in names if n.startswith(FOREIGN_EXTRA[service])], service
         assert "connector_build_info" in names and "grpc_server_handled" in names, service
+
+
+def test_fast_histogram_exports_what_a_prometheus_client_histogram_exports() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from connector.common.metrics import LATENCY_BUCKETS, FastHistogram
+
+    values = [0.0, 0.00025, 0.0003, 0.001, 0.0049, 0.2, 2.5, 9.99, 10.0, 11.0, 1e6]
+    fast_reg, ref_reg = CollectorRegistry(), CollectorRegistry()
+    fast = FastHistogram("h_seconds", "doc", ("pack", "work_type"), LATENCY_BUCKETS, fast_reg)
+    ref = Histogram("h_seconds", "doc", ["pack", "work_type"], buckets=LATENCY_BUCKETS, registry=ref_reg)
+    for v in values:
+        fast.labels("p", "w").observe(v)
+        ref.labels("p", "w").observe(v)
+    fast.labels("q", "w").observe(0.5)
+    ref.labels("q", "w").observe(0.5)
+
+    def samples(reg: CollectorRegistry) -> set[tuple]:
+        return {
+            (s.name, tuple(sorted(s.labels.items())), round(s.value, 9))
+            for f in text_string_to_metric_families(generate_latest(reg).decode())
+            for s in f.samples
+            if not s.name.endswith("_created")
+        }
+
+    assert samples(fast_reg) == samples(ref_reg)
+    assert samples(fast_reg)  # not vacuous

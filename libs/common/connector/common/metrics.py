@@ -25,6 +25,7 @@ import asyncio
 import os
 import platform
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import Any, Generic, TypeVar
@@ -37,7 +38,7 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # Latency buckets from 0.25 ms to 10 s, dense where the hot paths live.
@@ -145,6 +146,69 @@ class PerService(Generic[T]):
                 if made is None:
                     made = self._made[service] = self._make(registry(service))
         return made
+
+
+class FastHistogramChild:
+    """One label set of a ``FastHistogram``: per-bucket counts and the sum, no lock."""
+
+    __slots__ = ("_bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.total += value
+
+
+class FastHistogram(Collector):
+    """A histogram for a per-item hot path, observed from one event-loop thread: ~0.3 µs per
+    observation instead of prometheus_client's ~3 µs (its lock and per-bucket objects). The scrape
+    thread reads the counters without a lock: a scrape racing an observation may see the new
+    bucket count and the old sum (within one observation; cumulative counts stay monotonic)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name = name
+        self._doc = documentation
+        self._labelnames = list(labelnames)
+        self._bounds = tuple(float(b) for b in buckets)
+        self._children: dict[tuple[str, ...], FastHistogramChild] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def labels(self, *values: str) -> FastHistogramChild:
+        child = self._children.get(values)
+        if child is None:
+            with self._lock:
+                child = self._children.setdefault(values, FastHistogramChild(self._bounds))
+        return child
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)]
+
+    def collect(self) -> Iterable[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labelnames)
+        for values, child in list(self._children.items()):
+            counts = list(child.counts)
+            cumulative, buckets = 0, []
+            for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
+                cumulative += n
+                buckets.append((_bound_text(bound), cumulative))
+            family.add_metric(list(values), buckets, child.total)
+        return [family]
+
+
+def _bound_text(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 class _CallbackCollector(Collector):

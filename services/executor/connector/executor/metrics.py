@@ -14,7 +14,13 @@ import re
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
+from connector.common.metrics import (
+    BATCH_BUCKETS,
+    LATENCY_BUCKETS,
+    FastHistogram,
+    FastHistogramChild,
+    registry,
+)
 
 #: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.metrics).
 REGISTRY = registry("executor")
@@ -62,10 +68,11 @@ FAILURES = Counter(
     ["pack", "work_type", "failure_class"],
     registry=REGISTRY,
 )
-HANDLER_SECONDS = Histogram(
+# Observed once per execution: the lock-free histogram (connector.common.metrics.FastHistogram).
+HANDLER_SECONDS = FastHistogram(
     "connector_executor_handler_seconds",
     "Handler execution time (start of the call to its outcome, timeouts and errors included)",
-    ["pack", "work_type"],
+    ("pack", "work_type"),
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
@@ -154,7 +161,7 @@ MAX_FAILURE_CLASSES = 64
 MAX_WORK_TYPES = 256
 _failure_classes: set[str] = set()
 _work_types: set[str] = set()
-_handler_children: dict[tuple[int, str], Histogram] = {}
+_handler_children: dict[tuple[int, str], FastHistogramChild] = {}
 
 
 def pack_label(pack: int) -> str:
@@ -182,7 +189,7 @@ def failure_class_label(failure_class: str) -> str:
     return _bounded(failure_class, _failure_classes, MAX_FAILURE_CLASSES)
 
 
-def handler_seconds(pack: int, work_type: str) -> Histogram:
+def handler_seconds(pack: int, work_type: str) -> FastHistogramChild:
     child = _handler_children.get((pack, work_type))
     if child is None:
         child = HANDLER_SECONDS.labels(pack_label(pack), work_type_label(work_type))
