@@ -93,6 +93,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "receipt_mark_retry_batch": frozenset({MATERIALIZER}),
     "receipt_release_batch": frozenset({MATERIALIZER}),
     "event_insert_batch": frozenset({MATERIALIZER}),
+    "work_item_insert_batch": frozenset({MATERIALIZER}),
     # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
     "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_renew_lease_batch": frozenset({EXECUTOR_ROLE}),
@@ -330,7 +331,6 @@ ALLOWLIST: dict[str, str] = {
     "services/executor/connector/executor/admin/stats.py": "admin stats reads -> store.work_items/authority",
     "services/executor/connector/executor/admin/transitions.py": "cutover receipt and legacy failure reads",
     # materializer/ingress/common engineer (F):
-    "libs/common/connector/common/materialization.py": "WorkItem insert and lane statements -> store",
     "libs/cli/connector/cli/up.py": "connector up's database checks",
     "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
 }

@@ -8,8 +8,7 @@ from typing import Any
 
 from psycopg import sql
 
-from connector.common import materialization
-from connector.common.store import receipts
+from connector.common.store import lanes, receipts
 from tests.plans import assert_update_reads_by_key, plan_nodes, positional
 
 from .conftest import apply, bulk_receipts, manifest, work_type
@@ -89,7 +88,7 @@ async def test_lane_overtaken_check_probes_the_lane_index(adb) -> None:
     await adb.execute("ANALYZE connector_work_item")
     nodes = await _explain(
         adb,
-        materialization.WORK_ITEM_LANE_OVERTAKEN,
+        lanes.LANE_OVERTAKEN,
         {"packs": [1, 1], "kinds": ["s", "t"], "keys": ["lane-7", "target-3"], "seqs": [10, 10]},
     )
     scans = _scans(nodes, "connector_work_item")

@@ -28,18 +28,12 @@ from typing import Any
 
 import psycopg
 
-from connector.common.materialization import (
-    EventDraft,
-    Failure,
-    RouteCompiler,
-    WorkRow,
-    materialize,
-    plan_receipt,
-)
+from connector.common.materialization import EventDraft, Failure, RouteCompiler, materialize, plan_receipt
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import Manifest, RouteSpec
 from connector.common.store import events, packs
 from connector.common.store.receipts import ReceiptRow
+from connector.common.store.work_items import WorkRow
 
 log = logging.getLogger(__name__)
 

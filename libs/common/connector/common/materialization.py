@@ -22,7 +22,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common import extraction, schema
+from connector.common import extraction
 from connector.common.extraction import (
     Context,
     Getter,
@@ -36,8 +36,9 @@ from connector.common.jsonvalues import scalar_text
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, canonical_json
 from connector.common.store import events
-from connector.common.store.lanes import Lane, lane_holding, lane_lock_batch, lane_settle_batch
+from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
+from connector.common.store.work_items import WorkRow, work_item_insert_batch, work_notify
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
 #: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).
@@ -352,76 +353,6 @@ def plan_batch(
 # Insert: events and WorkItems in the caller's transaction
 # --------------------------------------------------------------------------------------------------
 
-# The WorkItem-creating statements (the materializer is their sole writer). They join the WorkItem
-# store module (store/work_items.py) when it exists; until then they are the last SQL here.
-_WORK_COLUMNS = (
-    ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
-    ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
-    ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
-    ("dead_blocks_lane", "bool"),
-)  # fmt: skip
-
-# Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
-# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md).
-WORK_ITEM_INSERT_BATCH = f"""
-INSERT INTO connector_work_item ({", ".join(c for c, _ in _WORK_COLUMNS)}, run_after)
-SELECT {", ".join(c for c, _ in _WORK_COLUMNS)}, now() - make_interval(secs => priority)
-FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in _WORK_COLUMNS)})
-  WITH ORDINALITY AS w({", ".join(c for c, _ in _WORK_COLUMNS)}, ord)
-ORDER BY ord
-ON CONFLICT (event_id, work_type) DO NOTHING
-"""
-
-_HOLD_W = lane_holding("w")
-
-# For each lane a batch adds members to (with the smallest new delivery_seq): is its first holding
-# member *later*, and ready (it must go back to blocked: demote) or already started (an inversion)?
-WORK_ITEM_LANE_OVERTAKEN = f"""
-WITH n AS (
-  SELECT * FROM unnest(%(packs)b::bigint[], %(kinds)b::text[], %(keys)b::text[], %(seqs)b::bigint[])
-    AS n(pack, kind, key, seq)
-), firsts AS (
-  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
-    SELECT w.state, w.delivery_seq FROM connector_work_item w
-    WHERE n.kind = 's' AND w.installed_pack_id = n.pack AND w.source_lane_key = n.key AND {_HOLD_W}
-    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
-  UNION ALL
-  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
-    SELECT w.state, w.delivery_seq FROM connector_work_item w
-    WHERE n.kind = 't' AND w.installed_pack_id = n.pack AND w.target_mutation_lane_key = n.key AND {_HOLD_W}
-    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
-)
-SELECT count(*) FILTER (WHERE state IN ('pending', 'retry')),
-       count(*) FILTER (WHERE state = 'processing')
-FROM firsts WHERE delivery_seq > seq
-"""
-
-WORK_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_WORK}', '')"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkRow:
-    event_id: int
-    installed_pack_id: int
-    generation: int
-    work_type: str
-    queue_class: str
-    priority: int
-    max_attempts: int
-    delivery_seq: int
-    source_lane_key: str | None
-    target_lane_key: str | None
-    dead_blocks_lane: bool
-
-    @property
-    def lanes(self) -> list[Lane]:
-        out: list[Lane] = []
-        if self.source_lane_key is not None:
-            out.append((self.installed_pack_id, "s", self.source_lane_key))
-        if self.target_lane_key is not None:
-            out.append((self.installed_pack_id, "t", self.target_lane_key))
-        return out
-
 
 def work_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[WorkRow]:
     """The WorkItem rows of ``drafts`` in (delivery_seq, fan-out) order."""
@@ -491,9 +422,13 @@ async def materialize(
     """Inside the caller's transaction: lock the lanes of ``rows`` (sorted), check for overtaken
     lanes, insert the events of ``drafts`` and the WorkItem ``rows``, settle the lanes, notify
     executors when a WorkItem was created. ``drafts`` is empty for a backfill (events exist)."""
-    lanes = sorted({lane for w in rows for lane in w.lanes})
-    locked = await lane_lock_batch(conn, lanes) if lanes else []
-    demote_lanes, inverted = await work_item_lane_overtaken(conn, rows) if lanes else (0, 0)
+    first_seq: dict[Lane, int] = {}  # each lane -> its smallest new delivery_seq
+    for w in rows:
+        for lane in w.lanes:
+            if lane not in first_seq or w.delivery_seq < first_seq[lane]:
+                first_seq[lane] = w.delivery_seq
+    locked = await lane_lock_batch(conn, sorted(first_seq)) if first_seq else []
+    demote_lanes, inverted = await lane_overtaken(conn, first_seq) if first_seq else (0, 0)
     if drafts:
         await events.event_insert_batch(conn, event_rows(drafts, event_ids))
     work_items = await work_item_insert_batch(conn, rows)
@@ -504,59 +439,3 @@ async def materialize(
     if work_items:
         await work_notify(conn)
     return Materialized(work_items, demoted, inverted)
-
-
-async def work_item_insert_batch(conn: AsyncConnection[Any], rows: Sequence[WorkRow]) -> int:
-    """Insert WorkItems (conflicts on ``(event_id, work_type)`` ignored); lane members go in
-    ``blocked`` — the lane settle that follows promotes the runnable ones."""
-    if not rows:
-        return 0
-    values = [
-        (
-            w.event_id,
-            w.installed_pack_id,
-            w.generation,
-            w.work_type,
-            w.queue_class,
-            "blocked" if w.source_lane_key is not None or w.target_lane_key is not None else "pending",
-            w.priority,
-            w.max_attempts,
-            w.delivery_seq,
-            w.source_lane_key,
-            w.target_lane_key,
-            w.dead_blocks_lane,
-        )
-        for w in rows
-    ]
-    cols = events.unnest_columns(_WORK_COLUMNS, values)
-    cur = await conn.execute(WORK_ITEM_INSERT_BATCH, cols, prepare=True)
-    return cur.rowcount
-
-
-async def work_item_lane_overtaken(conn: AsyncConnection[Any], rows: Sequence[WorkRow]) -> tuple[int, int]:
-    """(lanes whose later first member is ready → demote, lanes whose later member already started)."""
-    first_seq: dict[Lane, int] = {}
-    for w in rows:
-        for lane in w.lanes:
-            if lane not in first_seq or w.delivery_seq < first_seq[lane]:
-                first_seq[lane] = w.delivery_seq
-    if not first_seq:
-        return 0, 0
-    lanes = sorted(first_seq)
-    cur = await conn.execute(
-        WORK_ITEM_LANE_OVERTAKEN,
-        {
-            "packs": [lane[0] for lane in lanes],
-            "kinds": [lane[1] for lane in lanes],
-            "keys": [lane[2] for lane in lanes],
-            "seqs": [first_seq[lane] for lane in lanes],
-        },
-        prepare=True,
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
-async def work_notify(conn: AsyncConnection[Any]) -> None:
-    await conn.execute(WORK_NOTIFY, prepare=True)

@@ -18,7 +18,7 @@ A lane is identified by (installed_pack_id, kind, key), kind a ``LaneKind``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -216,3 +216,48 @@ async def lane_repair(conn: AsyncConnection[Any], limit: int = 500) -> SettleRes
     async with conn.transaction():
         _, result = await lanes_change(conn, stuck)
     return result
+
+
+# For each lane a batch adds members to (with the smallest new delivery_seq): is its first holding
+# member *later*, and ready (it must go back to blocked: demote) or already started (an inversion)?
+LANE_OVERTAKEN = f"""
+WITH n AS (
+  SELECT * FROM unnest(%(packs)b::bigint[], %(kinds)b::text[], %(keys)b::text[], %(seqs)b::bigint[])
+    AS n(pack, kind, key, seq)
+), firsts AS (
+  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
+    SELECT w.state, w.delivery_seq FROM connector_work_item w
+    WHERE n.kind = 's' AND w.installed_pack_id = n.pack AND w.source_lane_key = n.key AND {_HOLD_W}
+    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
+  UNION ALL
+  SELECT n.seq, f.state, f.delivery_seq FROM n CROSS JOIN LATERAL (
+    SELECT w.state, w.delivery_seq FROM connector_work_item w
+    WHERE n.kind = 't' AND w.installed_pack_id = n.pack AND w.target_mutation_lane_key = n.key AND {_HOLD_W}
+    ORDER BY w.delivery_seq, w.work_id LIMIT 1) f
+)
+SELECT count(*) FILTER (WHERE state IN ('pending', 'retry')),
+       count(*) FILTER (WHERE state = 'processing')
+FROM firsts WHERE delivery_seq > seq
+"""
+
+
+async def lane_overtaken(conn: AsyncConnection[Any], first_seq: Mapping[Lane, int]) -> tuple[int, int]:
+    """Before new members join lanes (``first_seq``: each lane → the smallest new delivery_seq, the
+    lanes locked): (lanes whose later first member is ready → demote, lanes whose later member
+    already started)."""
+    if not first_seq:
+        return 0, 0
+    lanes = sorted(first_seq)
+    cur = await conn.execute(
+        LANE_OVERTAKEN,
+        {
+            "packs": [lane[0] for lane in lanes],
+            "kinds": [lane[1] for lane in lanes],
+            "keys": [lane[2] for lane in lanes],
+            "seqs": [first_seq[lane] for lane in lanes],
+        },
+        prepare=True,
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])

@@ -1,6 +1,6 @@
 """Every statement on ``connector_work_item`` (ADR 005): the claim path first — claim, renew, finalize,
 release, reclaim — then the reads and transitions of the sampler, the admin API, the cutover gates
-and the legacy-outcome projection.
+and the legacy-outcome projection, and last their creation (the materializer's multi-row insert).
 
 Joins held here (their driving table is the WorkItem): the claimed batch's event facts and payloads
 (``work_item_event_batch``: ``connector_event`` + ``connector_ingress_receipt`` by primary key).
@@ -55,7 +55,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from connector.common.schema import CHANNEL_WORK
-from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch
+from connector.common.store.events import unnest_columns
+from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch, lanes_of
 
 Conn = AsyncConnection[Any]
 
@@ -815,3 +816,75 @@ async def work_item_legacy_mirror_insert(conn: Conn, values: dict[str, Any]) -> 
     """The historical mirror row; False when one exists already (a conflict for the caller)."""
     cur = await conn.execute(WORK_ITEM_LEGACY_MIRROR_INSERT, values)
     return await cur.fetchone() is not None
+
+
+# ------------------------------------------------------------------------------------------------
+# Creation (the materializer is the sole writer: the routing loop, the backfill and the cutover's
+# backfill through connector.common.materialization)
+# ------------------------------------------------------------------------------------------------
+
+WORK_ITEM_INSERT_COLUMNS = (
+    ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
+    ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
+    ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
+    ("dead_blocks_lane", "bool"),
+)  # fmt: skip
+
+# Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
+# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md).
+WORK_ITEM_INSERT_BATCH = f"""
+INSERT INTO connector_work_item ({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, run_after)
+SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, now() - make_interval(secs => priority)
+FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in WORK_ITEM_INSERT_COLUMNS)})
+  WITH ORDINALITY AS w({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, ord)
+ORDER BY ord
+ON CONFLICT (event_id, work_type) DO NOTHING
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRow:
+    """A WorkItem to create."""
+
+    event_id: int
+    installed_pack_id: int
+    generation: int
+    work_type: str
+    queue_class: str
+    priority: int
+    max_attempts: int
+    delivery_seq: int
+    source_lane_key: str | None
+    target_lane_key: str | None
+    dead_blocks_lane: bool
+
+    @property
+    def lanes(self) -> list[Lane]:
+        return lanes_of(self.installed_pack_id, self.source_lane_key, self.target_lane_key)
+
+
+async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
+    """Insert WorkItems in ``rows`` order (conflicts on ``(event_id, work_type)`` ignored); lane
+    members go in ``blocked`` — the lane settle that follows promotes the runnable ones."""
+    if not rows:
+        return 0
+    values = [
+        (
+            w.event_id,
+            w.installed_pack_id,
+            w.generation,
+            w.work_type,
+            w.queue_class,
+            "blocked" if w.source_lane_key is not None or w.target_lane_key is not None else "pending",
+            w.priority,
+            w.max_attempts,
+            w.delivery_seq,
+            w.source_lane_key,
+            w.target_lane_key,
+            w.dead_blocks_lane,
+        )
+        for w in rows
+    ]
+    cols = unnest_columns(WORK_ITEM_INSERT_COLUMNS, values)
+    cur = await conn.execute(WORK_ITEM_INSERT_BATCH, cols, prepare=True)
+    return cur.rowcount
