@@ -331,7 +331,6 @@ ALLOWLIST: dict[str, str] = {
     "services/executor/connector/executor/admin/stats.py": "admin stats reads -> store.work_items/authority",
     "services/executor/connector/executor/admin/transitions.py": "cutover receipt and legacy failure reads",
     # materializer/ingress/common engineer (F):
-    "libs/cli/connector/cli/up.py": "connector up's database checks",
     "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
 }
 

@@ -130,16 +130,13 @@ async def _post_demo(http_base: str, key: str) -> str:
 
 
 async def _wait_executed(url: str, msg_id: str, wait_s: float) -> dict[str, Any]:
+    from connector.cli import demo
+    from connector.common.store.receipts import receipt_work_outcome
+
     deadline = time.monotonic() + wait_s
-    query = """
-        SELECT r.receipt_id, r.router_status, w.work_id, w.state
-        FROM connector_ingress_receipt r
-        LEFT JOIN connector_event e ON e.receipt_id = r.receipt_id
-        LEFT JOIN connector_work_item w ON w.event_id = e.event_id
-        WHERE r.namespace = 'demo' AND r.provider_delivery_id = %s"""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         while True:
-            row = await (await conn.execute(query, (msg_id,))).fetchone()
+            row = await receipt_work_outcome(conn, demo.NAMESPACE, msg_id)
             if row is not None and row[3] in ("succeeded", "dead"):
                 return {"receipt_id": row[0], "work_id": row[2], "state": row[3]}
             if time.monotonic() > deadline:

@@ -403,3 +403,23 @@ async def receipt_oldest_age(conn: Conn) -> float:
     row = await cur.fetchone()
     assert row is not None
     return float(row[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# A delivery followed to its WorkItem (``connector up`` waits for its demo delivery with it)
+# --------------------------------------------------------------------------------------------------
+
+RECEIPT_WORK_OUTCOME = """
+SELECT r.receipt_id, r.router_status, w.work_id, w.state
+FROM connector_ingress_receipt r
+LEFT JOIN connector_event e ON e.receipt_id = r.receipt_id
+LEFT JOIN connector_work_item w ON w.event_id = e.event_id
+WHERE r.namespace = %s AND r.provider_delivery_id = %s
+"""
+
+
+async def receipt_work_outcome(conn: Conn, namespace: str, delivery_id: str) -> tuple[Any, ...] | None:
+    """``(receipt_id, router_status, work_id, work item state)`` of a provider delivery (``None``
+    before its receipt commits; work columns NULL until it is materialized)."""
+    cur = await conn.execute(RECEIPT_WORK_OUTCOME, (namespace, delivery_id))
+    return await cur.fetchone()
