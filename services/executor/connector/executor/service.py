@@ -35,9 +35,8 @@ from connector.common.retention import Retention, RetentionConfig
 from connector.common.runtime import cancel_task
 from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
 from connector.common.upkeep import Upkeep, UpkeepConfig
-from connector.executor import stats
 from connector.executor.metrics import REGISTRY
-from connector.executor.work import Engine, engine_config_from_settings
+from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +220,7 @@ class ExecutorService:
         while True:
             try:
                 async with self.pool.connection() as conn:
-                    await stats.sample_once(conn, self._heartbeat_s)
+                    await stats_sampler.sample_once(conn, self._heartbeat_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

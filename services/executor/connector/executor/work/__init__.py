@@ -2,8 +2,8 @@
 
 ``engine`` (state, start/stop), ``claimer``, ``runner`` (the worker slots), ``finalizer``,
 ``lease_keeper``, ``reclaimer``, ``listener`` (wake-ups), ``scheduler`` (fairness and admission),
-``inflight`` (the executor's record of a claimed item). Statements: ``connector.common.store``.
-See docs/executor.md and docs/adr/005-executor-claim-path.md.
+``inflight`` (the executor's record of a claimed item), ``stats_sampler`` (queue gauges).
+Statements: ``connector.common.store``. See docs/executor.md and docs/adr/005-executor-claim-path.md.
 """
 
 from connector.executor.work.engine import Engine, EngineConfig, engine_config_from_settings
