@@ -600,6 +600,22 @@ async def work_item_blocked_lanes(conn: Conn) -> list[tuple[int, int, int]]:
 
 
 # ------------------------------------------------------------------------------------------------
+# The admin API
+# ------------------------------------------------------------------------------------------------
+
+WORK_ITEM_STATE_BY_EVENT = """
+SELECT state FROM connector_work_item WHERE event_id = %(event_id)s AND work_type = %(work_type)s
+"""
+
+
+async def work_item_state_by_event(conn: Conn, event_id: int, work_type: str) -> str | None:
+    """The state of an event's WorkItem of ``work_type`` (``None``: there is none)."""
+    cur = await conn.execute(WORK_ITEM_STATE_BY_EVENT, {"event_id": event_id, "work_type": work_type})
+    row = await cur.fetchone()
+    return None if row is None else str(row[0])
+
+
+# ------------------------------------------------------------------------------------------------
 # The cutover gates over a whole generation (docs/cutover.md; called under the authority lock)
 # ------------------------------------------------------------------------------------------------
 

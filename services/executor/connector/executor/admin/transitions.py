@@ -25,17 +25,13 @@ from psycopg.rows import dict_row
 
 from connector.common.grpc_server import ServiceError
 from connector.common.packs import canonical_json
+from connector.common.store import authority, work_items
 from connector.executor import cutover, legacy
 from connector.executor.admin import convert
 from connector.executor.admin.errors import Reason, invalid_argument
 from connector.executor.admin.session import connection
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
-
-CUTOVER_RECEIPT_GET = """
-SELECT cutover_receipt_id, kind, claim_path, proof_sha256, actor, created_at
-FROM connector_cutover_receipt WHERE cutover_receipt_id = %(id)s
-"""
 
 _OUTCOMES = {
     "succeeded": pb.LEGACY_OUTCOME_SUCCEEDED,
@@ -94,9 +90,7 @@ async def _transition_proto(conn: Any, t: cutover.Transition) -> pb.CutoverTrans
         dry_run=t.dry_run,
     )
     if t.receipt_id:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(CUTOVER_RECEIPT_GET, {"id": t.receipt_id})
-        r = await cur.fetchone()
+        r = await authority.cutover_receipt_get(conn, t.receipt_id)
         if r is not None:
             out.receipt.CopyFrom(
                 pb.CutoverReceipt(
@@ -189,14 +183,10 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
             )
         except legacy.LegacyOutcomeError as exc:
             raise service_error(exc) from None
-        cur = await conn.execute(
-            "SELECT state FROM connector_work_item WHERE event_id = %s AND work_type = %s",
-            (request.event_id, request.work_type),
-        )
-        row = await cur.fetchone()
+        work_state = await work_items.work_item_state_by_event(conn, request.event_id, request.work_type)
         state = (
-            types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{str(row[0]).upper()}")
-            if row
+            types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{work_state.upper()}")
+            if work_state
             else types_pb2.WORK_ITEM_STATE_UNSPECIFIED
         )
         return pb.ResolveLegacyOutcomeResponse(
