@@ -1,29 +1,18 @@
-"""Queue-table upkeep: VACUUM and ANALYZE of the runtime's own churning tables when autovacuum
-does not run (ADR 008).
+"""Queue-table upkeep: VACUUM and ANALYZE of the tables a service churns, when autovacuum does not
+cover them (docs/adr/008-queue-table-upkeep.md: why, thresholds, modes, metrics, measurements).
 
-Every claim, finish and routing step rewrites a row (no update is HOT: each changes ``state``), so
-the queue tables and their partial indexes fill with dead row versions, and the planner keeps the
-statistics of the day the table was empty. PostgreSQL's autovacuum is the remedy, with the
-per-table settings the schema sets (DESIGN §8 trap 6). Where it is off — the server's
-``autovacuum`` setting or a table's ``autovacuum_enabled`` storage parameter — the services do it
-themselves, each for the tables it writes most:
+Contract: every ``interval_s`` one read of ``pg_stat_user_tables`` for the owned tables; ``VACUUM
+(SKIP_LOCKED)`` / ``ANALYZE (SKIP_LOCKED)`` of a table past its threshold (``vacuum_due``,
+``analyze_due``); one process per table across all services, by the session advisory lock
+``(UPKEEP_LOCK_CLASS, table oid)``, tried and never waited for, on the upkeep's own autocommit
+connection; a table the role may not vacuum is reported once and skipped. Modes: ``auto`` (only
+while autovacuum is off for the table, re-checked every minute), ``on``, ``off``.
 
-* every ``interval_s`` one cheap read of ``pg_stat_user_tables`` for the owned tables;
-* ``VACUUM (SKIP_LOCKED)`` of a table whose dead row versions exceed ``vacuum_dead_rows +
-  vacuum_dead_fraction x live rows``, and ``ANALYZE`` when rows changed since the last analyze
-  exceed ``analyze_rows + analyze_fraction x live rows`` (or the table was never analyzed). An
-  ANALYZE also invalidates the cached plans of prepared statements, so a plan made while the table
-  was empty is re-made for the table as it is;
-* one process at a time per table, across all processes and services: a session advisory lock
-  ``(UPKEEP_LOCK_CLASS, table oid)`` taken with ``pg_try_advisory_lock`` (a busy table is skipped,
-  never waited for) on the upkeep's own autocommit connection (not from the service's pool, as a
-  VACUUM may take seconds);
-* a table the role may not vacuum (not its owner) is reported once and skipped.
-
-Modes: ``auto`` (default: only while autovacuum is off for the table, re-checked every minute),
-``on`` (always, in addition to autovacuum), ``off``. Metrics: ``connector_upkeep_active``,
-``connector_upkeep_dead_rows``, ``connector_upkeep_runs_total``, ``connector_upkeep_seconds``,
-``connector_upkeep_errors_total``; labels are service, table and operation only.
+Its SQL stays here, outside ``connector.common.store``, because it is maintenance *on tables*, not
+statements on their rows: catalog reads (``pg_class``, ``pg_stat_user_tables``, server settings),
+``VACUUM``/``ANALYZE`` of a table by identifier and the upkeep's own advisory lock. The store holds
+the statements on the runtime's rows; tests/test_import_contract.py exempts this module for that
+reason and checks that it reads nothing but catalogs.
 """
 
 from __future__ import annotations
