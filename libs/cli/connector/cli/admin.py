@@ -24,8 +24,7 @@ import os
 import re
 import sys
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,80 +33,33 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from connector.cli.admin_output import Progress, age, ago, enum_name, process_table, table, to_json, when
-from connector.common.grpc_server import error_info
-from connector.common.settings import AdminSettings, load
+from connector.cli import admin_cutover
+from connector.cli.admin_client import (
+    Client,
+    CliError,
+    connect,
+    fetch_pages,
+    format_error,
+    positive_int,
+    print_more_hint,
+    resolve_pack_id,
+)
+from connector.cli.admin_output import (
+    Progress,
+    age,
+    ago,
+    enum_name,
+    process_table,
+    table,
+    to_json,
+    when,
+    work_item_state,
+)
 from connector.v1 import admin_service_pb2 as pb
-from connector.v1 import admin_service_pb2_grpc, types_pb2
+from connector.v1 import types_pb2
 
 DEFAULT_TIMEOUT_S = 30.0
 QUEUE_STATES = ("pending", "blocked", "processing", "retry", "dead", "awaiting_legacy_outcome")
-
-
-class CliError(Exception):
-    """A usage or local problem (exit 2)."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Connection
-# --------------------------------------------------------------------------------------------------
-
-
-class Client:
-    def __init__(self, args: argparse.Namespace) -> None:
-        settings = load(AdminSettings)
-        self.address = args.address or settings.address
-        token = settings.token.get_secret_value()
-        if args.token_file:
-            try:
-                token = Path(args.token_file).read_text().strip()
-            except OSError as exc:
-                raise CliError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        self.timeout = args.timeout
-        if args.tls_ca_file or args.tls_cert_file:
-            try:
-                creds = grpc.ssl_channel_credentials(
-                    root_certificates=_read(args.tls_ca_file),
-                    private_key=_read(args.tls_key_file),
-                    certificate_chain=_read(args.tls_cert_file),
-                )
-            except OSError as exc:
-                raise CliError(f"cannot read TLS file {exc.filename}: {exc.strerror}") from None
-            self.channel = grpc.secure_channel(self.address, creds)
-        else:
-            self.channel = grpc.insecure_channel(self.address)
-        self.stub = admin_service_pb2_grpc.AdminServiceStub(self.channel)
-
-    def call(self, method: str, request: Message) -> Any:
-        return getattr(self.stub, method)(request, metadata=self._metadata, timeout=self.timeout)
-
-    def stream(self, method: str, request: Message) -> Any:
-        return getattr(self.stub, method)(request, metadata=self._metadata)
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-def _read(path: str | None) -> bytes | None:
-    return Path(path).read_bytes() if path else None
-
-
-@contextmanager
-def _client(args: argparse.Namespace) -> Iterator[Client]:
-    client = Client(args)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def format_error(exc: grpc.RpcError) -> str:
-    code = exc.code().name if hasattr(exc, "code") and exc.code() is not None else "UNKNOWN"
-    info = error_info(exc)
-    reason = info.reason if info is not None and info.reason else "-"
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"error: {code} {reason}: {details}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,60 +88,11 @@ def _ts(value: datetime) -> Timestamp:
     return out
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _pack_id(client: Client, pack: str | None) -> int:
-    """A pack given by id or by name (names are resolved with ListPacks)."""
-    if not pack:
-        return 0
-    if pack.isdigit():
-        return int(pack)
-    token = ""
-    while True:
-        page = client.call("ListPacks", pb.ListPacksRequest(page_size=500, page_token=token))
-        for p in page.packs:
-            if p.name == pack:
-                return int(p.installed_pack_id)
-        token = page.next_page_token
-        if not token:
-            raise CliError(f"no pack named {pack!r}")
-
-
 def _emit(args: argparse.Namespace, message: Message, render: Callable[[], None]) -> None:
     if args.json:
         print(to_json(message))
     else:
         render()
-
-
-def _pages(client: Client, method: str, request: Any, field: str, follow: bool) -> Any:
-    """One page, or with ``follow`` every page merged into one response."""
-    response = client.call(method, request)
-    if not follow:
-        return response
-    while response.next_page_token:
-        request.page_token = response.next_page_token
-        nxt = client.call(method, request)
-        getattr(response, field).extend(getattr(nxt, field))
-        response.next_page_token = nxt.next_page_token
-    return response
-
-
-def _more(args: argparse.Namespace, response: Any) -> None:
-    if response.next_page_token and not args.json:
-        print(f"(more: --page-token {response.next_page_token}, or --all)", file=sys.stderr)
-
-
-def _state(value: int) -> str:
-    return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -198,7 +101,7 @@ def _state(value: int) -> str:
 
 
 def _dlq_filter(client: Client, args: argparse.Namespace, request: Any) -> None:
-    request.installed_pack_id = _pack_id(client, args.pack)
+    request.installed_pack_id = resolve_pack_id(client, args.pack)
     request.generation = args.generation or 0
     request.work_type = args.work_type or ""
     request.failure_class = args.failure_class or ""
@@ -211,7 +114,7 @@ def _dlq_filter(client: Client, args: argparse.Namespace, request: Any) -> None:
 def dlq_list(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListDeadLettersRequest(page_size=args.limit, page_token=args.page_token or "")
     _dlq_filter(client, args, request)
-    response = _pages(client, "ListDeadLetters", request, "dead_letters", args.all)
+    response = fetch_pages(client, "ListDeadLetters", request, "dead_letters", args.all)
 
     def render() -> None:
         table(
@@ -245,7 +148,7 @@ def dlq_list(client: Client, args: argparse.Namespace) -> int:
                 for d in response.dead_letters
             ],
         )
-        _more(args, response)
+        print_more_hint(args, response)
 
     _emit(args, response, render)
     return 0
@@ -260,7 +163,7 @@ def dlq_show(client: Client, args: argparse.Namespace) -> int:
         w, e, r = response.work_item, response.event, response.receipt
         rows: list[tuple[str, Any]] = [
             ("work item", w.work_id),
-            ("state", _state(w.state)),
+            ("state", work_item_state(w.state)),
             ("pack / generation", f"{w.installed_pack_id} / {w.generation}"),
             ("work type / queue", f"{w.work_type} / {w.queue_class}"),
             ("attempts", f"{w.attempts} of {w.max_attempts} (replayed {w.replay_count}x)"),
@@ -332,7 +235,7 @@ def _replay_ids(client: Client, args: argparse.Namespace) -> int:
             [
                 (
                     r.work_item.work_id,
-                    _state(r.work_item.state),
+                    work_item_state(r.work_item.state),
                     r.work_item.generation,
                     r.work_item.queue_class,
                     r.work_item.replay_count,
@@ -392,7 +295,7 @@ def receipts_failed(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListReceiptFailuresRequest(
         page_size=args.limit, page_token=args.page_token or "", namespace=args.namespace or ""
     )
-    response = _pages(client, "ListReceiptFailures", request, "receipts", args.all)
+    response = fetch_pages(client, "ListReceiptFailures", request, "receipts", args.all)
 
     def render() -> None:
         table(
@@ -411,7 +314,7 @@ def receipts_failed(client: Client, args: argparse.Namespace) -> int:
                 for r in response.receipts
             ],
         )
-        _more(args, response)
+        print_more_hint(args, response)
 
     _emit(args, response, render)
     return 0
@@ -441,7 +344,7 @@ def receipts_replay(client: Client, args: argparse.Namespace) -> int:
 
 def stats(client: Client, args: argparse.Namespace) -> int:
     response = client.call(
-        "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=_pack_id(client, args.pack))
+        "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=resolve_pack_id(client, args.pack))
     )
 
     def render() -> None:
@@ -490,9 +393,11 @@ def stats(client: Client, args: argparse.Namespace) -> int:
 
 def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListBlockedLanesRequest(
-        page_size=args.limit, page_token=args.page_token or "", installed_pack_id=_pack_id(client, args.pack)
+        page_size=args.limit,
+        page_token=args.page_token or "",
+        installed_pack_id=resolve_pack_id(client, args.pack),
     )
-    response = _pages(client, "ListBlockedLanes", request, "lanes", args.all)
+    response = fetch_pages(client, "ListBlockedLanes", request, "lanes", args.all)
 
     def render() -> None:
         table(
@@ -503,7 +408,7 @@ def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
                     enum_name(pb.LaneKind.Name(b.kind), "LANE_KIND_"),
                     b.lane_key,
                     b.head.work_id,
-                    _state(b.head.state),
+                    work_item_state(b.head.state),
                     b.waiting,
                     b.head.failure_class,
                     ago(b.head.update_time, b.head.HasField("update_time")),
@@ -511,7 +416,7 @@ def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
                 for b in response.lanes
             ],
         )
-        _more(args, response)
+        print_more_hint(args, response)
 
     _emit(args, response, render)
     return 0
@@ -519,7 +424,7 @@ def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
 
 def cutover_status(client: Client, args: argparse.Namespace) -> int:
     response = client.call(
-        "GetCutoverState", pb.GetCutoverStateRequest(installed_pack_id=_pack_id(client, args.pack))
+        "GetCutoverState", pb.GetCutoverStateRequest(installed_pack_id=resolve_pack_id(client, args.pack))
     )
 
     def render() -> None:
@@ -570,7 +475,7 @@ def cutover_status(client: Client, args: argparse.Namespace) -> int:
 
 def processes_list(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListProcessesRequest(page_size=500, service=args.service or "")
-    response = _pages(client, "ListProcesses", request, "processes", True)
+    response = fetch_pages(client, "ListProcesses", request, "processes", True)
     _emit(args, response, lambda: process_table(response))
     return 0
 
@@ -585,7 +490,7 @@ def _generations(p: pb.Pack) -> str:
 
 
 def packs_list(client: Client, args: argparse.Namespace) -> int:
-    response = _pages(client, "ListPacks", pb.ListPacksRequest(page_size=500), "packs", True)
+    response = fetch_pages(client, "ListPacks", pb.ListPacksRequest(page_size=500), "packs", True)
     _emit(
         args,
         response,
@@ -646,7 +551,7 @@ def packs_activate(client: Client, args: argparse.Namespace) -> int:
     response = client.call(
         "ActivateGeneration",
         pb.ActivateGenerationRequest(
-            installed_pack_id=_pack_id(client, args.pack),
+            installed_pack_id=resolve_pack_id(client, args.pack),
             generation=args.generation,
             request_id=args.request_id or uuid.uuid4().hex,
         ),
@@ -687,14 +592,14 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _paging(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--limit", type=_positive, default=50, help="page size (default 50, max 500)")
+    p.add_argument("--limit", type=positive_int, default=50, help="page size (default 50, max 500)")
     p.add_argument("--page-token", help="continue a listing")
     p.add_argument("--all", action="store_true", help="follow every page")
 
 
 def _dlq_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pack", help="pack id or name")
-    p.add_argument("--generation", type=_positive)
+    p.add_argument("--generation", type=positive_int)
     p.add_argument("--work-type")
     p.add_argument("--failure-class")
     p.add_argument("--since", type=parse_time, help="finished at or after (ISO 8601 or e.g. 2h)")
@@ -720,20 +625,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _dlq_filters(p)
     _paging(p)
     p = command(dlq, "show", "one work item with event and receipt", dlq_show)
-    p.add_argument("work_id", type=_positive)
+    p.add_argument("work_id", type=positive_int)
     p.add_argument(
         "--payload", action="store_true", help="include the receipt body (role ReplayConnectorEvents)"
     )
     p = command(dlq, "replay", "replay dead work items by id, or in bulk by filter (--pack ...)", dlq_replay)
-    p.add_argument("work_ids", nargs="*", type=_positive, metavar="WORK_ID")
+    p.add_argument("work_ids", nargs="*", type=positive_int, metavar="WORK_ID")
     _dlq_filters(p)
     p.add_argument(
         "--dry-run", action="store_true", help="bulk: count what would be replayed, change nothing"
     )
-    p.add_argument("--rate", type=_positive, help="bulk: items per second at most (server default 100)")
+    p.add_argument("--rate", type=positive_int, help="bulk: items per second at most (server default 100)")
     p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
-    from connector.cli import admin_cutover
-
     admin_cutover.add_dlq_commands(dlq, command)
 
     receipts = group("receipts", "receipts whose routing failed")
@@ -743,7 +646,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = command(
         receipts, "replay", "route a failed receipt again against the active generation", receipts_replay
     )
-    p.add_argument("receipt_id", type=_positive)
+    p.add_argument("receipt_id", type=positive_int)
     p.add_argument("--request-id")
 
     p = groups.add_parser("stats", parents=[common], help="queue depth, ready age, in-flight, rates")
@@ -764,7 +667,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id")
     p = command(packs, "activate", "make a generation the active one", packs_activate)
     p.add_argument("pack", help="pack id or name")
-    p.add_argument("generation", type=_positive)
+    p.add_argument("generation", type=positive_int)
     p.add_argument("--request-id")
 
     cutover = group("cutover", "claim path ownership per pack generation")
@@ -796,7 +699,7 @@ def cli(args: argparse.Namespace) -> int:
             )
         return 2
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             return int(run(client, args))
     except grpc.RpcError as exc:
         print(format_error(exc), file=sys.stderr)

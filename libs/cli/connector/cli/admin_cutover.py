@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from connector.cli import admin as base
-from connector.cli.admin_output import enum_name, table, to_json, when
+from connector.cli.admin_client import Client, fetch_pages, positive_int, print_more_hint, resolve_pack_id
+from connector.cli.admin_output import enum_name, table, to_json, when, work_item_state
 from connector.common.grpc_server import error_info
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
@@ -109,7 +109,7 @@ def _render(action: str, t: pb.CutoverTransition) -> None:
 
 
 def _transition(
-    client: base.Client,
+    client: Client,
     args: argparse.Namespace,
     action: str,
     method: str,
@@ -152,9 +152,9 @@ def _request_id(args: argparse.Namespace) -> str:
     return str(args.request_id or uuid.uuid4().hex)
 
 
-def quiesce(client: base.Client, args: argparse.Namespace) -> int:
+def quiesce(client: Client, args: argparse.Namespace) -> int:
     request = pb.QuiesceLegacyRequest(
-        installed_pack_id=base._pack_id(client, args.pack),
+        installed_pack_id=resolve_pack_id(client, args.pack),
         generation=args.generation or 0,
         request_id=_request_id(args),
     )
@@ -166,9 +166,9 @@ def quiesce(client: base.Client, args: argparse.Namespace) -> int:
     return code
 
 
-def cutover(client: base.Client, args: argparse.Namespace) -> int:
+def cutover(client: Client, args: argparse.Namespace) -> int:
     request = pb.CompleteCutoverRequest(
-        installed_pack_id=base._pack_id(client, args.pack),
+        installed_pack_id=resolve_pack_id(client, args.pack),
         generation=args.generation or 0,
         dry_run=args.dry_run,
         request_id="" if args.dry_run else _request_id(args),
@@ -177,8 +177,8 @@ def cutover(client: base.Client, args: argparse.Namespace) -> int:
     return code
 
 
-def rollback(client: base.Client, args: argparse.Namespace) -> int:
-    pack = base._pack_id(client, args.pack)
+def rollback(client: Client, args: argparse.Namespace) -> int:
+    pack = resolve_pack_id(client, args.pack)
     if args.dry_run:
         request = pb.CompleteRollbackRequest(
             installed_pack_id=pack, generation=args.generation or 0, dry_run=True
@@ -202,20 +202,20 @@ def rollback(client: base.Client, args: argparse.Namespace) -> int:
     return code
 
 
-def abort(client: base.Client, args: argparse.Namespace) -> int:
+def abort(client: Client, args: argparse.Namespace) -> int:
     request = pb.AbortTransitionRequest(
-        installed_pack_id=base._pack_id(client, args.pack),
+        installed_pack_id=resolve_pack_id(client, args.pack),
         generation=args.generation or 0,
         request_id=_request_id(args),
     )
     return _transition(client, args, "abort", "AbortTransition", request)[0]
 
 
-def reconcile(client: base.Client, args: argparse.Namespace) -> int:
+def reconcile(client: Client, args: argparse.Namespace) -> int:
     response = client.call(
         "ReconcileLegacyOutcomes",
         pb.ReconcileLegacyOutcomesRequest(
-            installed_pack_id=base._pack_id(client, args.pack),
+            installed_pack_id=resolve_pack_id(client, args.pack),
             generation=args.generation or 0,
             request_id=_request_id(args),
         ),
@@ -232,7 +232,7 @@ def reconcile(client: base.Client, args: argparse.Namespace) -> int:
     return 1 if response.conflicts else 0
 
 
-def resolve(client: base.Client, args: argparse.Namespace) -> int:
+def resolve(client: Client, args: argparse.Namespace) -> int:
     outcome = pb.LEGACY_OUTCOME_SUCCEEDED if args.outcome == "succeeded" else pb.LEGACY_OUTCOME_FAILED
     response = client.call(
         "ResolveLegacyOutcome",
@@ -256,18 +256,14 @@ def resolve(client: base.Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _work_state(value: int) -> str:
-    return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
-
-
-def legacy_failures(client: base.Client, args: argparse.Namespace) -> int:
+def legacy_failures(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListLegacyFailuresRequest(
-        installed_pack_id=base._pack_id(client, args.pack),
+        installed_pack_id=resolve_pack_id(client, args.pack),
         generation=args.generation or 0,
         page_size=args.limit,
         page_token=args.page_token or "",
     )
-    response = base._pages(client, "ListLegacyFailures", request, "failures", args.all)
+    response = fetch_pages(client, "ListLegacyFailures", request, "failures", args.all)
     if args.json:
         print(to_json(response))
         return 0
@@ -291,14 +287,14 @@ def legacy_failures(client: base.Client, args: argparse.Namespace) -> int:
                 f.version,
                 f.failure_class or "-",
                 f.event_legacy_state or "-",
-                f"{f.work_id}:{_work_state(f.work_item_state)}" if f.work_id else "-",
+                f"{f.work_id}:{work_item_state(f.work_item_state)}" if f.work_id else "-",
                 when(f.create_time, f.HasField("create_time")),
                 f.actor,
             )
             for f in response.failures
         ],
     )
-    base._more(args, response)
+    print_more_hint(args, response)
     return 0
 
 
@@ -311,8 +307,8 @@ def add_dlq_commands(sub: argparse._SubParsersAction, command: Callable[..., Any
         legacy_failures,
     )
     p.add_argument("--pack", required=True, help="pack id or name")
-    p.add_argument("--generation", type=base._positive, help="generation (default: the active one)")
-    p.add_argument("--limit", type=base._positive, default=50, help="page size (default 50, max 500)")
+    p.add_argument("--generation", type=positive_int, help="generation (default: the active one)")
+    p.add_argument("--limit", type=positive_int, default=50, help="page size (default 50, max 500)")
     p.add_argument("--page-token", help="continue a listing")
     p.add_argument("--all", action="store_true", help="follow every page")
 
@@ -322,7 +318,7 @@ def add_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -
 
     def target(p: argparse.ArgumentParser, *, required: bool = True) -> None:
         p.add_argument("--pack", required=required, help="pack id or name")
-        p.add_argument("--generation", type=base._positive, help="generation (default: the active one)")
+        p.add_argument("--generation", type=positive_int, help="generation (default: the active one)")
 
     p = command(
         sub, "quiesce", "gate 1: stop legacy Event claim admission (legacy_active -> quiescing)", quiesce
@@ -348,7 +344,7 @@ def add_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -
     target(p, required=False)
     p.add_argument("--request-id")
     p = command(sub, "resolve", "confirm the outcome of an unknown (quarantined) legacy work item", resolve)
-    p.add_argument("event_id", type=base._positive)
+    p.add_argument("event_id", type=positive_int)
     p.add_argument("work_type")
     p.add_argument("outcome", choices=("succeeded", "failed"))
     p.add_argument("--reason", required=True, help="what was checked in the external system, by whom")

@@ -14,6 +14,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from connector.v1 import types_pb2
+
 CELL_MAX = 48
 
 
@@ -144,3 +146,8 @@ class Progress:
             self.out.write("\n")
             self.out.flush()
             self._drawn = False
+
+
+def work_item_state(value: int) -> str:
+    """A ``WorkItemState`` as the CLI prints it (``dead``, ``awaiting_legacy_outcome``)."""
+    return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
