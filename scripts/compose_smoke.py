@@ -256,16 +256,25 @@ def wait_healthy(stack: Stack) -> str:
 
 
 def check_hardening(stack: Stack) -> str:
-    """Every connector container runs as uid 10001 with a read-only root filesystem."""
-    seen = []
+    """Every connector container runs as uid 10001 with a read-only root filesystem, and the
+    image's own HEALTHCHECK (``connector-healthcheck auto``) finds each one healthy."""
+    seen, probes = [], []
     for service in ("ingress", "materializer", "executor"):
         for c in stack.containers(service):
-            info = stack.inspect(c["Names"][0])
+            name = c["Names"][0]
+            info = stack.inspect(name)
             user, read_only = info["Config"].get("User"), info["HostConfig"].get("ReadonlyRootfs")
             if user != "10001:10001" or read_only is not True:
-                raise SmokeError(f"{c['Names'][0]}: user {user!r}, read-only root {read_only!r}")
-            seen.append(c["Names"][0])
-    return f"{len(seen)} connector containers run as 10001:10001 with a read-only root filesystem"
+                raise SmokeError(f"{name}: user {user!r}, read-only root {read_only!r}")
+            probe = stack.podman("exec", name, "connector-healthcheck", "auto").strip()
+            if not probe.startswith("healthy: ") or "no service probe" in probe:
+                raise SmokeError(f"{name}: the image's health check said {probe!r}")
+            seen.append(name)
+            probes.append(f"{service}: {probe.removeprefix('healthy: ')}")
+    return (
+        f"{len(seen)} connector containers run as 10001:10001 with a read-only root filesystem;"
+        f" image HEALTHCHECK (auto) healthy in each ({', '.join(sorted(set(probes)))})"
+    )
 
 
 def apply_pack(stack: Stack, operator_token: str) -> None:
