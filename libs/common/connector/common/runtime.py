@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -75,3 +75,14 @@ async def cancel_task(task: asyncio.Task[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def cancel_tasks(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel several loops at once, then wait for each to end (a loop that ended with an error is
+    not re-raised: the service is stopping)."""
+    live = [t for t in tasks if t is not None]
+    for task in live:
+        task.cancel()
+    for task in live:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

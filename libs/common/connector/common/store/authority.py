@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from connector.common.schema import CHANNEL_PACKS
+from connector.common.store.rows import fetch_dict
 
 Conn = AsyncConnection[Any]
 
@@ -73,9 +73,7 @@ AUTHORITY_NOTIFY = f"SELECT pg_notify('{CHANNEL_PACKS}', '')"
 
 
 async def pack_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(PACK_LOCK, params)
-    return await cur.fetchone()
+    return await fetch_dict(conn, PACK_LOCK, params)
 
 
 async def pack_active_generation(conn: Conn, pack: int) -> tuple[bool, int | None]:
@@ -97,23 +95,17 @@ async def pack_resolve(conn: Conn, pack: str) -> tuple[int, int | None] | None:
 
 
 async def claim_authority_get(conn: Conn, pack: int, generation: int) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(CLAIM_AUTHORITY_GET, {"pack": pack, "generation": generation})
-    return await cur.fetchone()
+    return await fetch_dict(conn, CLAIM_AUTHORITY_GET, {"pack": pack, "generation": generation})
 
 
 async def claim_authority_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(CLAIM_AUTHORITY_LOCK, params)
-    return await cur.fetchone()
+    return await fetch_dict(conn, CLAIM_AUTHORITY_LOCK, params)
 
 
 async def claim_authority_set(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
     """Move the authority (``pack``, ``generation``, ``claim_path``, ``phase``, ``receipt_id``,
     ``fence_id``); returns the new ``claim_path``, ``phase``, ``version``."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(CLAIM_AUTHORITY_SET, params)
-    row = await cur.fetchone()
+    row = await fetch_dict(conn, CLAIM_AUTHORITY_SET, params)
     assert row is not None
     return row
 
@@ -172,9 +164,7 @@ async def cutover_receipt_insert(
 
 
 async def cutover_receipt_get(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(CUTOVER_RECEIPT_GET, {"id": receipt_id})
-    return await cur.fetchone()
+    return await fetch_dict(conn, CUTOVER_RECEIPT_GET, {"id": receipt_id})
 
 
 async def alembic_revision(conn: Conn) -> str | None:
@@ -331,9 +321,7 @@ async def scheduler_lease_revoke(conn: Conn, params: dict[str, Any]) -> tuple[An
 
 
 async def scheduler_lease_get(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(SCHEDULER_LEASE_GET, params)
-    return await cur.fetchone()
+    return await fetch_dict(conn, SCHEDULER_LEASE_GET, params)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
 from connector.common.store.authority import LEGACY_AUTHORITY as _LEGACY_AUTHORITY
 from connector.common.store.authority import SCHEDULER_LEASE_HELD as _SCHEDULER_LEASE_HELD
 from connector.common.store.lanes import lane_holding
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -278,18 +278,6 @@ WHERE e.installed_pack_id = %(pack)s AND e.generation = %(generation)s
 """
 
 
-async def _dict_rows(conn: Conn, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(statement, params)
-    return await cur.fetchall()
-
-
-async def _dict_row(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(statement, params)
-    return await cur.fetchone()
-
-
 # --------------------------------------------------------------------------------------------------
 # Claim, renew, reclaim, finalize (the legacy executor)
 # --------------------------------------------------------------------------------------------------
@@ -319,7 +307,7 @@ async def event_legacy_reclaim_expired(conn: Conn, params: dict[str, Any]) -> in
 
 
 async def event_legacy_work_plan(conn: Conn, event_ids: Sequence[int]) -> list[dict[str, Any]]:
-    return await _dict_rows(conn, EVENT_LEGACY_WORK_PLAN, {"ids": list(event_ids)})
+    return await fetch_dicts(conn, EVENT_LEGACY_WORK_PLAN, {"ids": list(event_ids)})
 
 
 async def event_legacy_finalize(conn: Conn, params: dict[str, Any]) -> tuple[int, list[int]]:
@@ -336,18 +324,18 @@ async def event_legacy_finalize(conn: Conn, params: dict[str, Any]) -> tuple[int
 
 
 async def legacy_outcome_receipt_latest(conn: Conn, event_id: int, work_type: str) -> dict[str, Any] | None:
-    return await _dict_row(
+    return await fetch_dict(
         conn, LEGACY_OUTCOME_RECEIPT_LATEST, {"event_id": event_id, "work_type": work_type}
     )
 
 
 async def legacy_outcome_receipt_insert(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    return await _dict_row(conn, LEGACY_OUTCOME_RECEIPT_INSERT, params)
+    return await fetch_dict(conn, LEGACY_OUTCOME_RECEIPT_INSERT, params)
 
 
 async def legacy_outcome_receipt_unprojected(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Unprojected receipts after the keyset ``after``, locked (SKIP LOCKED) for the transaction."""
-    return await _dict_rows(conn, LEGACY_OUTCOME_RECEIPT_UNPROJECTED, params)
+    return await fetch_dicts(conn, LEGACY_OUTCOME_RECEIPT_UNPROJECTED, params)
 
 
 async def legacy_outcome_receipt_mark_projected(conn: Conn, ids: Sequence[int]) -> None:
@@ -355,7 +343,7 @@ async def legacy_outcome_receipt_mark_projected(conn: Conn, ids: Sequence[int]) 
 
 
 async def legacy_outcome_receipt_unprojected_count(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
-    row = await _dict_row(conn, LEGACY_OUTCOME_RECEIPT_UNPROJECTED_COUNT, params)
+    row = await fetch_dict(conn, LEGACY_OUTCOME_RECEIPT_UNPROJECTED_COUNT, params)
     assert row is not None
     return row
 
@@ -366,11 +354,11 @@ async def legacy_outcome_receipt_unprojected_count(conn: Conn, params: dict[str,
 
 
 async def event_legacy_get_for_update(conn: Conn, event_id: int) -> dict[str, Any] | None:
-    return await _dict_row(conn, EVENT_LEGACY_GET_FOR_UPDATE, {"event_id": event_id})
+    return await fetch_dict(conn, EVENT_LEGACY_GET_FOR_UPDATE, {"event_id": event_id})
 
 
 async def event_legacy_latest_outcomes(conn: Conn, event_id: int) -> list[dict[str, Any]]:
-    return await _dict_rows(conn, EVENT_LEGACY_LATEST_OUTCOMES, {"event_id": event_id})
+    return await fetch_dicts(conn, EVENT_LEGACY_LATEST_OUTCOMES, {"event_id": event_id})
 
 
 async def event_legacy_set_state(conn: Conn, event_id: int, state: str) -> None:
@@ -383,13 +371,13 @@ async def event_legacy_set_state(conn: Conn, event_id: int, state: str) -> None:
 
 
 async def event_legacy_drain(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
-    row = await _dict_row(conn, EVENT_LEGACY_DRAIN, params)
+    row = await fetch_dict(conn, EVENT_LEGACY_DRAIN, params)
     assert row is not None
     return row
 
 
 async def event_generation_coverage(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
-    row = await _dict_row(conn, EVENT_GENERATION_COVERAGE, params)
+    row = await fetch_dict(conn, EVENT_GENERATION_COVERAGE, params)
     assert row is not None
     return row
 

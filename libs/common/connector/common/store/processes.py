@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+
+from connector.common.store.rows import fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -133,15 +134,11 @@ async def process_list_page(
         params["after"] = after
     where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
     query = PROCESS_LIST_PAGE.format(columns=PROCESS_LIST_PAGE_COLUMNS, where=where)
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, params)
-        return await cur.fetchall()
+    return await fetch_dicts(conn, query, params)
 
 
 async def process_list_legacy_fresh(conn: Conn, *, stale_s: float, scope: str) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(PROCESS_LIST_LEGACY_FRESH, {"stale_s": stale_s, "scope": scope})
-    return await cur.fetchall()
+    return await fetch_dicts(conn, PROCESS_LIST_LEGACY_FRESH, {"stale_s": stale_s, "scope": scope})
 
 
 async def process_count_work_item_fresh(conn: Conn, *, stale_s: float) -> int:

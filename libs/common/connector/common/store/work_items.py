@@ -52,11 +52,11 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
 from connector.common.schema import CHANNEL_WORK
 from connector.common.store.events import unnest_columns
 from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -714,9 +714,7 @@ SELECT (SELECT count(*) FROM fenced)::bigint,
 async def work_item_open_counts(conn: Conn, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Unfinished WorkItems of the generation per state: ``n``, ``started``, ``expired``,
     ``cross_generation``."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(WORK_ITEM_OPEN_COUNTS, params)
-    return {str(r["state"]): r for r in await cur.fetchall()}
+    return {str(r["state"]): r for r in await fetch_dicts(conn, WORK_ITEM_OPEN_COUNTS, params)}
 
 
 async def work_item_started_sample(conn: Conn, params: dict[str, Any]) -> list[int]:
@@ -725,9 +723,7 @@ async def work_item_started_sample(conn: Conn, params: dict[str, Any]) -> list[i
 
 
 async def work_item_awaiting_split(conn: Conn, params: dict[str, Any]) -> dict[str, Any]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(WORK_ITEM_AWAITING_SPLIT, params)
-    row = await cur.fetchone()
+    row = await fetch_dict(conn, WORK_ITEM_AWAITING_SPLIT, params)
     assert row is not None
     return row
 
@@ -809,15 +805,11 @@ RETURNING work_id
 
 
 async def work_item_legacy_projection_get(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(WORK_ITEM_LEGACY_PROJECTION_GET, params)
-    return await cur.fetchone()
+    return await fetch_dict(conn, WORK_ITEM_LEGACY_PROJECTION_GET, params)
 
 
 async def work_item_legacy_projection_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(WORK_ITEM_LEGACY_PROJECTION_LOCK, params)
-    return await cur.fetchone()
+    return await fetch_dict(conn, WORK_ITEM_LEGACY_PROJECTION_LOCK, params)
 
 
 async def work_item_legacy_reconcile(conn: Conn, values: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.listener import Listener, ListenerConfig
+from connector.common.runtime import cancel_tasks
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
 from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
@@ -225,11 +226,7 @@ class LegacyExecutor:
             if h.task is not None and not h.task.done():
                 h.task.cancel()
         self._stopping = True
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(self._tasks)
         if self._listener is not None:
             await self._listener.stop()
         with contextlib.suppress(Exception):

@@ -32,6 +32,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from connector.common.listener import Listener
+from connector.common.runtime import cancel_tasks
 from connector.executor import metrics as m
 from connector.executor.handlers.registry import HandlerRegistry
 from connector.executor.work.claimer import Claimer
@@ -176,11 +177,7 @@ class Engine:
         for fut in self.idle:
             if not fut.done():
                 fut.set_result(None)
-        for t in self._runners:
-            t.cancel()
-        for t in self._runners:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(self._runners)
         # Whatever is still held and not finalized (cancelled handlers, sync handlers still in a
         # thread) is released.
         for f in list(self.held.values()):
@@ -188,11 +185,7 @@ class Engine:
                 release(f, unstarted=not f.started)
         await self.finalizer.drain(max(2.0, grace))
         await self.finalizer.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(self._tasks)
         if self._listener is not None:
             await self._listener.stop()
         await self.registry.close()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import AsyncConnection
 
+from connector.common.runtime import cancel_tasks
 from connector.common.store import work_items
 from connector.common.store.lanes import Lane, LaneKind
 from connector.common.store.work_items import FailOp
@@ -68,11 +69,7 @@ class Finalizer:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(self._tasks)
 
     # ---------------------------------------------------------------------------------- enqueue
 
