@@ -36,6 +36,13 @@ from pydantic import (
     model_validator,
 )
 
+from connector.common import verification
+
+# A route's verification spec is the verifier's own model (verification.py); re-exported here with
+# the other manifest models.
+from connector.common.verification import SecretRef as SecretRef
+from connector.common.verification import VerificationSpec as VerificationSpec
+
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 EXTRACTABLE = (
     "event_kind",
@@ -89,61 +96,6 @@ class ValueSpec(_Model):
         return self.template is not None and any(
             ref.startswith("header:") for ref in template_references(self.template)
         )
-
-
-class SecretRef(_Model):
-    """A secret *reference*: the value is read from the environment or a file, never stored."""
-
-    env: str | None = None
-    file: str | None = None
-    #: How the referenced value encodes the key: raw bytes of the text, base64, hex, a Standard
-    #: Webhooks ``whsec_`` base64 key, or a Standard Webhooks ``whpk_`` base64 ed25519 public key.
-    #: A public key (``ed25519``/``ecdsa`` schemes) may also be PEM text whatever the encoding.
-    encoding: Literal["raw", "base64", "hex", "whsec", "whpk"] = "raw"
-
-    @model_validator(mode="after")
-    def _one(self) -> SecretRef:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of env, file")
-        return self
-
-    @property
-    def name(self) -> str:
-        """Safe to log: the reference, not the value."""
-        return f"env:{self.env}" if self.env else f"file:{self.file}"
-
-
-class VerificationSpec(_Model):
-    """Signature verification of one route. ``preset`` fills defaults that explicit fields override;
-    ``scheme: none`` must be explicit. The ingress service (connector.ingress.verify) interprets it."""
-
-    preset: str | None = None
-    #: ``hmac`` (shared secret), ``ed25519`` / ``ecdsa`` (the sender's public key), ``none``.
-    scheme: Literal["hmac", "ed25519", "ecdsa", "none"] | None = None
-    algorithm: Literal["sha256", "sha1"] | None = None
-    encoding: Literal["hex", "base64"] | None = None
-    signature_header: str | None = None
-    signature_prefix: str | None = None
-    #: ``plain`` (whole header, after prefix), ``kv`` (``t=..,v1=..``), ``list``
-    #: (space-separated ``v1,<sig>`` entries, Standard Webhooks).
-    signature_format: Literal["plain", "kv", "list"] | None = None
-    kv_signature_key: str | None = None
-    kv_timestamp_key: str | None = None
-    #: Separator of the ``kv`` items (default ``,``; Paddle uses ``;``).
-    kv_separator: str | None = None
-    #: Template of the signed content: ``{body}`` or ``{sorted_form}`` (the form-encoded body's
-    #: pairs sorted, each name then value), ``{timestamp}``, ``{id}``, ``{method}``, ``{uri}``.
-    signed_content: str | None = None
-    #: Percent-escapes (e.g. ``"%3A"``) decoded in ``{uri}`` before signing, as the sender does
-    #: (HubSpot v3 signs its URI with twelve escapes decoded). Matched case-insensitively.
-    uri_decode: tuple[str, ...] | None = None
-    id_header: str | None = None
-    timestamp_header: str | None = None
-    #: Unix seconds, milliseconds, or an RFC 3339 date-time (signed as sent).
-    timestamp_unit: Literal["s", "ms", "rfc3339"] | None = None
-    #: Allowed clock difference in both directions, seconds.
-    tolerance_s: int | None = Field(default=None, ge=1)
-    secrets: tuple[SecretRef, ...] = ()
 
 
 class RetryPolicy(_Model):
@@ -639,8 +591,6 @@ def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
 def _verification_errors(data: Mapping[str, Any]) -> list[str]:
     # Verification specs are interpreted by the ingress verifier; check them now so a bad preset or
     # an impossible combination is refused at apply time, not at the first delivery.
-    from connector.common import verification
-
     errors: list[str] = []
     routes = data.get("routes")
     if not isinstance(routes, list | tuple):
