@@ -561,3 +561,26 @@ async def test_a_client_that_disconnects_mid_body_writes_nothing_and_logs_no_err
         conn.close()
     assert receipt_count(db_url) == 1
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+async def test_large_bodies_are_verified_off_the_event_loop_with_the_same_outcomes(
+    ingress: IngressService, db_url: str
+) -> None:
+    """Bodies from OFFLOAD_BYTES up are HMAC'd and hashed in a worker thread: same answers, same row."""
+    import hashlib
+
+    from connector.ingress.admission import OFFLOAD_BYTES
+
+    body = json.dumps({"type": "big", "pad": "b" * OFFLOAD_BYTES}).encode()
+    assert len(body) >= OFFLOAD_BYTES
+    wrong = signed(body, "big-0")
+    wrong["X-Hub-Signature-256"] = "sha256=" + "0" * 64
+    for headers, expected in ((wrong, 401), (signed(body, "big-1"), 200)):
+        conn = await Conn.open(ingress.http_port)
+        try:
+            await conn.send(request(GITHUB, body, headers))
+            assert (await conn.response())[0] == expected
+        finally:
+            conn.close()
+    (row,) = receipts(db_url)
+    assert bytes(row["body"]) == body and bytes(row["payload_sha256"]) == hashlib.sha256(body).digest()
