@@ -10,7 +10,8 @@
     list can only shrink. ``EXEMPT`` names what stays outside by design (the upkeep's maintenance
     on tables: catalog reads, VACUUM/ANALYZE), checked to read nothing but catalogs.
 (c) **Layering.** The services never import one another (the executor does not import the
-    materializer), and the store imports no service.
+    materializer), the store imports no service, and no connector.* modules import each other in
+    a circle (lazy imports count; type-only ``TYPE_CHECKING`` imports do not).
 
 The scanners are tested on planted sources (controls), so a scanner that finds nothing cannot pass.
 """
@@ -489,3 +490,127 @@ def test_the_store_imports_no_service() -> None:
         )
     ]
     assert not bad
+
+
+# No import cycles among connector.* modules: every import counts (lazy ones inside functions too,
+# they run), except type-only imports under ``if TYPE_CHECKING:``, which never run.
+SOURCE_ROOTS = tuple(
+    ROOT / d
+    for d in ("libs/common", "libs/cli", "services/ingress", "services/materializer", "services/executor")
+)
+
+
+def _module_name(path: Path, roots: Iterable[Path]) -> str:
+    root = next(r for r in roots if r in path.parents)
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        ):
+            ids |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return ids
+
+
+def module_graph(files: Iterable[Path], roots: Iterable[Path] = SOURCE_ROOTS) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` over ``files`` (edges to modules outside them dropped)."""
+    roots = tuple(roots)
+    paths = {_module_name(p, roots): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = _parse(path)
+        skip = _type_checking_nodes(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    known = [
+                        ".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in paths
+                    ]
+                    targets.update(known[:1])
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, *([base] if base else [])])
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in paths:
+                        targets.add(sub)
+                    elif base in paths:
+                        targets.add(base)
+        graph[name] = targets - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycles_among_connector_modules() -> None:
+    graph = module_graph(_py_files(*SOURCE_ROOTS))
+    assert "connector.common.store.work_items" in graph["connector.common.materialization"], (
+        "scanner sees edges"
+    )
+    assert not import_cycles(graph)
+
+
+def test_import_cycle_scanner_control(tmp_path: Path) -> None:
+    """A cycle closed by a lazy import inside a function (and one through a relative import) is
+    found; a back edge under ``if TYPE_CHECKING:`` is not a cycle."""
+    pkg = tmp_path / "connector" / "demo"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from connector.demo import b\n")
+    (pkg / "b.py").write_text("def f():\n    from connector.demo.a import g\n")
+    (pkg / "c.py").write_text("from . import d\n")
+    (pkg / "d.py").write_text("import connector.demo.c\n")
+    (pkg / "e.py").write_text("from connector.demo import f\n")
+    (pkg / "f.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from connector.demo.e import x\n"
+    )
+    graph = module_graph(sorted(pkg.glob("*.py")), roots=[tmp_path])
+    assert import_cycles(graph) == [
+        ["connector.demo.a", "connector.demo.b"],
+        ["connector.demo.c", "connector.demo.d"],
+    ]
