@@ -1,27 +1,14 @@
-"""The pack store: install manifests as generations, activate them, list them, and read active routes.
+"""Pack install over the store (docs/packs.md, "Generations"): apply a manifest as a new generation,
+activate a generation, list packs, and the materializer's cache of active routes.
 
-Shared by the materializer, the admin API and the CLI (async psycopg; every function takes a
-connection and runs its own transaction, or a savepoint when the caller already opened one).
-
-* ``pack_apply`` installs a validated ``Manifest`` as a *new generation* of its pack (the pack row is
-  locked, so concurrent applies of one pack serialize and never produce duplicate generations), with
-  one ``connector_route`` row per route. A route's ``route_version`` is kept when its effective
-  config (the route plus the work types it fans out to, ``packs.route_effective_config``) equals the
-  latest earlier generation that had the route key, and incremented otherwise. New generations are
-  installed WorkItem-owned: a ``connector_cutover_receipt`` of kind ``install`` proves there is
-  nothing to drain (no event of the generation exists), and a ``connector_claim_authority`` row binds
-  it (claim path ``work_item``, phase ``work_item_active``). Re-applying the manifest of the latest
-  generation installs nothing (idempotent apply).
-* ``pack_generation_activate`` switches the active generation atomically: the previous one becomes
-  ``retired``, this one ``active``, ``connector_installed_pack.active_generation`` follows, and
-  ``pg_notify('connector_packs', '')`` is sent in the same transaction, so the ingress and the
-  materializer reload their route tables once it commits.
-* ``RouteCache`` is the materializer's in-memory view of active routes, with the pack's incarnation,
-  generation and claim authority (the materializer re-checks that snapshot under a share lock in
-  each batch transaction, so a concurrent activation is never half-seen).
-
-Route config storage: ``connector_route.config`` is ``RouteSpec.model_dump(mode="json")`` and
-``config_sha256`` its ``sha256_hex``; the work type specs live in the generation's manifest.
+Contract: every function takes a connection and runs its own transaction (a savepoint inside the
+caller's). ``pack_apply`` locks the pack row (concurrent applies of one pack serialize), installs
+the generation WorkItem-owned (an ``install`` cutover receipt and a claim authority row) with one
+route row per route, keeping a route's version while its effective config is unchanged; re-applying
+the latest manifest installs nothing. ``pack_generation_activate`` retires the previous generation,
+activates this one and notifies ``connector_packs`` in one transaction. ``RouteCache`` holds each
+pack's active generation with its claim authority (re-checked under a share lock by every batch).
+The statements are store/packs.py's (and store/authority.py's, store/events.py's).
 """
 
 from __future__ import annotations

@@ -1,43 +1,16 @@
-"""Retention of retired deliveries and expired admin request ids (ADR 009).
+"""Retention of retired deliveries and expired admin request ids (docs/adr/009-retention.md: the
+retirement rule and why a delivery goes whole, the sweep and its plans, settings, metrics).
 
-Without it nothing is ever deleted: receipts (with their bodies), events and succeeded WorkItems grow
-forever, and every VACUUM scans every index of those tables in full.
-
-A delivery (one ingress receipt, its events and their WorkItems) is **retired** when all of this
-holds, and it is then deleted as a whole, never in part:
-
-* the receipt is ``materialized`` and was accepted before ``now() - delivered_s``;
-* every event of the receipt is owned by the WorkItem path (``execution_owner = 'work_item'``) and
-  has no legacy history (``legacy_state IS NULL``);
-* no ``connector_legacy_outcome_receipt`` references one of its events (permanent facts, protected
-  by a trigger);
-* every event has at least one WorkItem (an event without one may still be backfilled), and every
-  WorkItem is ``succeeded`` and was never rollback-fenced or reconciled from a legacy outcome
-  (``rollback_execution_fence_id`` and ``legacy_outcome_receipt_version`` are null). A dead letter,
-  a retry, a blocked or in-flight item, ``awaiting_legacy_outcome`` or ``reconciled_legacy_terminal``
-  keeps the whole delivery.
-
-A sweep walks the receipts by primary key in chunks of ``batch`` from the lowest id and stops at
-the first chunk whose receipts are all younger than the cutoff (receipt ids follow acceptance).
-Per chunk, one transaction classifies the receipts (index probes per receipt: events by
-``receipt_id``, WorkItems and legacy outcome receipts by ``event_id``) and deletes the retired
-deliveries' WorkItems, events and receipts with three set-based statements, in foreign-key order.
-Each delete repeats its part of the predicate (``state = 'succeeded'``, WorkItem ownership,
-``materialized``), so a row that changed after the classification is not deleted and the foreign
-keys then refuse the rest of the delivery: the chunk rolls back and is re-checked by the next sweep.
-Old deliveries that are not retired are skipped and re-checked by every sweep.
-
-Succeeded WorkItems hold no lane (``LANE_HOLDING_PREDICATE``), so deleting them changes no lane.
-
-One sweeper at a time across all processes: a session advisory lock ``(RETENTION_LOCK_CLASS, 0)``
-taken with ``pg_try_advisory_lock`` on the sweeper's own autocommit connection; a busy lock skips the
-round. ``connector_admin_request`` rows (AIP-155 request ids) older than ``admin_requests_s`` are
-deleted by the same sweep. A retention of 0 keeps that kind of row forever.
-
-Metrics: ``connector_retention_deleted_total{table}``, ``connector_retention_sweep_seconds``,
-``connector_retention_runs_total{result}`` (done / busy / error),
-``connector_retention_oldest_receipt_age_seconds``. One INFO line per sweep that deleted something
-(counts only); failures are warnings, at most one per five minutes.
+Contract: a delivery (a receipt, its events, their WorkItems) is deleted whole or not at all, and
+only once *retired*: the receipt ``materialized`` and accepted before ``now() - delivered_s``; every
+event WorkItem-owned with no legacy history and no legacy outcome receipt, and with at least one
+WorkItem; every WorkItem ``succeeded``, never fenced or reconciled (the statements are
+store/deliveries.py's). A sweep walks the receipts by primary key in chunks of ``batch``, one
+transaction per chunk (classify, then delete WorkItems, events, receipts in foreign-key order, each
+delete re-checking its part, so a row that changed rolls the chunk back for the next sweep), and
+stops at the first chunk younger than the cutoff. Admin request ids older than ``admin_requests_s``
+go in the same sweep; a retention of 0 keeps that kind forever. One sweeper at a time: the session
+advisory lock ``(RETENTION_LOCK_CLASS, 0)``, tried (a busy round is skipped) on its own connection.
 """
 
 from __future__ import annotations
