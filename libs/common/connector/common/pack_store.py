@@ -1,5 +1,6 @@
-"""Pack install over the store (docs/packs.md, "Generations"): apply a manifest as a new generation,
-activate a generation, list packs, and the materializer's cache of active routes.
+"""Pack install over the store: apply a manifest as a new generation, activate a generation, list
+packs, and the materializer's cache of active routes (docs/packs.md, "Generations, activation,
+versions").
 
 Contract: every function takes a connection and runs its own transaction (a savepoint inside the
 caller's). ``pack_apply`` locks the pack row (concurrent applies of one pack serialize), installs
