@@ -148,14 +148,18 @@ def _transition(
         return (1 if t.blockers else 0), t
 
 
+def _generation(client: Client, args: argparse.Namespace) -> dict[str, int]:
+    """The ``--pack`` (id or name) and ``--generation`` (0: the active one) of a request."""
+    return {"installed_pack_id": resolve_pack_id(client, args.pack), "generation": args.generation or 0}
+
+
 def _request_id(args: argparse.Namespace) -> str:
     return str(args.request_id or uuid.uuid4().hex)
 
 
 def quiesce(client: Client, args: argparse.Namespace) -> int:
     request = pb.QuiesceLegacyRequest(
-        installed_pack_id=resolve_pack_id(client, args.pack),
-        generation=args.generation or 0,
+        **_generation(client, args),
         request_id=_request_id(args),
     )
     code, _ = _transition(client, args, "quiesce", "QuiesceLegacy", request)
@@ -168,8 +172,7 @@ def quiesce(client: Client, args: argparse.Namespace) -> int:
 
 def cutover(client: Client, args: argparse.Namespace) -> int:
     request = pb.CompleteCutoverRequest(
-        installed_pack_id=resolve_pack_id(client, args.pack),
-        generation=args.generation or 0,
+        **_generation(client, args),
         dry_run=args.dry_run,
         request_id="" if args.dry_run else _request_id(args),
     )
@@ -204,8 +207,7 @@ def rollback(client: Client, args: argparse.Namespace) -> int:
 
 def abort(client: Client, args: argparse.Namespace) -> int:
     request = pb.AbortTransitionRequest(
-        installed_pack_id=resolve_pack_id(client, args.pack),
-        generation=args.generation or 0,
+        **_generation(client, args),
         request_id=_request_id(args),
     )
     return _transition(client, args, "abort", "AbortTransition", request)[0]
@@ -215,8 +217,7 @@ def reconcile(client: Client, args: argparse.Namespace) -> int:
     response = client.call(
         "ReconcileLegacyOutcomes",
         pb.ReconcileLegacyOutcomesRequest(
-            installed_pack_id=resolve_pack_id(client, args.pack),
-            generation=args.generation or 0,
+            **_generation(client, args),
             request_id=_request_id(args),
         ),
     )
@@ -247,7 +248,7 @@ def resolve(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(response))
     else:
-        state = enum_name(types_pb2.WorkItemState.Name(response.work_item_state), "WORK_ITEM_STATE_")
+        state = work_item_state(response.work_item_state)
         print(
             f"resolve: event {response.event_id} {response.work_type} confirmed {args.outcome}"
             f" (receipt version {response.version}); event legacy state {response.event_legacy_state};"
@@ -258,8 +259,7 @@ def resolve(client: Client, args: argparse.Namespace) -> int:
 
 def legacy_failures(client: Client, args: argparse.Namespace) -> int:
     request = pb.ListLegacyFailuresRequest(
-        installed_pack_id=resolve_pack_id(client, args.pack),
-        generation=args.generation or 0,
+        **_generation(client, args),
         page_size=args.limit,
         page_token=args.page_token or "",
     )

@@ -28,7 +28,14 @@ from typing import Any
 
 import psycopg
 
-from connector.common.materialization import EventDraft, Failure, RouteCompiler, materialize, plan_receipt
+from connector.common.materialization import (
+    EventDraft,
+    Failure,
+    RouteCompiler,
+    materialize,
+    plan_receipt,
+    work_row,
+)
 from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import Manifest, RouteSpec
 from connector.common.store import events, packs
@@ -80,22 +87,13 @@ async def backfill(
                 report.failed[plan.error_class] += 1
                 continue
             report.events += 1
-            rows.extend(
-                WorkRow(
-                    event_id=int(e["event_id"]),
-                    installed_pack_id=int(e["installed_pack_id"]),
-                    generation=int(e["generation"]),
-                    work_type=w.work_type,
-                    queue_class=w.queue_class,
-                    priority=w.priority,
-                    max_attempts=w.max_attempts,
-                    delivery_seq=int(e["delivery_seq"]),
-                    source_lane_key=w.source_lane_key,
-                    target_lane_key=w.target_lane_key,
-                    dead_blocks_lane=w.dead_blocks_lane,
-                )
-                for w in plan.work
+            ids = (
+                int(e["event_id"]),
+                int(e["installed_pack_id"]),
+                int(e["generation"]),
+                int(e["delivery_seq"]),
             )
+            rows.extend(work_row(*ids, w) for w in plan.work)
         if dry_run:
             report.work_items += len(rows)
             continue

@@ -267,30 +267,13 @@ def plan_receipt(
             if spec.source_lane is not None:
                 ctx.work_type = spec.work_type
                 source_key = spec.source_lane(ctx)
-                if source_key is None:
-                    refs = [r for r in references(spec.source_lane_template or "") if r != "work_type"]
-                    return Failure(
-                        receipt,
-                        REQUIRED_MISSING,
-                        f"work type {spec.work_type!r}: source lane key needs {refs}",
-                    )
-                if len(source_key.encode()) > MAX_LANE_KEY_BYTES:
-                    return Failure(
-                        receipt, PARSE_ERROR, f"work type {spec.work_type!r}: source lane key too long"
-                    )
+                if (failure := _lane_key_failure(receipt, spec, "source", source_key)) is not None:
+                    return failure
             target_key: str | None = None
             if spec.target_serialization:
                 target_key = values.get("target_lane_key")
-                if target_key is None:
-                    return Failure(
-                        receipt,
-                        REQUIRED_MISSING,
-                        f"work type {spec.work_type!r}: target serialization needs target_lane_key",
-                    )
-                if len(target_key.encode()) > MAX_LANE_KEY_BYTES:
-                    return Failure(
-                        receipt, PARSE_ERROR, f"work type {spec.work_type!r}: target lane key too long"
-                    )
+                if (failure := _lane_key_failure(receipt, spec, "target", target_key)) is not None:
+                    return failure
             work.append(
                 WorkDraft(
                     work_type=spec.work_type,
@@ -314,6 +297,21 @@ def plan_receipt(
         work=tuple(work),
         legacy_owned=legacy_owned,
     )
+
+
+def _lane_key_failure(receipt: ReceiptRow, spec: WorkSpec, lane: str, key: str | None) -> Failure | None:
+    """Why the ``lane`` (``source``/``target``) key of a work item cannot be used: it could not be
+    formed (a required field is missing) or it is too long to index; ``None`` when it can."""
+    if key is None:
+        if lane == "source":
+            refs = [r for r in references(spec.source_lane_template or "") if r != "work_type"]
+            needs = f"source lane key needs {refs}"
+        else:
+            needs = "target serialization needs target_lane_key"
+        return Failure(receipt, REQUIRED_MISSING, f"work type {spec.work_type!r}: {needs}")
+    if len(key.encode()) > MAX_LANE_KEY_BYTES:
+        return Failure(receipt, PARSE_ERROR, f"work type {spec.work_type!r}: {lane} lane key too long")
+    return None
 
 
 def _legacy_owned(pack: ActivePack) -> bool:
@@ -354,27 +352,38 @@ def plan_batch(
 # --------------------------------------------------------------------------------------------------
 
 
+def work_row(
+    event_id: int, installed_pack_id: int, generation: int, delivery_seq: int, w: WorkDraft
+) -> WorkRow:
+    """The WorkItem row of one fan-out entry of an event."""
+    return WorkRow(
+        event_id=event_id,
+        installed_pack_id=installed_pack_id,
+        generation=generation,
+        work_type=w.work_type,
+        queue_class=w.queue_class,
+        priority=w.priority,
+        max_attempts=w.max_attempts,
+        delivery_seq=delivery_seq,
+        source_lane_key=w.source_lane_key,
+        target_lane_key=w.target_lane_key,
+        dead_blocks_lane=w.dead_blocks_lane,
+    )
+
+
 def work_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[WorkRow]:
     """The WorkItem rows of ``drafts`` in (delivery_seq, fan-out) order."""
-    rows: list[WorkRow] = []
-    for d in sorted(drafts, key=lambda d: d.receipt.receipt_id):
-        for w in d.work:
-            rows.append(
-                WorkRow(
-                    event_id=event_ids[d.receipt.receipt_id],
-                    installed_pack_id=d.pack.installed_pack_id,
-                    generation=d.pack.generation,
-                    work_type=w.work_type,
-                    queue_class=w.queue_class,
-                    priority=w.priority,
-                    max_attempts=w.max_attempts,
-                    delivery_seq=d.receipt.receipt_id,
-                    source_lane_key=w.source_lane_key,
-                    target_lane_key=w.target_lane_key,
-                    dead_blocks_lane=w.dead_blocks_lane,
-                )
-            )
-    return rows
+    return [
+        work_row(
+            event_ids[d.receipt.receipt_id],
+            d.pack.installed_pack_id,
+            d.pack.generation,
+            d.receipt.receipt_id,
+            w,
+        )
+        for d in sorted(drafts, key=lambda d: d.receipt.receipt_id)
+        for w in d.work
+    ]
 
 
 def event_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[tuple[Any, ...]]:
