@@ -473,6 +473,18 @@ def _sorted_pairs(ids: list[int], tokens: list[int]) -> tuple[list[int], list[in
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+async def _finalize_fenced(
+    conn: Conn, ids: list[int], tokens: list[int], fail: FailBatch, result: FinalizeResult
+) -> None:
+    """The fenced updates of one flush: completes, then the other transitions (counting stale rows)."""
+    if ids:
+        result.completed = await work_item_complete_batch(conn, ids, tokens)
+        result.complete_stale = len(ids) - len(result.completed)
+    if len(fail):
+        result.transitions = await work_item_fail_batch(conn, fail)
+        result.fail_stale = len(fail) - len(result.transitions)
+
+
 async def work_item_finalize(
     conn: Conn,
     complete_ids: list[int],
@@ -490,21 +502,11 @@ async def work_item_finalize(
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
     if not lane_list:
-        if ids:
-            result.completed = await work_item_complete_batch(conn, ids, tokens)
-            result.complete_stale = len(ids) - len(result.completed)
-        if len(fail):
-            result.transitions = await work_item_fail_batch(conn, fail)
-            result.fail_stale = len(fail) - len(result.transitions)
+        await _finalize_fenced(conn, ids, tokens, fail, result)
         return result
     async with conn.transaction():
         locked = await lane_lock_batch(conn, lane_list)
-        if ids:
-            result.completed = await work_item_complete_batch(conn, ids, tokens)
-            result.complete_stale = len(ids) - len(result.completed)
-        if len(fail):
-            result.transitions = await work_item_fail_batch(conn, fail)
-            result.fail_stale = len(fail) - len(result.transitions)
+        await _finalize_fenced(conn, ids, tokens, fail, result)
         settled = await lane_settle_batch(conn, locked)
         result.promoted = settled.promoted
         if settled.promoted > notify_above:
