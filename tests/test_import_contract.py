@@ -150,6 +150,8 @@ WRITERS: dict[str, frozenset[str]] = {
     "event_delete_retired": frozenset({MAINTENANCE}),
     "receipt_delete_retired": frozenset({MAINTENANCE}),
     "admin_request_delete_expired": frozenset({MAINTENANCE}),
+    # admin: AIP-155 request ids stored with the mutation they answer
+    "admin_request_insert": frozenset({ADMIN}),
 }
 
 # Store functions that are not writers although they mention a write (none yet); kept explicit.
@@ -336,8 +338,6 @@ ALLOWLIST: dict[str, str] = {
     "services/executor/connector/executor/admin/replay.py": "replay checks and transitions",
     "services/executor/connector/executor/admin/stats.py": "queue, lane and cutover statistics",
     "services/executor/connector/executor/admin/transitions.py": "the legacy failure list",
-    # materializer/ingress/common engineer (F):
-    "services/executor/connector/executor/admin/requests.py": "admin request ids (being hardened) -> store",
 }
 
 

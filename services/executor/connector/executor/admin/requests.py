@@ -13,17 +13,12 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 from psycopg import AsyncConnection
 
+from connector.common.store import admin_requests as store
 from connector.executor.admin.errors import Reason, invalid_argument
 
 M = TypeVar("M", bound=Message)
 
 MAX_REQUEST_ID_LENGTH = 200
-
-ADMIN_REQUEST_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('connector_admin_request:' || %(id)s, 0))"
-ADMIN_REQUEST_GET = "SELECT method, response FROM connector_admin_request WHERE request_id = %(id)s"
-ADMIN_REQUEST_INSERT = """
-INSERT INTO connector_admin_request (request_id, method, response) VALUES (%(id)s, %(method)s, %(response)s)
-"""
 
 
 def check(request_id: str) -> None:
@@ -40,24 +35,20 @@ async def admin_request_get(
     if not request_id:
         return None
     check(request_id)
-    await conn.execute(ADMIN_REQUEST_LOCK, {"id": request_id})
-    cur = await conn.execute(ADMIN_REQUEST_GET, {"id": request_id})
-    row = await cur.fetchone()
+    await store.admin_request_lock(conn, request_id)
+    row = await store.admin_request_get(conn, request_id)
     if row is None:
         return None
-    stored_method, payload = row[0], row[1]
+    stored_method, payload = row
     if stored_method != method:
         raise invalid_argument(
             f"request_id was already used for {stored_method}", Reason.REQUEST_ID_REUSED, field="request_id"
         )
-    return response_type.FromString(bytes(payload))
+    return response_type.FromString(payload)
 
 
 async def admin_request_put(
     conn: AsyncConnection[Any], request_id: str, method: str, response: Message
 ) -> None:
     if request_id:
-        await conn.execute(
-            ADMIN_REQUEST_INSERT,
-            {"id": request_id, "method": method, "response": response.SerializeToString()},
-        )
+        await store.admin_request_insert(conn, request_id, method, response.SerializeToString())
