@@ -203,10 +203,21 @@ async def _attack(cfg: dict[str, Any]) -> dict[str, Any]:
     big = b'{"pad":"' + b"f" * (MIB - 10) + b'"}'
     assert len(big) == MIB
 
+    rate = cfg["flood_rate"]
+    every = cfg["flood_connections"] / rate if rate else 0.0
+
     async def flood(n: int) -> None:
         i = 0
+        due = loop.time() + every * n / cfg["flood_connections"]
         while not stop.is_set():
             i += 1
+            if every:  # paced: --flood-rate bodies a second over all flood connections
+                due += every
+                if due > loop.time():
+                    await _until(asyncio.sleep(due - loop.time()), stop)
+                else:
+                    note("flood_behind")  # the server did not keep up with the offered rate
+                    due = loop.time()
             target = UNKNOWN if i % 4 == 0 else NOISY
             request = (
                 f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -343,11 +354,13 @@ def _rss_mib(pid: int) -> float:
 
 
 class RssSampler:
-    """The process's RSS every 100 ms, in a thread, between ``start`` and ``stop``."""
+    """The process's RSS every 100 ms, in a thread, and its CPU (cores busy) over the block."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.samples: list[float] = []
+        self.cpu = 0.0
+        self._cpu0 = self._wall0 = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -357,12 +370,16 @@ class RssSampler:
                 self.samples.append(_rss_mib(self.pid))
 
     def __enter__(self) -> RssSampler:
+        self._cpu0, self._wall0 = ingress_bench._cpu_seconds(self.pid), time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        with contextlib.suppress(OSError):
+            used = ingress_bench._cpu_seconds(self.pid) - self._cpu0
+            self.cpu = used / max(1e-9, time.monotonic() - self._wall0)
 
     @property
     def peak(self) -> float:
@@ -420,11 +437,13 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         with RssSampler(ingress.pid) as rss:
             phases["baseline"] = _quiet_phase(args, http_port, args.phase_s)
         phases["baseline"]["rss_peak_mib"] = rss.peak
+        phases["baseline"]["ingress_cpu"] = rss.cpu
         attack_cfg = {
             "port": http_port,
             "idle": args.idle,
             "slow": args.slow,
             "flood_connections": args.flood_connections,
+            "flood_rate": args.flood_rate,
         }
         attacker = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--role", "attack", json.dumps(attack_cfg)],
@@ -436,9 +455,11 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         if line.strip() != "placed":
             raise SystemExit(f"the attacker did not start: {line!r}")
         time.sleep(2.0)  # the sockets pile up to the cap
-        with RssSampler(ingress.pid) as rss:
+        with RssSampler(ingress.pid) as rss, RssSampler(attacker.pid) as attacker_rss:
             phases["attack"] = _quiet_phase(args, http_port, args.phase_s)
         phases["attack"]["rss_peak_mib"] = rss.peak
+        phases["attack"]["ingress_cpu"] = rss.cpu
+        phases["attack"]["attacker_cpu"] = attacker_rss.cpu
         attacker.send_signal(signal.SIGTERM)
         counts_line = attacker.communicate(timeout=60)[0].strip().splitlines()
         attack_counts = json.loads(counts_line[-1]) if counts_line else {}
@@ -447,6 +468,7 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         with RssSampler(ingress.pid) as rss:
             phases["after"] = _quiet_phase(args, http_port, args.phase_s)
         phases["after"]["rss_peak_mib"] = rss.peak
+        phases["after"]["ingress_cpu"] = rss.cpu
         alive = ingress.poll() is None
     finally:
         if attacker is not None:
@@ -464,18 +486,20 @@ def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     print(
         f"attack scenario: quiet namespace {args.quiet_rate:.0f} deliveries/s on {args.quiet_connections}"
         f" connections, {args.phase_s:.0f} s per phase; attack: {args.idle} idle sockets, {args.slow} slow"
-        f" bodies, {args.flood_connections} connections of 1 MiB refused bodies, a 1 GiB gzip bomb a second"
+        f" bodies, {args.flood_rate or 'unpaced'}/s 1 MiB refused bodies on {args.flood_connections}"
+        " connections, a 1 GiB gzip bomb a second"
     )
     for name, p in phases.items():
         print(
             f"  {name:<9} acks {p['acks']:>6}  p50 {p['p50_ms']:7.2f} ms  p99 {p['p99_ms']:7.2f} ms"
             f"  max {p['max_ms']:7.1f} ms  statuses {p['statuses']}  lost {p['errors']}"
-            f"  RSS peak {p['rss_peak_mib']:.1f} MiB"
+            f"  RSS peak {p['rss_peak_mib']:.1f} MiB  ingress CPU {p['ingress_cpu']:.2f} cores"
         )
     print(f"  quiet p99 attack / baseline   {ratio:.2f}x (target <= 2)")
     print(f"  ingress RSS idle {idle:.1f} MiB, attack peak {att['rss_peak_mib']:.1f} MiB: +{delta:.1f} MiB"
           " (target <= 50)")  # fmt: skip
     print(f"  the attacker got            {dict(sorted(attack_counts.items()))}")
+    print(f"  attacker CPU                {att['attacker_cpu']:.2f} cores")
     print(f"  ingress alive throughout    {alive}")
     summary = {
         "phases": phases,
@@ -494,6 +518,7 @@ def _rows(args: argparse.Namespace, summary: dict[str, Any], common: Any) -> lis
     base, att = summary["phases"]["baseline"], summary["phases"]["attack"]
     extra = {
         "quiet_rate_per_s": args.quiet_rate,
+        "flood_rate_per_s": args.flood_rate,
         "phase_s": args.phase_s,
         "baseline_p99_ms": round(base["p99_ms"], 2),
         "attack_p99_ms": round(att["p99_ms"], 2),
@@ -526,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=300, help="idle sockets")
     parser.add_argument("--slow", type=int, default=100, help="slow-body clients")
     parser.add_argument("--flood-connections", type=int, default=4, help="clients of 1 MiB refused bodies")
+    parser.add_argument(
+        "--flood-rate", type=float, default=100.0, help="1 MiB refused bodies a second (0: back to back)"
+    )
     parser.add_argument("--role", choices=["quiet", "attack"], help=argparse.SUPPRESS)
     parser.add_argument("config", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

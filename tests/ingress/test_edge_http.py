@@ -584,3 +584,21 @@ async def test_large_bodies_are_verified_off_the_event_loop_with_the_same_outcom
             conn.close()
     (row,) = receipts(db_url)
     assert bytes(row["body"]) == body and bytes(row["payload_sha256"]) == hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize(
+    ("nofile", "setting", "cap", "backlog"),
+    [
+        (256, 0, 128, 64),  # ulimit -n 256: half for connections, a full backlog fits in the rest
+        (1024, 0, 512, 448),
+        (1 << 20, 0, edge.AUTO_MAX_CONNECTIONS, 1024),
+        (256, 5000, 184, 8),  # an explicit cap above what the limit allows is lowered
+        (65536, 300, 300, 1024),
+    ],
+)
+def test_the_connection_cap_and_backlog_fit_the_descriptor_limit(
+    nofile: int, setting: int, cap: int, backlog: int
+) -> None:
+    got = edge.HttpLimits(max_connections=setting).derive(nofile)
+    assert got == (cap, backlog)
+    assert got[0] + got[1] + edge.RESERVED_DESCRIPTORS <= nofile  # a full accept burst never hits EMFILE
