@@ -397,8 +397,8 @@ def test_the_allowlist_only_names_modules_that_still_hold_sql() -> None:
 EXEMPT: dict[str, str] = {
     "libs/common/connector/common/upkeep.py": (
         "maintenance on tables, not statements on their rows: catalog reads (pg_class, "
-        "pg_stat_user_tables, server settings), VACUUM/ANALYZE of a table by identifier and the "
-        "upkeep's own advisory lock (ADR 008)"
+        "pg_stat_user_tables, server settings), VACUUM/ANALYZE of a table by identifier and "
+        "session settings (ADR 008)"
     ),
 }
 

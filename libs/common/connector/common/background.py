@@ -20,6 +20,21 @@ from connector.common.runtime import cancel_task
 
 REPORT_EVERY_S = 300.0
 
+# One process at a time on a job's object, across all processes: a session advisory lock
+# ``(class, key)`` on the job's own connection, tried and never waited for.
+SESSION_LOCK_TRY = "SELECT pg_try_advisory_lock(%s, %s)"
+SESSION_LOCK_RELEASE = "SELECT pg_advisory_unlock(%s, %s)"
+
+
+async def session_lock_try(conn: psycopg.AsyncConnection[Any], key_class: int, key: int) -> bool:
+    cur = await conn.execute(SESSION_LOCK_TRY, (key_class, key))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def session_lock_release(conn: psycopg.AsyncConnection[Any], key_class: int, key: int) -> None:
+    await conn.execute(SESSION_LOCK_RELEASE, (key_class, key))
+
 
 class BackgroundJob:
     """Run ``run_once`` every ``interval_s`` (±``jitter``) on a dedicated connection."""

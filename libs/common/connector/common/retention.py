@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.background import BackgroundJob
+from connector.common.background import BackgroundJob, session_lock_release, session_lock_try
 from connector.common.metrics import LATENCY_BUCKETS, registry
 from connector.common.store import admin_requests, deliveries, receipts
 
@@ -91,9 +91,6 @@ for _result in RESULTS:
 # --------------------------------------------------------------------------------------------------
 
 DATABASE_CUTOFF = "SELECT now() - make_interval(secs => %(s)s::float8)"
-
-LOCK_TRY = "SELECT pg_try_advisory_lock(%s, %s)"
-LOCK_RELEASE = "SELECT pg_advisory_unlock(%s, %s)"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -191,13 +188,11 @@ async def connect(url: str, application_name: str = "connector-retention") -> ps
 
 
 async def try_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
-    cur = await conn.execute(LOCK_TRY, (RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT))
-    row = await cur.fetchone()
-    return bool(row and row[0])
+    return await session_lock_try(conn, RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT)
 
 
 async def unlock(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute(LOCK_RELEASE, (RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT))
+    await session_lock_release(conn, RETENTION_LOCK_CLASS, RETENTION_LOCK_OBJECT)
 
 
 async def _scalar(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str, Any]) -> Any:

@@ -10,9 +10,10 @@ while autovacuum is off for the table, re-checked every minute), ``on``, ``off``
 
 Its SQL stays here, outside ``connector.common.store``, because it is maintenance *on tables*, not
 statements on their rows: catalog reads (``pg_class``, ``pg_stat_user_tables``, server settings),
-``VACUUM``/``ANALYZE`` of a table by identifier and the upkeep's own advisory lock. The store holds
-the statements on the runtime's rows; tests/test_import_contract.py exempts this module for that
-reason and checks that it reads nothing but catalogs.
+``VACUUM``/``ANALYZE`` of a table by identifier and session settings (its advisory lock is
+``background.session_lock_try``, shared with retention). The store holds the statements on the
+runtime's rows; tests/test_import_contract.py exempts this module for that reason and checks that
+it reads nothing but catalogs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 from psycopg import sql
 
-from connector.common.background import BackgroundJob
+from connector.common.background import BackgroundJob, session_lock_release, session_lock_try
 from connector.common.metrics import LATENCY_BUCKETS, SHARED
 
 log = logging.getLogger("connector.upkeep")
@@ -261,9 +262,7 @@ class Upkeep(BackgroundJob):
         do_analyze: bool,
         result: PassResult,
     ) -> None:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (UPKEEP_LOCK_CLASS, t.oid))
-        row = await cur.fetchone()
-        if not (row and row[0]):
+        if not await session_lock_try(conn, UPKEEP_LOCK_CLASS, t.oid):
             result.busy.append(t.name)  # another process is on it
             return
         try:
@@ -284,7 +283,7 @@ class Upkeep(BackgroundJob):
                 UPKEEP_RUNS.labels(self.service, t.name, op).inc()
                 (result.vacuumed if op == "vacuum" else result.analyzed).append(t.name)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s, %s)", (UPKEEP_LOCK_CLASS, t.oid))
+            await session_lock_release(conn, UPKEEP_LOCK_CLASS, t.oid)
 
     # -- reporting (never per run: state changes and rate-limited errors only) -----------------
 
