@@ -90,8 +90,8 @@ class IngressSettings(PoolSettings):
     #: A request body not complete this many seconds after its headers is answered 408 (and closed).
     http_body_timeout_s: float = Field(default=30.0, gt=0)
     #: A kept-alive connection whose next request headers are not complete this long after the
-    #: previous answer is closed.
-    http_keepalive_timeout_s: float = Field(default=15.0, gt=0)
+    #: previous answer is closed (nginx's default; at the cap the longest-waiting one is shed anyway).
+    http_keepalive_timeout_s: float = Field(default=75.0, gt=0)
     #: Open HTTP connections at most (0: half the soft descriptor limit, at most 10,000). Past it the
     #: connection waiting longest for a request is closed first (see the docs for the order).
     http_max_connections: int = Field(default=0, ge=0)

@@ -143,7 +143,7 @@ def install_log_filter() -> None:
 class HttpLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    keepalive_timeout_s: float = 15.0
+    keepalive_timeout_s: float = 75.0
     #: 0: derived from the descriptor limit (``derive``).
     max_connections: int = 0
     backlog: int = 1024
