@@ -66,7 +66,13 @@ async def test_ingress_registers_heartbeats_and_deregisters_on_stop(db_url: str)
                 return later is not None and later["heartbeat_at"] > first
 
             await _until(beaten, "a heartbeat")
-            assert svc.registration is not None and svc.registration.heartbeats >= 1
+            registration = svc.registration
+            assert registration is not None
+
+            async def counted() -> bool:  # the counter moves after the beat's follow-up statement
+                return registration.heartbeats >= 1
+
+            await _until(counted, "the heartbeat counted")
             assert svc.registration.heartbeat_failures == 0
         finally:
             await svc.stop()
