@@ -29,6 +29,19 @@ EVENT_COLUMNS = (
     ("legacy_state", "text"),
 )  # fmt: skip
 
+# The admin API's event row: every fact column a reader may see, each aliased ``e_<column>`` so it
+# can share a row with a WorkItem's and a receipt's (``connector.executor.admin.convert.event``
+# reads these names). Not ``EVENT_COLUMNS``, the insert's (column, type) list: this one adds
+# ``parse_outcome`` and ``created_at`` and leaves out the companion and the legacy columns.
+EVENT_SELECT_COLUMNS = """
+  e.event_id AS e_event_id, e.receipt_id AS e_receipt_id, e.installed_pack_id AS e_installed_pack_id,
+  e.generation AS e_generation, e.incarnation AS e_incarnation, e.route_id AS e_route_id,
+  e.route_version AS e_route_version, e.namespace AS e_namespace, e.event_kind AS e_event_kind,
+  e.source_object_kind AS e_source_object_kind, e.source_object_id AS e_source_object_id,
+  e.idempotency_key AS e_idempotency_key, e.delivery_seq AS e_delivery_seq,
+  e.payload_sha256 AS e_payload_sha256, e.parse_outcome AS e_parse_outcome,
+  e.correlation_ids AS e_correlation_ids, e.created_at AS e_created_at"""
+
 EVENT_INSERT_BATCH = f"""
 INSERT INTO connector_event ({", ".join(c for c, _ in EVENT_COLUMNS)}, event_index, parse_outcome)
 SELECT {", ".join(f"{c}::jsonb" if c in ("companion", "correlation_ids") else c for c, _ in EVENT_COLUMNS)},

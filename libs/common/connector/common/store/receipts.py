@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from psycopg import AsyncConnection
 
 from connector.common import schema
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -423,3 +424,51 @@ async def receipt_work_outcome(conn: Conn, namespace: str, delivery_id: str) -> 
     before its receipt commits; work columns NULL until it is materialized)."""
     cur = await conn.execute(RECEIPT_WORK_OUTCOME, (namespace, delivery_id))
     return await cur.fetchone()
+
+
+# --------------------------------------------------------------------------------------------------
+# The admin API: receipt reads (sanitized by construction: the select list never includes the
+# signature, the verification secret reference or the body; the body only when asked for)
+# --------------------------------------------------------------------------------------------------
+
+# A receipt row as the admin API shows it, each column aliased ``r_<column>`` so it can share a row
+# with a WorkItem's and an event's (``connector.executor.admin.convert.receipt`` reads these names).
+RECEIPT_SELECT_COLUMNS = """
+  r.receipt_id AS r_receipt_id, r.namespace AS r_namespace, r.route_key AS r_route_key,
+  r.provider_delivery_id AS r_provider_delivery_id, r.method AS r_method,
+  r.content_type AS r_content_type, r.event_kind AS r_event_kind, r.received_at AS r_received_at,
+  r.accepted_at AS r_accepted_at, r.correlation_ids AS r_correlation_ids,
+  r.payload_sha256 AS r_payload_sha256, r.router_status AS r_router_status, r.attempts AS r_attempts,
+  r.enqueued_event_ids AS r_enqueued_event_ids, r.error_class AS r_error_class,
+  r.error_summary AS r_error_summary"""
+
+# Failed receipts, newest first, keyset on the id: ``ix_connector_ingress_receipt_failed``
+# (namespace, receipt_id) WHERE router_status = 'failed'. ``{where}``: the filters present (constant
+# fragments, never a ``param IS NULL OR`` catch-all, whose generic plan ignores the partial index).
+RECEIPT_LIST_FAILED = (
+    f"SELECT {RECEIPT_SELECT_COLUMNS} FROM connector_ingress_receipt r WHERE {{where}}"
+    " ORDER BY r.receipt_id DESC LIMIT %(limit)s"
+)
+
+RECEIPT_GET = (
+    f"SELECT {RECEIPT_SELECT_COLUMNS} FROM connector_ingress_receipt r WHERE r.receipt_id = %(receipt_id)s"
+)
+
+
+async def receipt_list_failed(
+    conn: Conn, namespace: str | None, *, after: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """Failed receipts (of ``namespace``, when given) with ids below ``after``, newest first."""
+    clauses = ["r.router_status = 'failed'"]
+    params: dict[str, Any] = {"limit": limit}
+    if namespace is not None:
+        clauses.append("r.namespace = %(namespace)s")
+        params["namespace"] = namespace
+    if after is not None:
+        clauses.append("r.receipt_id < %(after)s")
+        params["after"] = after
+    return await fetch_dicts(conn, RECEIPT_LIST_FAILED.format(where=" AND ".join(clauses)), params)
+
+
+async def receipt_get(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
+    return await fetch_dict(conn, RECEIPT_GET, {"receipt_id": receipt_id})

@@ -48,14 +48,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
 from connector.common.schema import CHANNEL_WORK
-from connector.common.store.events import unnest_columns
+from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
 from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch, lanes_of
+from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
@@ -604,6 +606,116 @@ async def work_item_blocked_lanes(conn: Conn) -> list[tuple[int, int, int]]:
 # ------------------------------------------------------------------------------------------------
 # The admin API
 # ------------------------------------------------------------------------------------------------
+
+# A WorkItem row as the admin API shows it, each column aliased ``w_<column>`` so it can share a row
+# with its event's and receipt's (``connector.executor.admin.convert.work_item`` reads these names).
+WORK_ITEM_SELECT_COLUMNS = """
+  w.work_id AS w_work_id, w.event_id AS w_event_id, w.installed_pack_id AS w_installed_pack_id,
+  w.generation AS w_generation, w.work_type AS w_work_type, w.queue_class AS w_queue_class,
+  w.state AS w_state, w.run_after AS w_run_after, w.priority AS w_priority, w.attempts AS w_attempts,
+  w.max_attempts AS w_max_attempts, w.delivery_seq AS w_delivery_seq,
+  w.source_lane_key AS w_source_lane_key, w.target_mutation_lane_key AS w_target_mutation_lane_key,
+  w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
+  w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
+  w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
+  w.finished_at AS w_finished_at"""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Which dead letters a list or a bulk replay covers. Statements are built from constant
+    fragments for the filters present (never a ``param IS NULL OR`` catch-all, which gives generic
+    plans that ignore the partial indexes)."""
+
+    installed_pack_id: int | None = None
+    generation: int | None = None
+    work_type: str | None = None
+    failure_class: str | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pack": self.installed_pack_id,
+            "generation": self.generation,
+            "work_type": self.work_type,
+            "failure_class": self.failure_class,
+            "after": self.finished_after.isoformat() if self.finished_after else None,
+            "before": self.finished_before.isoformat() if self.finished_before else None,
+        }
+
+    def where(self) -> tuple[list[str], dict[str, Any]]:
+        """Conditions on alias ``w`` (state = 'dead' included) and their parameters."""
+        clauses = ["w.state = 'dead'"]
+        params: dict[str, Any] = {}
+        if self.installed_pack_id is not None:
+            clauses.append("w.installed_pack_id = %(pack)s")
+            params["pack"] = self.installed_pack_id
+        if self.generation is not None:
+            clauses.append("w.generation = %(generation)s")
+            params["generation"] = self.generation
+        if self.work_type is not None:
+            clauses.append("w.work_type = %(work_type)s")
+            params["work_type"] = self.work_type
+        if self.failure_class is not None:
+            clauses.append("w.failure_class = %(failure_class)s")
+            params["failure_class"] = self.failure_class
+        if self.finished_after is not None:
+            clauses.append("w.finished_at >= %(after)s")
+            params["after"] = self.finished_after
+        if self.finished_before is not None:
+            clauses.append("w.finished_at < %(before)s")
+            params["before"] = self.finished_before
+        return clauses, params
+
+
+# Dead WorkItems with their event and receipt, newest finish first, keyset on (finished_at,
+# work_id): ``ix_connector_work_item_dead`` (installed_pack_id, finished_at, work_id) WHERE state =
+# 'dead'. ``{where}``: ``DeadLetterFilter.where()`` and the keyset.
+WORK_ITEM_LIST_DEAD = (
+    f"SELECT {WORK_ITEM_SELECT_COLUMNS}, {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS} "
+    "\nFROM connector_work_item w"
+    "\nJOIN connector_event e ON e.event_id = w.event_id"
+    "\nJOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id"
+    " WHERE {where} ORDER BY w.finished_at DESC, w.work_id DESC LIMIT %(limit)s"
+)
+
+# One WorkItem with its event and receipt (outer joins: shown even without them); the body only
+# when ``with_body`` (a caller allowed to see payloads).
+WORK_ITEM_GET = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS}, {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS},
+       CASE WHEN %(with_body)s THEN r.body END AS r_body
+FROM connector_work_item w
+LEFT JOIN connector_event e ON e.event_id = w.event_id
+LEFT JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = %(work_id)s
+"""
+
+
+async def work_item_list_dead(
+    conn: Conn,
+    flt: DeadLetterFilter,
+    *,
+    after: tuple[datetime | None, int] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Dead WorkItems matching ``flt`` with event and receipt context, after the keyset."""
+    clauses, params = flt.where()
+    if after is not None:
+        finished, work_id = after
+        params["k_work_id"] = work_id
+        if finished is None:  # NULL finish times sort first in DESC order
+            clauses.append("(w.finished_at IS NOT NULL OR w.work_id < %(k_work_id)s)")
+        else:
+            params["k_finished"] = finished
+            clauses.append("(w.finished_at, w.work_id) < (%(k_finished)s, %(k_work_id)s)")
+    params["limit"] = limit
+    return await fetch_dicts(conn, WORK_ITEM_LIST_DEAD.format(where=" AND ".join(clauses)), params)
+
+
+async def work_item_get(conn: Conn, work_id: int, *, with_body: bool) -> dict[str, Any] | None:
+    return await fetch_dict(conn, WORK_ITEM_GET, {"work_id": work_id, "with_body": with_body})
+
 
 WORK_ITEM_STATE_BY_EVENT = """
 SELECT state FROM connector_work_item WHERE event_id = %(event_id)s AND work_type = %(work_type)s

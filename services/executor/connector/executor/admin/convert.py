@@ -1,4 +1,6 @@
-"""Rows to protos, with the select lists that produce them (one place for both, so they agree).
+"""Rows to protos. The rows come from the store's aliased select lists, whose names these read:
+``w_*`` from ``store.work_items.WORK_ITEM_SELECT_COLUMNS``, ``e_*`` from
+``store.events.EVENT_SELECT_COLUMNS``, ``r_*`` from ``store.receipts.RECEIPT_SELECT_COLUMNS``.
 
 Sanitized by construction: the receipt select list never includes the signature, the verification
 secret reference or the body; the body is added only when a caller allowed to see payloads asks.
@@ -15,35 +17,6 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from connector.v1 import types_pb2
 
 SUMMARY_MAX = 1000
-
-WORK_ITEM_COLUMNS = """
-  w.work_id AS w_work_id, w.event_id AS w_event_id, w.installed_pack_id AS w_installed_pack_id,
-  w.generation AS w_generation, w.work_type AS w_work_type, w.queue_class AS w_queue_class,
-  w.state AS w_state, w.run_after AS w_run_after, w.priority AS w_priority, w.attempts AS w_attempts,
-  w.max_attempts AS w_max_attempts, w.delivery_seq AS w_delivery_seq,
-  w.source_lane_key AS w_source_lane_key, w.target_mutation_lane_key AS w_target_mutation_lane_key,
-  w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
-  w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
-  w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
-  w.finished_at AS w_finished_at"""
-
-EVENT_COLUMNS = """
-  e.event_id AS e_event_id, e.receipt_id AS e_receipt_id, e.installed_pack_id AS e_installed_pack_id,
-  e.generation AS e_generation, e.incarnation AS e_incarnation, e.route_id AS e_route_id,
-  e.route_version AS e_route_version, e.namespace AS e_namespace, e.event_kind AS e_event_kind,
-  e.source_object_kind AS e_source_object_kind, e.source_object_id AS e_source_object_id,
-  e.idempotency_key AS e_idempotency_key, e.delivery_seq AS e_delivery_seq,
-  e.payload_sha256 AS e_payload_sha256, e.parse_outcome AS e_parse_outcome,
-  e.correlation_ids AS e_correlation_ids, e.created_at AS e_created_at"""
-
-RECEIPT_COLUMNS = """
-  r.receipt_id AS r_receipt_id, r.namespace AS r_namespace, r.route_key AS r_route_key,
-  r.provider_delivery_id AS r_provider_delivery_id, r.method AS r_method,
-  r.content_type AS r_content_type, r.event_kind AS r_event_kind, r.received_at AS r_received_at,
-  r.accepted_at AS r_accepted_at, r.correlation_ids AS r_correlation_ids,
-  r.payload_sha256 AS r_payload_sha256, r.router_status AS r_router_status, r.attempts AS r_attempts,
-  r.enqueued_event_ids AS r_enqueued_event_ids, r.error_class AS r_error_class,
-  r.error_summary AS r_error_summary"""
 
 
 def ts(value: datetime | None) -> timestamp_pb2.Timestamp | None:

@@ -45,7 +45,8 @@ from connector.common.packs import Manifest, canonical_json
 from connector.common.schema import CHANNEL_RECEIPTS
 from connector.common.store import work_items
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_settle_batch, lanes_of
-from connector.executor.admin.convert import RECEIPT_COLUMNS, WORK_ITEM_COLUMNS
+from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS as RECEIPT_COLUMNS
+from connector.common.store.work_items import WORK_ITEM_SELECT_COLUMNS as WORK_ITEM_COLUMNS
 from connector.executor.admin.errors import (
     REFUSAL_MESSAGES,
     Reason,

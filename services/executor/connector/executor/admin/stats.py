@@ -31,7 +31,7 @@ from psycopg.rows import dict_row
 
 from connector.common.store.lanes import lane_holding
 from connector.common.store.processes import process_count_by_capability
-from connector.executor.admin.convert import WORK_ITEM_COLUMNS
+from connector.common.store.work_items import WORK_ITEM_SELECT_COLUMNS as WORK_ITEM_COLUMNS
 
 QUEUE_STATES = ("pending", "blocked", "processing", "retry", "dead", "awaiting_legacy_outcome")
 RATE_WINDOW_S = 300

@@ -26,6 +26,8 @@ from psycopg.rows import dict_row
 from connector.common.grpc_server import ServiceError
 from connector.common.packs import canonical_json
 from connector.common.store import authority, work_items
+from connector.common.store.events import EVENT_SELECT_COLUMNS
+from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
 from connector.executor import cutover, legacy
 from connector.executor.admin import convert
 from connector.executor.admin.errors import Reason, invalid_argument
@@ -210,7 +212,7 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
 LEGACY_FAILURE_LIST = f"""
 SELECT o.legacy_outcome_receipt_id, o.work_type, o.version, o.outcome, o.failure_class,
        o.failure_summary, o.actor, o.created_at, e.legacy_state, w.work_id, w.state AS work_state,
-       {convert.EVENT_COLUMNS}, {convert.RECEIPT_COLUMNS}
+       {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS}
 FROM connector_legacy_outcome_receipt o
 JOIN connector_event e ON e.event_id = o.event_id
 JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
