@@ -97,6 +97,9 @@ class IngressSettings(PoolSettings):
     http_max_connections: int = Field(default=0, ge=0)
     #: Listen backlog (lowered so that a full backlog fits in the descriptors over the cap).
     http_backlog: int = Field(default=1024, ge=1)
+    #: A proxy in front sets ``X-Forwarded-For``: refusal log lines name its first hop as the peer
+    #: (off: the socket's address; a sender can forge the header when nothing in front replaces it).
+    http_trust_forwarded_for: bool = False
     #: Group commit: the longest a delivery waits for companions before its batch commits.
     group_commit_max_wait_ms: float = Field(default=0.0, ge=0)
     group_commit_max_batch: int = Field(default=256, ge=1)

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
+from connector.common.eventlog import events
 from connector.common.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
 from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
@@ -159,10 +160,17 @@ class Admission:
         self.inflight_total = 0
         self._counters: dict[tuple[str, str, str], Counter] = {}
         self._route_counters: dict[tuple[str, str, str], Counter] = {}
+        #: Refusal lines (docs/ingress.md, "Logs"): rate-limited per reason.
+        self.events = events("ingress")
 
     # -- outcomes ------------------------------------------------------------------------------
 
-    def count(self, transport: str, outcome: Outcome) -> Outcome:
+    def count(
+        self, transport: str, outcome: Outcome, request_id: str | None = None, peer: str | None = None
+    ) -> Outcome:
+        """Counts an answer; a refusal (rejected or unavailable) also writes one rate-limited INFO
+        line: namespace and route (installed names, else ``_unknown``), reason, status, transport,
+        the request id and the peer (both already sanitized by the caller). Nothing else."""
         key = (transport, outcome.outcome, outcome.reason)
         child = self._counters.get(key)
         if child is None:
@@ -179,6 +187,19 @@ class Admission:
         if rchild is None:
             rchild = self._route_counters[rkey] = metrics.ROUTE_DELIVERIES.labels(*rkey)
         rchild.inc()
+        if outcome.outcome != ACCEPTED and outcome.outcome != DUPLICATE:
+            self.events.emit(
+                "delivery_refused",
+                outcome.reason,
+                "delivery refused",
+                namespace=rkey[0],
+                route=rkey[1],
+                outcome=outcome.outcome,
+                status=outcome.status,
+                transport=transport,
+                request_id=request_id,
+                peer=peer,
+            )
         return outcome
 
     def reject(self, reason: str, *, allow: str | None = None) -> Outcome:

@@ -8,8 +8,13 @@ no per-request logging; one route lookup, the admission checks, and a small JSON
 - not durable (database unavailable, pool saturated, shutting down, connection shed): the route's
   failure status (503 by default) with ``Retry-After``.
 
-Nothing from the request is echoed into a response header (no header injection through us), and
-the reasons come from a fixed vocabulary.
+Nothing from the request is echoed into a response header (no header injection through us) except
+``X-Request-Id``: every webhook answer carries one — the request's own when it is a bounded token of
+a safe charset (``connector.common.eventlog.safe_token``), else one made here — and the reasons come
+from a fixed vocabulary. Every refusal writes one rate-limited INFO line (``Admission.count``,
+docs/ingress.md "Logs") with that request id and the peer: the socket's address, or the first
+``X-Forwarded-For`` hop when ``http_trust_forwarded_for`` says a proxy in front sets it (either one
+only as a canonical IP address). Accepted deliveries write nothing.
 
 ``{uri}`` in a signed-content template is the URL the provider called: ``public_base_url`` (setting)
 plus the raw path and query when configured, otherwise scheme and host as received (honouring
@@ -63,6 +68,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from connector.common.eventlog import new_request_id, safe_peer, safe_token
 from connector.ingress import metrics
 from connector.ingress.admission import (
     BAD_URI,
@@ -482,8 +488,25 @@ async def read_body(stream: StreamReader, max_body: int, coding: str | None) -> 
 # --------------------------------------------------------------------------------------------------
 
 
-def _answer(outcome: Outcome) -> web.Response:
+def request_id_of(request: web.BaseRequest) -> str:
+    """The request's ``X-Request-Id`` if it is a safe bounded token, else a new one."""
+    return safe_token(request.headers.get("X-Request-Id")) or new_request_id()
+
+
+def peer_of(request: web.BaseRequest, trust_forwarded_for: bool) -> str:
+    """The sender's address for a log line: the socket's, or the first ``X-Forwarded-For`` hop when
+    the proxy in front is trusted (``http_trust_forwarded_for``); a canonical IP or a fixed word."""
+    if trust_forwarded_for:
+        forwarded = request.headers.get("X-Forwarded-For")
+        if forwarded:
+            return safe_peer(forwarded[:128].split(",", 1)[0])
+    return safe_peer(request.remote)
+
+
+def _answer(outcome: Outcome, request_id: str | None = None) -> web.Response:
     headers = {"Content-Type": _JSON}
+    if request_id is not None:
+        headers["X-Request-Id"] = request_id
     if outcome.retry_after is not None:
         headers["Retry-After"] = str(outcome.retry_after)
     if outcome.allow is not None:
@@ -505,6 +528,7 @@ def build_server(
     public_base_url: str | None = None,
     limits: HttpLimits | None = None,
     nofile: int | None = None,
+    trust_forwarded_for: bool = False,
 ) -> EdgeServer:
     """aiohttp's low-level server (no router, no middleware): the path is dispatched here."""
     base = public_base_url.rstrip("/") if public_base_url else None
@@ -514,7 +538,12 @@ def build_server(
     limits = limits or HttpLimits()
     guard = ConnectionGuard(limits, retry_after_s=admission.retry_after_s, nofile=nofile)
 
-    def refuse(reason: str, route: Any) -> web.Response:
+    def refused(request: web.BaseRequest, outcome: Outcome, request_id: str) -> web.Response:
+        """Counts and logs (rate-limited) a refusal, answered with its request id."""
+        count(TRANSPORT, outcome, request_id, peer_of(request, trust_forwarded_for))
+        return _answer(outcome, request_id)
+
+    def refuse(request: web.BaseRequest, reason: str, route: Any, request_id: str) -> web.Response:
         """A refusal by the edge itself (tagged with the route for the per-route metrics)."""
         if reason in EDGE_STATUS:
             outcome = Outcome(EDGE_STATUS[reason], REJECTED, reason)
@@ -524,17 +553,18 @@ def build_server(
         else:
             outcome = admission.reject(reason)
         outcome.route = route
-        return _answer(count(TRANSPORT, outcome))
+        return refused(request, outcome, request_id)
 
     async def webhook(request: web.BaseRequest, namespace: str, route_key: str) -> web.Response:
         received = time.time()
+        rid = request_id_of(request)
         route = admission.route_for(namespace, route_key, request.method, request.content_length)
         if isinstance(route, Outcome):
-            return _answer(count(TRANSPORT, route))
+            return refused(request, route, rid)
         try:
             coding = content_coding(request.headers.getall("Content-Encoding", []))
         except BodyRefused as exc:
-            return refuse(exc.reason, route)
+            return refuse(request, exc.reason, route, rid)
         if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
             # The low-level server has no router to answer this for us (curl sends it for >1 KiB).
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -545,11 +575,11 @@ def build_server(
         try:
             body = await read_body(stream, max_body, coding)
         except BodyRefused as exc:
-            return refuse(exc.reason, route)
+            return refuse(request, exc.reason, route, rid)
         except BodyTimeout:
-            return refuse(BODY_TIMEOUT, route)
+            return refuse(request, BODY_TIMEOUT, route, rid)
         except Shed:
-            return refuse(CONNECTION_SHED, route)
+            return refuse(request, CONNECTION_SHED, route, rid)
         except ClientGone:
             return web.Response(status=400)  # nobody reads it; never counted as an answer
         finally:
@@ -577,10 +607,11 @@ def build_server(
             uri=uri,
             received_at=received,
         )
-        count(TRANSPORT, outcome)
         if outcome.ok:
+            count(TRANSPORT, outcome)
             ack_seconds.observe(time.time() - received)
-        return _answer(outcome)
+            return _answer(outcome, rid)
+        return refused(request, outcome, rid)
 
     async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
@@ -588,7 +619,7 @@ def build_server(
             namespace, sep, route_key = path[len(WEBHOOK_PREFIX) :].partition("/")
             if sep and namespace and route_key and "/" not in route_key:
                 return await webhook(request, namespace, route_key)
-            return _answer(count(TRANSPORT, admission.reject(ROUTE_NOT_FOUND)))
+            return refused(request, admission.reject(ROUTE_NOT_FOUND), request_id_of(request))
         if path in ("/healthz", "/readyz"):
             if request.method not in ("GET", "HEAD"):
                 return web.Response(status=405, body=_ERROR % b"method_not_allowed", content_type=_JSON,

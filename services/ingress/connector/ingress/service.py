@@ -139,6 +139,7 @@ class IngressService:
                 ready=self.ready,
                 public_base_url=s.public_base_url,
                 limits=HttpLimits.from_settings(s),
+                trust_forwarded_for=s.http_trust_forwarded_for,
             )
             self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
             await self._runner.setup()

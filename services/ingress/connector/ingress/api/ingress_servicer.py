@@ -20,6 +20,12 @@ before 1970-01-01 or more than ``RECEIVE_TIME_MAX_AHEAD_S`` ahead of this server
 Timestamp range's ends do not survive the database and back (9999-12-31T23:59:59.9999999 rounds to
 year 10000, which Python cannot read; year 1 reads as year 0 in a time zone west of UTC). Nothing is
 written and the value is never echoed or logged.
+
+Request id and logs (docs/ingress.md, "Logs"): the call's ``x-request-id`` metadata when it is a
+safe bounded token, else one made here, is answered as ``x-request-id`` trailing metadata and, on a
+refusal, as the ``request_id`` of the ``ErrorInfo`` metadata. Every refusal the handler answers
+writes one rate-limited INFO line (``Admission.count``) with it and the peer (the gateway's address
+from the gRPC peer string; a canonical IP only).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 import grpc
 from multidict import CIMultiDict
 
+from connector.common.eventlog import new_request_id, safe_peer, safe_token
 from connector.common.grpc_input import InputRules
 from connector.common.grpc_server import ServiceError
 from connector.ingress import admission as adm
@@ -55,6 +62,26 @@ _CODES = {
 }
 
 
+def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """``ipv4:1.2.3.4:5678`` / ``ipv6:[::1]:5678`` → the address (``safe_peer``)."""
+    text = context.peer() or ""
+    kind, _, rest = text.partition(":")
+    if kind == "ipv4":
+        rest = rest.rpartition(":")[0]
+    elif kind == "ipv6":
+        rest = rest.rpartition(":")[0].strip("[]")
+    else:
+        return "unknown" if not text else "invalid"
+    return safe_peer(rest)
+
+
+def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and isinstance(value, str):
+            return safe_token(value) or new_request_id()
+    return new_request_id()
+
+
 def _code(outcome: Outcome) -> grpc.StatusCode:
     if outcome.outcome == adm.UNAVAILABLE:
         return grpc.StatusCode.UNAVAILABLE
@@ -75,8 +102,8 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         self._admission = admission
         self._base = public_base_url.rstrip("/") if public_base_url else None
 
-    def _fail(self, outcome: Outcome) -> ServiceError:
-        metadata = {"http_status": str(outcome.status)}
+    def _fail(self, outcome: Outcome, request_id: str) -> ServiceError:
+        metadata = {"http_status": str(outcome.status), "request_id": request_id}
         if outcome.retry_after is not None:
             metadata["retry_after_s"] = str(outcome.retry_after)
         return ServiceError(
@@ -87,6 +114,8 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         self, request: pb.SubmitDeliveryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.SubmitDeliveryResponse:
         admission = self._admission
+        rid = _request_id(context)
+        context.set_trailing_metadata((("x-request-id", rid),))
         now = time.time()
         received = (
             request.receive_time.ToDatetime(tzinfo=UTC).timestamp()
@@ -105,11 +134,12 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         body = bytes(request.body)
         route = admission.route_for(request.namespace, request.route_key, method, len(body))
         if isinstance(route, Outcome):
-            raise self._fail(admission.count(TRANSPORT, route))
+            raise self._fail(admission.count(TRANSPORT, route, rid, _peer(context)), rid)
         headers: CIMultiDict[str] = CIMultiDict()
         for name, value in request.headers.items():
             if not _TOKEN_RE.match(name) or _BAD_VALUE_RE.search(value):
-                raise self._fail(admission.count(TRANSPORT, admission.reject(adm.BAD_HEADER)))
+                refusal = admission.reject(adm.BAD_HEADER)
+                raise self._fail(admission.count(TRANSPORT, refusal, rid, _peer(context)), rid)
             headers.add(name, value)
         raw_uri = request.uri or "/"
 
@@ -125,9 +155,9 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         outcome = await admission.admit(
             route, method=method, headers=headers, body=body, uri=uri, received_at=received, now=now
         )
-        admission.count(TRANSPORT, outcome)
         if not outcome.ok:
-            raise self._fail(outcome)
+            raise self._fail(admission.count(TRANSPORT, outcome, rid, _peer(context)), rid)
+        admission.count(TRANSPORT, outcome)
         return pb.SubmitDeliveryResponse(
             receipt_id=outcome.receipt_id or 0, duplicate=outcome.duplicate, http_status=outcome.status
         )
