@@ -17,6 +17,7 @@ dry runs change nothing and store nothing. Refusals map to canonical codes:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ from connector.executor.admin.errors import Reason, invalid_argument
 from connector.executor.admin.session import connection
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
+
+log = logging.getLogger(__name__)
 
 _OUTCOMES = {
     "succeeded": pb.LEGACY_OUTCOME_SUCCEEDED,
@@ -130,6 +133,25 @@ async def transition(
             t = await step(conn, request.installed_pack_id, generation)
         except (cutover.CutoverError, cutover.CutoverBlocked) as exc:
             raise service_error(exc) from None
+        if not dry_run:
+            log.info(
+                "cutover transition",
+                extra={
+                    "event": "cutover_transition",
+                    "method": method,
+                    "installed_pack_id": t.installed_pack_id,
+                    "generation": t.generation,
+                    "action": t.action,
+                    "phase": t.phase,
+                    "claim_path": t.claim_path,
+                    "changed": t.changed,
+                    "version": t.version,
+                    "receipt_id": t.receipt_id,
+                    "fence_id": t.fence_id,
+                    "fenced_work_items": t.fenced_work_items,
+                    "actor": servicer.actor,
+                },
+            )
         return response_type(transition=await _transition_proto(conn, t))
 
     if dry_run:

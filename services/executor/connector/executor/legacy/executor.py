@@ -32,6 +32,7 @@ from prometheus_client import Counter, Gauge
 from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.eventlog import events
 from connector.common.listener import Listener, ListenerConfig
 from connector.common.runtime import cancel_tasks
 from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
@@ -467,6 +468,17 @@ class LegacyExecutor:
             self.stats["receipts"] += len(receipt_ids)
             for f in finals:
                 OUTCOMES.labels(f.outcome).inc()
+                if f.outcome != "succeeded":  # committed: the legacy path's dead letter
+                    events("executor").emit(
+                        "dead_letter",
+                        f.failure_class or f.outcome,
+                        "legacy event failed",
+                        event_id=h.event_id,
+                        work_type=f.work_type,
+                        outcome=f.outcome,
+                        attempt=h.attempt,
+                        receipt_ids=",".join(map(str, receipt_ids[:20])),
+                    )
             # The Event and its receipts are committed. The projection is a separate step: a crash
             # here is repaired from the unprojected receipts by the next projection.
             _fault_point(FAULT_AFTER_RECEIPT_COMMIT)

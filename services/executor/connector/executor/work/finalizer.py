@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import AsyncConnection
 
+from connector.common.eventlog import events
 from connector.common.runtime import cancel_tasks
 from connector.common.store import work_items
 from connector.common.store.lanes import Lane, LaneKind
@@ -279,6 +280,17 @@ class Finalizer:
                 if st in ("retry", "pending"):
                     due = now + delay if (op == FailOp.RETRY and delay > 0) else 0.0
                     e.scheduler.note_due(f.installed_pack_id, f.queue_class, due)
+                elif st == "dead":  # committed: one line per dead letter (rate-limited per class)
+                    events("executor").emit(
+                        "dead_letter",
+                        cls or "unknown",
+                        "work item dead-lettered",
+                        work_id=wid,
+                        event_id=f.event_id,
+                        pack=m.pack_label(f.installed_pack_id),
+                        work_type=f.work_type,
+                        attempt=f.attempt,
+                    )
             e.wake.set()
         for (pack, work_type, label), c in counts.items():
             m.OUTCOMES.labels(m.pack_label(pack), m.work_type_label(work_type), label).inc(c)
