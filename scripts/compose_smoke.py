@@ -388,7 +388,13 @@ def check_prometheus(stack: Stack, prometheus: str) -> str:
         return rows if scraped == executor_ips else None
 
     rows = wait_for("Prometheus to report up == 1 for every target", probe, 90, every_s=2)
-    return "; ".join(f"up{{job={job},instance={inst}}} = {value}" for job, inst, value in rows)
+    status, body = http("GET", f"{prometheus}/api/v1/rules")
+    groups = json.loads(body)["data"]["groups"] if status == 200 else []
+    alerts = sum(1 for g in groups for r in g["rules"] if r["type"] == "alerting")
+    if not alerts:
+        raise SmokeError(f"Prometheus loaded no alerting rules (GET /api/v1/rules: {status})")
+    up = "; ".join(f"up{{job={job},instance={inst}}} = {value}" for job, inst, value in rows)
+    return f"{up}; {len(groups)} rule groups, {alerts} alerts loaded"
 
 
 def check_admin_stats(stack: Stack, view_token: str) -> str:
