@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import CHANNEL_WORK
+from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
 from connector.common.store.lanes import Lane, LaneKind, lane_lock_batch, lane_settle_batch, lanes_of
 from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
@@ -229,29 +229,8 @@ WITH RECURSIVE g AS (
 SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8 FROM g
 """
 
-# The event fact columns a handler sees (``handlers.EventFact``, in this order), then the payload.
-EVENT_FACT_COLUMNS = (
-    "event_id",
-    "receipt_id",
-    "event_index",
-    "installed_pack_id",
-    "generation",
-    "incarnation",
-    "route_id",
-    "route_version",
-    "namespace",
-    "event_kind",
-    "source_object_kind",
-    "source_object_id",
-    "idempotency_key",
-    "delivery_seq",
-    "payload_sha256",
-    "parse_outcome",
-    "companion",
-    "correlation_ids",
-    "created_at",
-)
-# Positions in a ``work_item_event_batch`` row after the fact columns.
+# A ``work_item_event_batch`` row: the event fact columns a handler sees (``handlers.EventFact``, in
+# schema.EVENT_FACT_COLUMNS' order), then these positions.
 EVENT_ROW_BODY = len(EVENT_FACT_COLUMNS)
 EVENT_ROW_CONTENT_TYPE = EVENT_ROW_BODY + 2
 
