@@ -4,6 +4,7 @@ nothing. Against the real service (in-process, and a real process's stderr)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from connector.common import logs
+from connector.common import eventlog, logs
 from connector.common.eventlog import EventLog
 from connector.ingress.service import IngressService
 from connector.v1 import ingress_service_pb2 as ipb
@@ -228,3 +229,25 @@ def test_real_process_stderr_has_one_line_per_refusal(db_url: str) -> None:
     )
     for planted in (SECRET, forged["X-Hub-Signature-256"], "PLANTED-PAYLOAD", "ok-1"):
         assert planted not in err
+
+
+async def test_refusals_before_a_request_are_logged_with_the_socket_peer(
+    start_ingress, lines: Lines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ev = EventLog("ingress", logger=LOGGER, summary_s=0)
+    monkeypatch.setitem(eventlog._EVENTS, "ingress", ev)  # the guard takes it at start
+    svc = await start_ingress(http_header_timeout_s=0.3)
+    # A connection that never completes its headers, and a request line the parser refuses.
+    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", svc.http_port)
+    idle_w.write(b"POST /v1/webhooks/shop/open HTTP/1.1\r\nX-Hub-Signature-256: " + SECRET.encode())
+    bad_r, bad_w = await asyncio.open_connection("127.0.0.1", svc.http_port)
+    bad_w.write(b"POST /\x01" + SECRET.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b" 400 " in await asyncio.wait_for(bad_r.readline(), 10)
+    assert await asyncio.wait_for(idle_r.read(), 10) == b""  # closed by the header timeout
+    for w in (idle_w, bad_w):
+        w.close()
+    got = {x["reason"]: x for x in lines.parsed()}
+    assert set(got) == {"header_timeout", "malformed_http"}
+    for x in got.values():
+        assert x["peer"] == "127.0.0.1" and x["route"] == "_unknown" and x["transport"] == "http"
+    assert SECRET not in "\n".join(lines.text)

@@ -68,7 +68,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from connector.common.eventlog import new_request_id, safe_peer, safe_token
+from connector.common.eventlog import events, new_request_id, safe_peer, safe_token
 from connector.ingress import metrics
 from connector.ingress.admission import (
     BAD_URI,
@@ -219,6 +219,7 @@ class ConnectionGuard:
         self._header_timeouts = counter(TRANSPORT, REJECTED, HEADER_TIMEOUT)
         self._shed = counter(TRANSPORT, UNAVAILABLE, CONNECTION_SHED)
         self._refused = counter(TRANSPORT, UNAVAILABLE, CONNECTION_REFUSED)
+        self.events = events("ingress")
 
     @property
     def open(self) -> int:
@@ -232,6 +233,7 @@ class ConnectionGuard:
             self._task = asyncio.get_running_loop().create_task(self._sweep(), name="http-guard")
         if len(self._open) >= self.max_connections and not self._shed_one():
             self._refused.inc()
+            self._log(CONNECTION_REFUSED, UNAVAILABLE, transport)
             with contextlib.suppress(Exception):
                 transport.write(self._refusal)
             proto.force_close()
@@ -263,6 +265,19 @@ class ConnectionGuard:
         if proto in self._open:
             self._idle[proto] = time.monotonic() + self._idle_s
 
+    def _log(self, reason: str, outcome: str, transport: Any) -> None:
+        """A refusal before any request: no route, no request id; the socket's peer only."""
+        self.events.emit(
+            "delivery_refused",
+            reason,
+            "delivery refused",
+            namespace=metrics.UNKNOWN_ROUTE,
+            route=metrics.UNKNOWN_ROUTE,
+            outcome=outcome,
+            transport=TRANSPORT,
+            peer=socket_peer(transport),
+        )
+
     # -- enforcement ------------------------------------------------------------------------------
 
     def _shed_one(self) -> bool:
@@ -292,6 +307,7 @@ class ConnectionGuard:
         victim = next(iter(waiting))
         del waiting[victim]
         self._open.discard(victim)
+        self._log(CONNECTION_SHED, UNAVAILABLE, victim.transport)
         victim.force_close()
         self._shed.inc()
         return True
@@ -305,6 +321,7 @@ class ConnectionGuard:
                 del waiting[proto]
                 if counted:
                     self._header_timeouts.inc()
+                    self._log(HEADER_TIMEOUT, REJECTED, proto.transport)
                 proto.force_close()
         while self._reading:
             proto, (deadline, stream) = next(iter(self._reading.items()))
@@ -349,6 +366,17 @@ class EdgeHandler(RequestHandler):
         if not isinstance(exc, http_exceptions.HttpProcessingError) or not 400 <= status < 500:
             return super().handle_error(request, status, exc, message)
         MALFORMED_FILTER.counter.inc()
+        events("ingress").emit(
+            "delivery_refused",
+            "malformed_http",
+            "delivery refused",
+            namespace=metrics.UNKNOWN_ROUTE,
+            route=metrics.UNKNOWN_ROUTE,
+            outcome=REJECTED,
+            status=status,
+            transport=TRANSPORT,
+            peer=socket_peer(self.transport),
+        )
         if request.writer.output_size > 0:
             raise ConnectionError("response already started")
         response = web.Response(status=status, body=_ERROR % b"malformed_http", content_type=_JSON)
@@ -501,6 +529,12 @@ def peer_of(request: web.BaseRequest, trust_forwarded_for: bool) -> str:
         if forwarded:
             return safe_peer(forwarded[:128].split(",", 1)[0])
     return safe_peer(request.remote)
+
+
+def socket_peer(transport: Any) -> str:
+    """The remote IP of a connection (``safe_peer``), for refusals that have no request."""
+    peername = transport.get_extra_info("peername") if transport is not None else None
+    return safe_peer(peername[0] if isinstance(peername, tuple) and peername else None)
 
 
 def _answer(outcome: Outcome, request_id: str | None = None) -> web.Response:
