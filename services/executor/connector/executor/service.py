@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
 from connector.common import logs, runtime
+from connector.common.eventlog import events
 from connector.common.grpc_server import Authenticator, GrpcServer
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.process_registry import ProcessRegistration
@@ -254,6 +255,7 @@ class ExecutorService:
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
             await stop_metrics_server(server)
+        events(SERVICE).flush()  # pending 'log lines suppressed' summaries
         if self._started:
             log.info("executor stopped")
         self._started = False

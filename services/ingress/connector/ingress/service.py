@@ -32,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from connector.common import db as dbmod
 from connector.common import logs, runtime
+from connector.common.eventlog import events
 from connector.common.grpc_server import GrpcServer
 from connector.common.metrics import stop_server as stop_metrics_server
 from connector.common.process_registry import ProcessRegistration
@@ -209,6 +210,7 @@ class IngressService:
         if self._metrics_server is not None:
             server, self._metrics_server = self._metrics_server, None
             await stop_metrics_server(server)
+        events(SERVICE).flush()  # pending 'log lines suppressed' summaries
         log.info("ingress stopped")
 
 
