@@ -159,6 +159,13 @@ async def test_grpc_refusal_logged_with_its_request_id(ingress: IngressService, 
         )  # fmt: skip
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.SubmitDelivery(request, metadata=(("x-request-id", "grpc-rid-1"),))
+        good = ipb.SubmitDeliveryRequest(
+            namespace=NAMESPACE, route_key="github", method="POST", body=PAYLOAD,
+            headers={**github_headers(PAYLOAD, delivery="grpc-ok"), "Content-Type": "application/json"},
+        )  # fmt: skip
+        call = stub.SubmitDelivery(good, metadata=(("x-request-id", "grpc-ok-rid"),))
+        assert (await call).receipt_id > 0
+        assert ("x-request-id", "grpc-ok-rid") in tuple(await call.trailing_metadata() or ())
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     status = status_pb2.Status()
     for key, value in err.value.trailing_metadata() or ():
