@@ -152,6 +152,10 @@ WRITERS: dict[str, frozenset[str]] = {
     "admin_request_delete_expired": frozenset({MAINTENANCE}),
     # admin: AIP-155 request ids stored with the mutation they answer
     "admin_request_insert": frozenset({ADMIN}),
+    # admin: replay transitions (a dead WorkItem to the active generation, a failed receipt back to
+    # the materializer)
+    "work_item_replay_batch": frozenset({ADMIN}),
+    "receipt_replay": frozenset({ADMIN}),
 }
 
 # Store functions that are not writers although they mention a write (none yet); kept explicit.
@@ -330,10 +334,8 @@ def test_writer_scanner_control(tmp_path: Path) -> None:
 ALLOWLIST: dict[str, str] = {
     # executor engineer, next: the admin API's statements, built from the store's aliased select
     # lists (store.work_items.WORK_ITEM_SELECT_COLUMNS, store.events.EVENT_SELECT_COLUMNS,
-    # store.receipts.RECEIPT_SELECT_COLUMNS): replay reads and transitions -> store.work_items and
-    # store.receipts, active-pack reads -> store.packs, queue/lane stats -> store.work_items, cutover
-    # state -> store.authority, the legacy failure list -> store.legacy.
-    "services/executor/connector/executor/admin/replay.py": "replay checks and transitions",
+    # store.receipts.RECEIPT_SELECT_COLUMNS): queue/lane stats -> store.work_items, cutover state ->
+    # store.authority, the legacy failure list -> store.legacy.
     "services/executor/connector/executor/admin/stats.py": "queue, lane and cutover statistics",
     "services/executor/connector/executor/admin/transitions.py": "the legacy failure list",
 }

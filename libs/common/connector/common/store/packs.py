@@ -6,18 +6,20 @@ authority row and the packs notification are store/authority.py's, the event cou
 
 Joins held here: a generation's routes with its manifest (``route_latest_by_key``), routes of the
 active generations, the active generation with its claim authority (``pack_list_active``,
-``pack_active_check``) and the pack list with its route counts (``pack_list``).
+``pack_active_check``; with its manifest and route keys for the replay checks:
+``pack_active_get``) and the pack list with its route counts (``pack_list``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 Conn = AsyncConnection[Any]
+
 
 # --------------------------------------------------------------------------------------------------
 # Active routes: the ingress route table (one row per route) and the materializer's route cache (one
@@ -168,6 +170,26 @@ ORDER BY p.name, g.generation
 """
 
 
+# The active generation of packs, with its manifest, claim authority and route keys (the replay
+# checks); in a mutation share-locked so an activation cannot commit before the replay does.
+_PACK_ACTIVE = """
+SELECT p.installed_pack_id, p.incarnation, p.active_generation,
+       g.manifest, g.manifest_sha256,
+       a.claim_path, a.phase, a.cutover_receipt_id,
+       ARRAY(SELECT rt.route_key FROM connector_route rt
+             WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation)
+         AS route_keys
+FROM connector_installed_pack p
+LEFT JOIN connector_pack_generation g
+  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
+WHERE p.installed_pack_id = ANY(%(packs)s::bigint[])
+"""
+PACK_ACTIVE_GET = _PACK_ACTIVE
+PACK_ACTIVE_GET_FOR_SHARE = _PACK_ACTIVE + " FOR SHARE OF p"
+
+
 async def _one(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(statement, params)
@@ -241,3 +263,12 @@ async def pack_list(conn: Conn) -> list[dict[str, Any]]:
     """Every pack with each of its generations (one row per generation; a pack without any: one row
     with NULL generation columns), by pack name and generation."""
     return await _all(conn, PACK_LIST)
+
+
+async def pack_active_get(conn: Conn, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
+    return {int(r["installed_pack_id"]): r for r in await _all(conn, PACK_ACTIVE_GET, {"packs": list(packs)})}
+
+
+async def pack_active_get_for_share(conn: Conn, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
+    rows = await _all(conn, PACK_ACTIVE_GET_FOR_SHARE, {"packs": list(packs)})
+    return {int(r["installed_pack_id"]): r for r in rows}

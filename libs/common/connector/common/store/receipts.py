@@ -6,6 +6,9 @@ insert is one multi-row statement per group commit (``receipt_insert_batch``, do
 writes are fenced by ``claim_token`` and batched through ``unnest`` with binary arrays (ADR 004);
 state literals are inlined so plans use the partial indexes (DESIGN §8 trap 5). Plans are asserted
 by tests/ingress/test_plans.py and tests/materializer/test_plans.py.
+
+Joins held here: a receipt replay's check of its events and its namespace's active route
+(``receipt_replay_check``).
 """
 
 from __future__ import annotations
@@ -450,6 +453,32 @@ RECEIPT_LIST_FAILED = (
     " ORDER BY r.receipt_id DESC LIMIT %(limit)s"
 )
 
+RECEIPT_REPLAY_CHECK = """
+SELECT r.receipt_id, r.router_status, r.namespace, r.route_key,
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body,
+       EXISTS (SELECT 1 FROM connector_event e WHERE e.receipt_id = r.receipt_id) AS has_events,
+       p.installed_pack_id, p.active_generation,
+       EXISTS (SELECT 1 FROM connector_route rt
+               WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation
+                 AND rt.route_key = r.route_key) AS route_exists
+FROM connector_ingress_receipt r
+LEFT JOIN connector_installed_pack p ON p.namespace = r.namespace
+WHERE r.receipt_id = %(receipt_id)s
+FOR UPDATE OF r
+"""
+
+# The materializer owns routing state; a replay hands the receipt back to it as a fresh routable
+# receipt. claim_token + 1 fences any stale holder of an old routing claim.
+RECEIPT_REPLAY = f"""
+UPDATE connector_ingress_receipt r SET
+  router_status = 'pending', attempts = 0, next_attempt_at = now(),
+  claim_owner = NULL, claim_token = r.claim_token + 1, lease_until = NULL, routed_at = NULL
+WHERE r.receipt_id = %(receipt_id)s AND r.router_status = 'failed'
+RETURNING {RECEIPT_SELECT_COLUMNS}
+"""
+
+RECEIPT_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_RECEIPTS}', '')"
+
 RECEIPT_GET = (
     f"SELECT {RECEIPT_SELECT_COLUMNS} FROM connector_ingress_receipt r WHERE r.receipt_id = %(receipt_id)s"
 )
@@ -472,3 +501,19 @@ async def receipt_list_failed(
 
 async def receipt_get(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
     return await fetch_dict(conn, RECEIPT_GET, {"receipt_id": receipt_id})
+
+
+async def receipt_replay_check(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
+    """What a receipt replay checks: the receipt (locked ``FOR UPDATE``), whether it has events, its
+    namespace's active generation and whether its route is in it."""
+    return await fetch_dict(conn, RECEIPT_REPLAY_CHECK, {"receipt_id": receipt_id})
+
+
+async def receipt_replay(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
+    """A failed receipt back to ``pending`` (``None``: it is not failed)."""
+    return await fetch_dict(conn, RECEIPT_REPLAY, {"receipt_id": receipt_id})
+
+
+async def receipt_notify(conn: Conn) -> None:
+    """Wake the materializers (``connector_receipts``)."""
+    await conn.execute(RECEIPT_NOTIFY)

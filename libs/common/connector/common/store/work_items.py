@@ -3,7 +3,11 @@ release, reclaim — then the reads and transitions of the sampler, the admin AP
 and the legacy-outcome projection, and last their creation (the materializer's multi-row insert).
 
 Joins held here (their driving table is the WorkItem): the claimed batch's event facts and payloads
-(``work_item_event_batch``: ``connector_event`` + ``connector_ingress_receipt`` by primary key).
+(``work_item_event_batch``: ``connector_event`` + ``connector_ingress_receipt`` by primary key); the
+admin API's dead letters and WorkItem with their event and receipt (``work_item_list_dead``,
+``work_item_get``, built from the aliased select lists ``WORK_ITEM_SELECT_COLUMNS``,
+``events.EVENT_SELECT_COLUMNS``, ``receipts.RECEIPT_SELECT_COLUMNS``) and the replay checks' item,
+event and receipt (``work_item_replay_candidates``).
 
 The WorkItem row is the sole distributed execution authority. Rules every claim-path statement
 here follows:
@@ -671,6 +675,71 @@ WHERE w.work_id = %(work_id)s
 """
 
 
+# The ids of every dead letter matching a filter (a bulk replay's worklist), in id order.
+WORK_ITEM_LIST_DEAD_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
+
+WORK_ITEM_GET_MANY = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+# Replay (admin/replay.py checks; docs/admin.md): what the checks read of each item, its event and
+# its receipt.
+WORK_ITEM_REPLAY_CANDIDATES = """
+SELECT w.work_id, w.state, w.replay_count, w.installed_pack_id, w.work_type,
+       w.source_lane_key, w.target_mutation_lane_key,
+       e.incarnation, e.execution_owner, r.route_key,
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body
+FROM connector_work_item w
+JOIN connector_event e ON e.event_id = w.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+# The replay transition, fenced by ``state = 'dead' AND replay_count = <seen>``: a concurrent replay
+# or transition makes a row match nothing. The item moves to the active generation with its work
+# type's settings; lane members go ``blocked`` (the settle promotes the runnable ones).
+WORK_ITEM_REPLAY_BATCH = """
+UPDATE connector_work_item w SET
+  state = CASE WHEN w.source_lane_key IS NULL AND w.target_mutation_lane_key IS NULL
+               THEN 'pending' ELSE 'blocked' END,
+  generation = v.generation,
+  queue_class = v.queue_class,
+  priority = v.priority,
+  max_attempts = v.max_attempts,
+  dead_blocks_lane = v.dead_blocks_lane,
+  attempts = 0,
+  run_after = now(),
+  replay_count = w.replay_count + 1,
+  outcome = NULL,
+  lease_owner = NULL,
+  lease_until = NULL,
+  started_at = NULL,
+  finished_at = NULL,
+  updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
+            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[])
+  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane)
+WHERE w.work_id = v.work_id AND w.state = 'dead' AND w.replay_count = v.seen_replay_count
+RETURNING w.work_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayable:
+    """A dead item that passed the replay checks: the replay count it was seen with (the fence) and
+    the active generation's settings for its work type."""
+
+    work_id: int
+    seen_replay_count: int
+    installed_pack_id: int
+    generation: int
+    queue_class: str
+    priority: int
+    max_attempts: int
+    dead_blocks_lane: bool
+    lanes: tuple[Lane, ...]
+
+
 async def work_item_list_dead(
     conn: Conn,
     flt: DeadLetterFilter,
@@ -694,6 +763,51 @@ async def work_item_list_dead(
 
 async def work_item_get(conn: Conn, work_id: int, *, with_body: bool) -> dict[str, Any] | None:
     return await fetch_dict(conn, WORK_ITEM_GET, {"work_id": work_id, "with_body": with_body})
+
+
+async def work_item_list_dead_ids(conn: Conn, flt: DeadLetterFilter) -> list[int]:
+    clauses, params = flt.where()
+    cur = await conn.execute(WORK_ITEM_LIST_DEAD_IDS.format(where=" AND ".join(clauses)), params)
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def work_item_get_many(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    return {int(r["w_work_id"]): r for r in await fetch_dicts(conn, WORK_ITEM_GET_MANY, {"ids": list(ids)})}
+
+
+async def work_item_replay_candidates(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    rows = await fetch_dicts(conn, WORK_ITEM_REPLAY_CANDIDATES, {"ids": list(ids)})
+    return {int(r["work_id"]): r for r in rows}
+
+
+async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> list[int]:
+    """The transition for checked items (caller's transaction), lane locks first (ADR 003): lock,
+    fenced update, settle, wake-up. Returns the ids replayed; an id missing from the result lost its
+    fence (changed since the check)."""
+    if not eligible:
+        return []
+    todo = sorted(eligible, key=lambda r: r.work_id)  # fixed row order (DESIGN §8 trap 1)
+    locked = await lane_lock_batch(conn, [lane for r in todo for lane in r.lanes])
+    cur = await conn.execute(
+        WORK_ITEM_REPLAY_BATCH,
+        {
+            "ids": [r.work_id for r in todo],
+            "seen": [r.seen_replay_count for r in todo],
+            "generations": [r.generation for r in todo],
+            "queue_classes": [r.queue_class for r in todo],
+            "priorities": [r.priority for r in todo],
+            "max_attempts": [r.max_attempts for r in todo],
+            "dead_blocks": [r.dead_blocks_lane for r in todo],
+        },
+    )
+    replayed = sorted(int(row[0]) for row in await cur.fetchall())
+    if locked:
+        # demote: a replayed member is earlier than members that moved on while it was dead (a
+        # "continue" dead head); they wait again behind it.
+        await lane_settle_batch(conn, locked, demote=True)
+    if replayed:
+        await work_notify(conn)
+    return replayed
 
 
 WORK_ITEM_STATE_BY_EVENT = """

@@ -12,7 +12,8 @@ Checked before anything changes (fail closed; each refusal has a reason, see ``e
   that route's fan-out;
 * required data — the receipt body is still there (``body`` or ``body_ref``).
 
-The transition, in one transaction, lane locks first (ADR 003): ``lane_lock_batch`` → fenced
+The transition (``store.work_items.work_item_replay_batch``), in one transaction, lane locks first
+(ADR 003): ``lane_lock_batch`` → fenced
 ``UPDATE`` (``state = 'dead' AND replay_count = <seen>``: a concurrent replay or transition makes it
 match zero rows, answered ABORTED) → ``lane_settle_batch`` → ``pg_notify('connector_work')``. The
 item moves to the active generation with ``attempts = 0``, ``run_after = now()``,
@@ -22,7 +23,8 @@ route's work type. Lane members go ``blocked`` and the settle promotes them when
 cleared; ``failure_class`` / ``failure_summary`` are kept as the *last failure* until the next
 outcome overwrites them (docs/admin.md). The event and receipt are never touched.
 
-The pack row is read ``FOR SHARE`` so an activation cannot commit between the checks and the update.
+The pack row is read ``FOR SHARE`` (``store.packs.pack_active_get_for_share``) so an activation
+cannot commit between the checks and the update.
 """
 
 from __future__ import annotations
@@ -37,16 +39,13 @@ from functools import lru_cache
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
 from connector.common.packs import Manifest, canonical_json
-from connector.common.schema import CHANNEL_RECEIPTS
-from connector.common.store import work_items
-from connector.common.store.lanes import Lane, lane_lock_batch, lane_settle_batch, lanes_of
-from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS as RECEIPT_COLUMNS
-from connector.common.store.work_items import WORK_ITEM_SELECT_COLUMNS as WORK_ITEM_COLUMNS
+from connector.common.store import packs, receipts, work_items
+from connector.common.store.lanes import lanes_of
+from connector.common.store.work_items import DeadLetterFilter, Replayable
 from connector.executor.admin.errors import (
     REFUSAL_MESSAGES,
     Reason,
@@ -54,101 +53,9 @@ from connector.executor.admin.errors import (
     failed_precondition,
     not_found,
 )
-from connector.executor.admin.reads import DeadLetterFilter
 from connector.executor.admin.session import connection
 
 log = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------------------------------------
-# Statements
-# ------------------------------------------------------------------------------------------------
-
-WORK_ITEM_REPLAY_CANDIDATES = """
-SELECT w.work_id, w.state, w.replay_count, w.installed_pack_id, w.work_type,
-       w.source_lane_key, w.target_mutation_lane_key,
-       e.incarnation, e.execution_owner, r.route_key,
-       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body
-FROM connector_work_item w
-JOIN connector_event e ON e.event_id = w.event_id
-JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
-WHERE w.work_id = ANY(%(ids)s::bigint[])
-"""
-
-_PACK_ACTIVE = """
-SELECT p.installed_pack_id, p.incarnation, p.active_generation,
-       g.manifest, g.manifest_sha256,
-       a.claim_path, a.phase, a.cutover_receipt_id,
-       ARRAY(SELECT rt.route_key FROM connector_route rt
-             WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation)
-         AS route_keys
-FROM connector_installed_pack p
-LEFT JOIN connector_pack_generation g
-  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation
-LEFT JOIN connector_claim_authority a
-  ON a.installed_pack_id = p.installed_pack_id AND a.generation = p.active_generation
-WHERE p.installed_pack_id = ANY(%(packs)s::bigint[])
-"""
-PACK_ACTIVE_GET = _PACK_ACTIVE
-# In a mutation: hold activation off until the replay commits.
-PACK_ACTIVE_GET_FOR_SHARE = _PACK_ACTIVE + " FOR SHARE OF p"
-
-WORK_ITEM_REPLAY_BATCH = """
-UPDATE connector_work_item w SET
-  state = CASE WHEN w.source_lane_key IS NULL AND w.target_mutation_lane_key IS NULL
-               THEN 'pending' ELSE 'blocked' END,
-  generation = v.generation,
-  queue_class = v.queue_class,
-  priority = v.priority,
-  max_attempts = v.max_attempts,
-  dead_blocks_lane = v.dead_blocks_lane,
-  attempts = 0,
-  run_after = now(),
-  replay_count = w.replay_count + 1,
-  outcome = NULL,
-  lease_owner = NULL,
-  lease_until = NULL,
-  started_at = NULL,
-  finished_at = NULL,
-  updated_at = clock_timestamp()
-FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
-            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[])
-  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane)
-WHERE w.work_id = v.work_id AND w.state = 'dead' AND w.replay_count = v.seen_replay_count
-RETURNING w.work_id
-"""
-
-WORK_ITEM_GET_MANY = f"""
-SELECT {WORK_ITEM_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
-"""
-
-RECEIPT_NOTIFY = f"SELECT pg_notify('{CHANNEL_RECEIPTS}', '')"
-
-DEAD_LETTER_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
-
-RECEIPT_REPLAY_CHECK = """
-SELECT r.receipt_id, r.router_status, r.namespace, r.route_key,
-       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body,
-       EXISTS (SELECT 1 FROM connector_event e WHERE e.receipt_id = r.receipt_id) AS has_events,
-       p.installed_pack_id, p.active_generation,
-       EXISTS (SELECT 1 FROM connector_route rt
-               WHERE rt.installed_pack_id = p.installed_pack_id AND rt.generation = p.active_generation
-                 AND rt.route_key = r.route_key) AS route_exists
-FROM connector_ingress_receipt r
-LEFT JOIN connector_installed_pack p ON p.namespace = r.namespace
-WHERE r.receipt_id = %(receipt_id)s
-FOR UPDATE OF r
-"""
-
-# The materializer owns routing state; a replay hands the receipt back to it as a fresh routable
-# receipt. claim_token + 1 fences any stale holder of an old routing claim.
-RECEIPT_REPLAY = f"""
-UPDATE connector_ingress_receipt r SET
-  router_status = 'pending', attempts = 0, next_attempt_at = now(),
-  claim_owner = NULL, claim_token = r.claim_token + 1, lease_until = NULL, routed_at = NULL
-WHERE r.receipt_id = %(receipt_id)s AND r.router_status = 'failed'
-RETURNING {RECEIPT_COLUMNS}
-"""
-
 
 # ------------------------------------------------------------------------------------------------
 # Planning (checks) and the transition
@@ -163,19 +70,6 @@ class Refusal:
     def message(self) -> str:
         base = REFUSAL_MESSAGES.get(self.reason, self.reason.value)
         return f"{base}: {self.detail}" if self.detail else base
-
-
-@dataclass(frozen=True, slots=True)
-class Replayable:
-    work_id: int
-    seen_replay_count: int
-    installed_pack_id: int
-    generation: int
-    queue_class: str
-    priority: int
-    max_attempts: int
-    dead_blocks_lane: bool
-    lanes: tuple[Lane, ...]
 
 
 @dataclass(slots=True)
@@ -267,60 +161,21 @@ async def work_item_replay_plan(
     plan = ReplayPlan()
     if not ids:
         return plan
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(WORK_ITEM_REPLAY_CANDIDATES, {"ids": list(ids)})
-        items = {int(r["work_id"]): r for r in await cur.fetchall()}
-        packs_needed = sorted({int(r["installed_pack_id"]) for r in items.values()})
-        await cur.execute(
-            PACK_ACTIVE_GET_FOR_SHARE if for_update else PACK_ACTIVE_GET, {"packs": packs_needed}
-        )
-        packs = {int(r["installed_pack_id"]): r for r in await cur.fetchall()}
+    items = await work_items.work_item_replay_candidates(conn, ids)
+    packs_needed = sorted({int(r["installed_pack_id"]) for r in items.values()})
+    active = packs.pack_active_get_for_share if for_update else packs.pack_active_get
+    pack_rows = await active(conn, packs_needed)
     for work_id in ids:
         item = items.get(work_id)
         if item is None:
             plan.missing.append(work_id)
             continue
-        result = _check(item, packs.get(int(item["installed_pack_id"])))
+        result = _check(item, pack_rows.get(int(item["installed_pack_id"])))
         if isinstance(result, Refusal):
             plan.refused[work_id] = result
         else:
             plan.eligible.append(result)
     return plan
-
-
-async def work_item_replay_batch(conn: AsyncConnection[Any], eligible: Sequence[Replayable]) -> list[int]:
-    """The transition for checked items (caller's transaction). Returns the ids replayed; an id
-    missing from the result lost its fence (changed since the check)."""
-    if not eligible:
-        return []
-    todo = sorted(eligible, key=lambda r: r.work_id)  # fixed row order (DESIGN §8 trap 1)
-    locked = await lane_lock_batch(conn, [lane for r in todo for lane in r.lanes])
-    cur = await conn.execute(
-        WORK_ITEM_REPLAY_BATCH,
-        {
-            "ids": [r.work_id for r in todo],
-            "seen": [r.seen_replay_count for r in todo],
-            "generations": [r.generation for r in todo],
-            "queue_classes": [r.queue_class for r in todo],
-            "priorities": [r.priority for r in todo],
-            "max_attempts": [r.max_attempts for r in todo],
-            "dead_blocks": [r.dead_blocks_lane for r in todo],
-        },
-    )
-    replayed = sorted(int(row[0]) for row in await cur.fetchall())
-    if locked:
-        # demote: a replayed member is earlier than members that moved on while it was dead (a
-        # "continue" dead head); they wait again behind it.
-        await lane_settle_batch(conn, locked, demote=True)
-    if replayed:
-        await work_items.work_notify(conn)
-    return replayed
-
-
-async def work_item_get_many(conn: AsyncConnection[Any], ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(WORK_ITEM_GET_MANY, {"ids": list(ids)})
-        return {int(r["w_work_id"]): r for r in await cur.fetchall()}
 
 
 async def work_item_replay(conn: AsyncConnection[Any], work_id: int, *, actor: str) -> dict[str, Any]:
@@ -332,14 +187,14 @@ async def work_item_replay(conn: AsyncConnection[Any], work_id: int, *, actor: s
     refusal = plan.refused.get(work_id)
     if refusal is not None:
         raise failed_precondition(refusal.reason, refusal.message(), work_id=str(work_id))
-    replayed = await work_item_replay_batch(conn, plan.eligible)
+    replayed = await work_items.work_item_replay_batch(conn, plan.eligible)
     if work_id not in replayed:
         raise aborted(f"work item {work_id} changed concurrently; read it again", work_id=str(work_id))
     log.info(
         "work item replayed",
         extra={"work_id": work_id, "generation": plan.eligible[0].generation, "actor": actor},
     )
-    return (await work_item_get_many(conn, [work_id]))[work_id]
+    return (await work_items.work_item_get_many(conn, [work_id]))[work_id]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -360,12 +215,6 @@ class BulkProgress:
         return sum(self.refused_by_reason.values())
 
 
-async def dead_letter_ids(conn: AsyncConnection[Any], flt: DeadLetterFilter) -> list[int]:
-    clauses, params = flt.where()
-    cur = await conn.execute(DEAD_LETTER_IDS.format(where=" AND ".join(clauses)), params)
-    return [int(r[0]) for r in await cur.fetchall()]
-
-
 async def bulk_replay(
     pool: AsyncConnectionPool,
     flt: DeadLetterFilter,
@@ -380,7 +229,7 @@ async def bulk_replay(
     Cancelling the consumer stops between (or rolls back the current) batch: committed batches stay
     replayed, the rest stay dead. A dry run checks every item and changes nothing."""
     async with connection(pool) as conn:
-        ids = await dead_letter_ids(conn, flt)
+        ids = await work_items.work_item_list_dead_ids(conn, flt)
     progress = BulkProgress(total=len(ids))
     started = time.monotonic()
     for start in range(0, len(ids), batch_size):
@@ -392,7 +241,7 @@ async def bulk_replay(
             else:
                 async with conn.transaction():
                     plan = await work_item_replay_plan(conn, chunk, for_update=True)
-                    replayed = await work_item_replay_batch(conn, plan.eligible)
+                    replayed = await work_items.work_item_replay_batch(conn, plan.eligible)
                 progress.replayed += len(replayed)
                 lost = len(plan.eligible) - len(replayed)
                 if lost:
@@ -431,39 +280,36 @@ async def bulk_replay(
 async def receipt_replay(conn: AsyncConnection[Any], receipt_id: int, *, actor: str) -> dict[str, Any]:
     """Hand a failed receipt back to the materializer (caller's transaction). The materializer
     routes it again against the active generation; checks here fail closed first."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(RECEIPT_REPLAY_CHECK, {"receipt_id": receipt_id})
-        row = await cur.fetchone()
-        if row is None:
-            raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
-        md = {"receipt_id": str(receipt_id)}
-        if row["router_status"] != "failed":
-            status = row["router_status"]
-            raise failed_precondition(
-                Reason.NOT_FAILED, f"only failed receipts can be replayed (status {status})", **md
-            )
-        if row["has_events"]:
-            raise failed_precondition(
-                Reason.ALREADY_MATERIALIZED, "the receipt already materialized events", **md
-            )
-        if row["installed_pack_id"] is None or row["active_generation"] is None:
-            namespace = row["namespace"]
-            raise failed_precondition(
-                Reason.NO_ACTIVE_GENERATION, f"no active pack generation for namespace {namespace!r}", **md
-            )
-        if not row["route_exists"]:
-            raise failed_precondition(
-                Reason.ROUTE_GONE,
-                f"route {row['route_key']!r} is not in the active generation {row['active_generation']} "
-                f"of namespace {row['namespace']!r}",
-                **md,
-            )
-        if not row["has_body"]:
-            raise failed_precondition(Reason.PAYLOAD_MISSING, "the receipt body is gone", **md)
-        await cur.execute(RECEIPT_REPLAY, {"receipt_id": receipt_id})
-        updated = await cur.fetchone()
+    row = await receipts.receipt_replay_check(conn, receipt_id)
+    if row is None:
+        raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
+    md = {"receipt_id": str(receipt_id)}
+    if row["router_status"] != "failed":
+        status = row["router_status"]
+        raise failed_precondition(
+            Reason.NOT_FAILED, f"only failed receipts can be replayed (status {status})", **md
+        )
+    if row["has_events"]:
+        raise failed_precondition(
+            Reason.ALREADY_MATERIALIZED, "the receipt already materialized events", **md
+        )
+    if row["installed_pack_id"] is None or row["active_generation"] is None:
+        namespace = row["namespace"]
+        raise failed_precondition(
+            Reason.NO_ACTIVE_GENERATION, f"no active pack generation for namespace {namespace!r}", **md
+        )
+    if not row["route_exists"]:
+        raise failed_precondition(
+            Reason.ROUTE_GONE,
+            f"route {row['route_key']!r} is not in the active generation {row['active_generation']} "
+            f"of namespace {row['namespace']!r}",
+            **md,
+        )
+    if not row["has_body"]:
+        raise failed_precondition(Reason.PAYLOAD_MISSING, "the receipt body is gone", **md)
+    updated = await receipts.receipt_replay(conn, receipt_id)
     if updated is None:  # pragma: no cover - the row is locked FOR UPDATE above
         raise aborted(f"receipt {receipt_id} changed concurrently")
-    await conn.execute(RECEIPT_NOTIFY)
+    await receipts.receipt_notify(conn)
     log.info("receipt replayed", extra={"receipt_id": receipt_id, "actor": actor})
     return updated
