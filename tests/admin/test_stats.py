@@ -10,7 +10,7 @@ import grpc
 import psycopg
 import pytest
 
-from connector.executor.admin import reads, stats
+from connector.common.store import authority, receipts, work_items
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -283,20 +283,20 @@ def _plans() -> list[tuple[str, str, dict[str, Any]]]:
     for pack in (None, 1):
         p = {**params, "pack": pack}
         out += [
-            ("depth", stats.queue_depth_sql(pack), p),
-            ("rates", stats.queue_rates_sql(pack), p),
-            ("classes", stats.queue_classes_sql(pack), p),
-            ("processing", stats.processing_by_class_sql(pack), p),
-            ("lanes", stats.lanes_blocked_sql(pack, after=False), p),
+            ("depth", work_items.work_item_stats_depth_sql(pack), p),
+            ("rates", work_items.work_item_stats_rates_sql(pack), p),
+            ("classes", work_items.work_item_stats_classes_sql(pack), p),
+            ("processing", work_items.work_item_stats_processing_sql(pack), p),
+            ("lanes", work_items.work_item_lanes_blocked_sql(pack, after=False), p),
             (
                 "lanes-page",
-                stats.lanes_blocked_sql(pack, after=True),
+                work_items.work_item_lanes_blocked_sql(pack, after=True),
                 {**p, "k_pack": 1, "k_kind": "s", "k_key": "lane:1"},
             ),
-            ("cutover", stats.cutover_generations_sql(pack), p),
+            ("cutover", authority.cutover_state_list_sql(pack), p),
         ]
-    out.append(("receipts", stats.RECEIPT_STATS, params))
-    clauses, dparams = reads.DeadLetterFilter(installed_pack_id=1).where()
+    out.append(("receipts", receipts.RECEIPT_STATS, params))
+    clauses, dparams = work_items.DeadLetterFilter(installed_pack_id=1).where()
     out.append(
         (
             "dlq",

@@ -12,7 +12,9 @@ lease is one row per generation with a strictly increasing token.
 
 Reads joined here: the authority with its admitting receipt's kind (``claim_authority_get``,
 ``claim_authority_lock``); the claim schema revision (``alembic_version``) and the database clock
-that a receipt's proof records.
+that a receipt's proof records. The admin API's cutover state: each generation's authority with its
+open fences and the WorkItems, legacy events and outcome receipts the gates wait for
+(``cutover_state_list``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from connector.common.schema import CHANNEL_PACKS
-from connector.common.store.rows import fetch_dict
+from connector.common.store.packs import pack_filter
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -340,3 +343,64 @@ async def claim_authority_insert(conn: Conn, pack: int, generation: int, receipt
     await conn.execute(
         CLAIM_AUTHORITY_INSERT, {"id": pack, "generation": generation, "receipt_id": receipt_id}
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# The admin API's cutover state: per generation its authority, open fences and what the gates wait
+# for; the cutover receipts. ``params``: ``pack`` (None: every pack).
+# --------------------------------------------------------------------------------------------------
+
+
+def cutover_state_list_sql(pack: int | None) -> str:
+    return f"""
+SELECT g.installed_pack_id, g.generation, g.status,
+       (p.active_generation IS NOT DISTINCT FROM g.generation) AS active,
+       a.claim_path, a.phase,
+       (SELECT count(*) FROM connector_rollback_fence f
+        WHERE f.installed_pack_id = g.installed_pack_id AND f.generation = g.generation
+          AND f.status = 'open') AS open_fences,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
+          AND w.state = 'awaiting_legacy_outcome') AS awaiting_legacy_outcome,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
+          AND w.state = 'processing') AS processing,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
+          AND w.state = 'awaiting_legacy_outcome'
+          AND w.legacy_outcome_receipt_version IS NOT NULL) AS awaiting_legacy_unknown,
+       (SELECT count(*) FROM connector_event e
+        WHERE e.installed_pack_id = g.installed_pack_id AND e.generation = g.generation
+          AND e.legacy_state IN ('pending', 'retry')) AS legacy_pending,
+       (SELECT count(*) FROM connector_event e
+        WHERE e.installed_pack_id = g.installed_pack_id AND e.generation = g.generation
+          AND e.legacy_state = 'processing') AS legacy_in_flight,
+       (SELECT count(*) FROM connector_legacy_outcome_receipt o
+        WHERE NOT o.projected AND o.installed_pack_id = g.installed_pack_id
+          AND o.generation = g.generation) AS unprojected_legacy_receipts,
+       a.version AS authority_version, a.rollback_fence_id, a.cutover_receipt_id
+FROM connector_pack_generation g
+JOIN connector_installed_pack p ON p.installed_pack_id = g.installed_pack_id
+LEFT JOIN connector_claim_authority a
+  ON a.installed_pack_id = g.installed_pack_id AND a.generation = g.generation
+WHERE {pack_filter("g", pack)}
+ORDER BY g.installed_pack_id, g.generation
+"""
+
+
+def cutover_receipt_list_sql(pack: int | None) -> str:
+    return f"""
+SELECT r.cutover_receipt_id, r.installed_pack_id, r.generation, r.kind, r.claim_path, r.proof_sha256,
+       r.actor, r.created_at
+FROM connector_cutover_receipt r
+WHERE {pack_filter("r", pack)}
+ORDER BY r.installed_pack_id, r.generation, r.cutover_receipt_id
+"""
+
+
+async def cutover_state_list(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
+    return await fetch_dicts(conn, cutover_state_list_sql(params["pack"]), params)
+
+
+async def cutover_receipt_list(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
+    return await fetch_dicts(conn, cutover_receipt_list_sql(params["pack"]), params)

@@ -12,7 +12,8 @@ Reads joined here (driving table ``connector_event`` or the receipts): the route
 work type's WorkItem and latest receipt (``event_legacy_work_plan``, ``event_legacy_latest_outcomes``),
 the authority of an event (``event_legacy_get_for_update``), the cutover gates' drain, coverage and
 ownership switch of a whole generation (``event_legacy_drain``, ``event_generation_coverage``,
-``event_owner_switch_to_work_item``).
+``event_owner_switch_to_work_item``), the admin API's legacy failure list with each receipt's event,
+delivery and WorkItem state (``legacy_outcome_receipt_list_failed``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from psycopg import AsyncConnection
 
 from connector.common.store.authority import LEGACY_AUTHORITY as _LEGACY_AUTHORITY
 from connector.common.store.authority import SCHEDULER_LEASE_HELD as _SCHEDULER_LEASE_HELD
+from connector.common.store.events import EVENT_SELECT_COLUMNS
 from connector.common.store.lanes import lane_holding
+from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
@@ -385,3 +388,36 @@ async def event_generation_coverage(conn: Conn, params: dict[str, Any]) -> dict[
 async def event_owner_switch_to_work_item(conn: Conn, params: dict[str, Any]) -> int:
     """Gate 3's ownership switch; how many events moved to the WorkItem path."""
     return (await conn.execute(EVENT_OWNER_SWITCH_TO_WORK_ITEM, params)).rowcount
+
+
+# --------------------------------------------------------------------------------------------------
+# The admin API's legacy failure list
+# --------------------------------------------------------------------------------------------------
+
+# The latest receipt per (event, work type) when it is failed or unknown, newest first: a backward
+# range of the partial index ix_connector_legacy_outcome_receipt_failed, each row checked for a newer
+# version by the unique (event_id, work_type, version) index.
+LEGACY_OUTCOME_RECEIPT_LIST_FAILED = f"""
+SELECT o.legacy_outcome_receipt_id, o.work_type, o.version, o.outcome, o.failure_class,
+       o.failure_summary, o.actor, o.created_at, e.legacy_state, w.work_id, w.state AS work_state,
+       {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS}
+FROM connector_legacy_outcome_receipt o
+JOIN connector_event e ON e.event_id = o.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+LEFT JOIN connector_work_item w ON w.event_id = o.event_id AND w.work_type = o.work_type
+WHERE o.installed_pack_id = %(pack)s AND o.generation = %(generation)s
+  AND o.outcome IN ('failed', 'unknown') AND o.legacy_outcome_receipt_id < %(after)s
+  AND NOT EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt n
+                  WHERE n.event_id = o.event_id AND n.work_type = o.work_type AND n.version > o.version)
+ORDER BY o.legacy_outcome_receipt_id DESC
+LIMIT %(limit)s
+"""
+
+
+async def legacy_outcome_receipt_list_failed(
+    conn: Conn, pack: int, generation: int, *, after: int, limit: int
+) -> list[dict[str, Any]]:
+    """Failed or unknown latest receipts of a generation with ids below ``after``, newest first,
+    with their event, receipt and WorkItem state."""
+    params = {"pack": pack, "generation": generation, "after": after, "limit": limit}
+    return await fetch_dicts(conn, LEGACY_OUTCOME_RECEIPT_LIST_FAILED, params)

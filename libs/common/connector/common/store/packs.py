@@ -21,6 +21,11 @@ from psycopg.rows import dict_row
 Conn = AsyncConnection[Any]
 
 
+def pack_filter(alias: str, pack: int | None) -> str:
+    """The condition scoping a statement to one pack (``%(pack)s``) on ``alias``, or none."""
+    return f"{alias}.installed_pack_id = %(pack)s" if pack is not None else "true"
+
+
 # --------------------------------------------------------------------------------------------------
 # Active routes: the ingress route table (one row per route) and the materializer's route cache (one
 # row per pack, with its claim authority and routes)
@@ -272,3 +277,11 @@ async def pack_active_get(conn: Conn, packs: Sequence[int]) -> dict[int, dict[st
 async def pack_active_get_for_share(conn: Conn, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
     rows = await _all(conn, PACK_ACTIVE_GET_FOR_SHARE, {"packs": list(packs)})
     return {int(r["installed_pack_id"]): r for r in rows}
+
+
+PACK_EXISTS = "SELECT 1 FROM connector_installed_pack WHERE installed_pack_id = %(pack)s"
+
+
+async def pack_exists(conn: Conn, pack: int) -> bool:
+    cur = await conn.execute(PACK_EXISTS, {"pack": pack})
+    return await cur.fetchone() is not None

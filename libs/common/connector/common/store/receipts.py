@@ -8,7 +8,8 @@ state literals are inlined so plans use the partial indexes (DESIGN §8 trap 5).
 by tests/ingress/test_plans.py and tests/materializer/test_plans.py.
 
 Joins held here: a receipt replay's check of its events and its namespace's active route
-(``receipt_replay_check``).
+(``receipt_replay_check``), the claimant count of the admin's receipt statistics
+(``receipt_stats``: ``connector_process``).
 """
 
 from __future__ import annotations
@@ -517,3 +518,23 @@ async def receipt_replay(conn: Conn, receipt_id: int) -> dict[str, Any] | None:
 async def receipt_notify(conn: Conn) -> None:
     """Wake the materializers (``connector_receipts``)."""
     await conn.execute(RECEIPT_NOTIFY)
+
+
+# Receipt counts of the admin API's queue statistics (the partial routable / routing / failed receipt
+# indexes) and the WorkItem claimants heartbeating within ``stale_s``.
+RECEIPT_STATS = """
+SELECT
+  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status IN ('pending', 'retry')) AS unrouted,
+  (SELECT now() - next_attempt_at FROM connector_ingress_receipt
+   WHERE router_status IN ('pending', 'retry') AND next_attempt_at <= now()
+   ORDER BY next_attempt_at LIMIT 1) AS oldest_unrouted_age,
+  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'routing') AS routing,
+  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'failed') AS failed,
+  (SELECT count(*) FROM connector_process
+   WHERE claim_capability = 'work_item' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s))
+    AS active_claimants
+"""
+
+
+async def receipt_stats(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
+    return await fetch_dict(conn, RECEIPT_STATS, params)

@@ -22,13 +22,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from psycopg.rows import dict_row
 
 from connector.common.grpc_server import ServiceError
 from connector.common.packs import canonical_json
 from connector.common.store import authority, work_items
-from connector.common.store.events import EVENT_SELECT_COLUMNS
-from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
+from connector.common.store.legacy import legacy_outcome_receipt_list_failed
 from connector.executor import cutover, legacy
 from connector.executor.admin import convert
 from connector.executor.admin.errors import Reason, invalid_argument
@@ -228,26 +226,6 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
     )
 
 
-# The latest receipt per (event, work type) when it is failed or unknown, newest first: a backward
-# range of the partial index ix_connector_legacy_outcome_receipt_failed, each row checked for a newer
-# version by the unique (event_id, work_type, version) index.
-LEGACY_FAILURE_LIST = f"""
-SELECT o.legacy_outcome_receipt_id, o.work_type, o.version, o.outcome, o.failure_class,
-       o.failure_summary, o.actor, o.created_at, e.legacy_state, w.work_id, w.state AS work_state,
-       {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS}
-FROM connector_legacy_outcome_receipt o
-JOIN connector_event e ON e.event_id = o.event_id
-JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
-LEFT JOIN connector_work_item w ON w.event_id = o.event_id AND w.work_type = o.work_type
-WHERE o.installed_pack_id = %(pack)s AND o.generation = %(generation)s
-  AND o.outcome IN ('failed', 'unknown') AND o.legacy_outcome_receipt_id < %(after)s
-  AND NOT EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt n
-                  WHERE n.event_id = o.event_id AND n.work_type = o.work_type AND n.version > o.version)
-ORDER BY o.legacy_outcome_receipt_id DESC
-LIMIT %(limit)s
-"""
-
-
 async def legacy_failures(
     servicer: Any, request: pb.ListLegacyFailuresRequest
 ) -> pb.ListLegacyFailuresResponse:
@@ -266,12 +244,9 @@ async def legacy_failures(
             after = int(key[0]) if key is not None else 2**62
         except (TypeError, ValueError):
             raise pagination.bad_page_token() from None
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(
-            LEGACY_FAILURE_LIST,
-            {"pack": request.installed_pack_id, "generation": generation, "after": after, "limit": size + 1},
+        rows = await legacy_outcome_receipt_list_failed(
+            conn, request.installed_pack_id, generation, after=after, limit=size + 1
         )
-        rows = await cur.fetchall()
     response = pb.ListLegacyFailuresResponse()
     for row in rows[:size]:
         response.failures.append(
