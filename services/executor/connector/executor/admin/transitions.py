@@ -51,6 +51,11 @@ def _ids(installed_pack_id: int, generation: int) -> None:
         raise invalid_argument("generation must not be negative", field="generation")
 
 
+def _work_item_state(state: str | None) -> int:
+    """A WorkItem's state as the proto enum (unspecified: there is no WorkItem)."""
+    return convert.work_item_state(state) if state else int(types_pb2.WORK_ITEM_STATE_UNSPECIFIED)
+
+
 def service_error(exc: Exception) -> ServiceError:
     """Domain refusals of the gates as canonical errors."""
     if isinstance(exc, cutover.CutoverBlocked):
@@ -206,11 +211,6 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
         except legacy.LegacyOutcomeError as exc:
             raise service_error(exc) from None
         work_state = await work_items.work_item_state_by_event(conn, request.event_id, request.work_type)
-        state = (
-            types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{work_state.upper()}")
-            if work_state
-            else types_pb2.WORK_ITEM_STATE_UNSPECIFIED
-        )
         return pb.ResolveLegacyOutcomeResponse(
             event_id=done.event_id,
             work_type=done.work_type,
@@ -218,7 +218,7 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
             outcome=_OUTCOMES[done.outcome],
             digest=done.digest,
             event_legacy_state=done.event_legacy_state,
-            work_item_state=state,
+            work_item_state=_work_item_state(work_state),  # type: ignore[arg-type]
         )
 
     return await servicer.mutate(
@@ -262,11 +262,7 @@ async def legacy_failures(
                 create_time=convert.ts(row["created_at"]),
                 event_legacy_state=row["legacy_state"] or "",
                 work_id=int(row["work_id"] or 0),
-                work_item_state=(
-                    types_pb2.WorkItemState.Value(f"WORK_ITEM_STATE_{str(row['work_state']).upper()}")
-                    if row["work_state"]
-                    else types_pb2.WORK_ITEM_STATE_UNSPECIFIED
-                ),
+                work_item_state=_work_item_state(row["work_state"]),  # type: ignore[arg-type]
             )
         )
     if len(rows) > size:
