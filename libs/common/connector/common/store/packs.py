@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -59,15 +60,11 @@ GROUP BY p.installed_pack_id, g.manifest, a.claim_path, a.phase
 
 
 async def route_list_active(conn: Conn) -> list[dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(ROUTE_LIST_ACTIVE)
-        return await cur.fetchall()
+    return await fetch_dicts(conn, ROUTE_LIST_ACTIVE)
 
 
 async def pack_list_active(conn: Conn) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(PACK_LIST_ACTIVE)
-    return await cur.fetchall()
+    return await fetch_dicts(conn, PACK_LIST_ACTIVE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,9 +99,7 @@ async def pack_active_check(conn: Conn, namespaces: Iterable[str]) -> dict[str, 
 
 async def route_get_with_manifest(conn: Conn, route_ids: Iterable[int]) -> list[dict[str, Any]]:
     """Route rows by id with their generation's manifest and pack name (any generation)."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(ROUTE_GET_WITH_MANIFEST, {"ids": sorted(route_ids)})
-    return await cur.fetchall()
+    return await fetch_dicts(conn, ROUTE_GET_WITH_MANIFEST, {"ids": sorted(route_ids)})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,36 +190,24 @@ PACK_ACTIVE_GET = _PACK_ACTIVE
 PACK_ACTIVE_GET_FOR_SHARE = _PACK_ACTIVE + " FOR SHARE OF p"
 
 
-async def _one(conn: Conn, statement: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(statement, params)
-    return await cur.fetchone()
-
-
-async def _all(conn: Conn, statement: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(statement, params)
-    return await cur.fetchall()
-
-
 async def pack_get_for_update(conn: Conn, name: str) -> dict[str, Any] | None:
     """The pack named ``name``, locked for the transaction."""
-    return await _one(conn, PACK_GET_FOR_UPDATE, {"name": name})
+    return await fetch_dict(conn, PACK_GET_FOR_UPDATE, {"name": name})
 
 
 async def pack_insert(conn: Conn, name: str, namespace: str) -> dict[str, Any] | None:
     """A new pack row, or ``None`` when the name or the namespace exists (a concurrent insert of the
     same name waits on the unique index, then conflicts)."""
-    return await _one(conn, PACK_INSERT, {"name": name, "namespace": namespace})
+    return await fetch_dict(conn, PACK_INSERT, {"name": name, "namespace": namespace})
 
 
 async def pack_namespace_owner(conn: Conn, namespace: str) -> str | None:
-    row = await _one(conn, PACK_NAMESPACE_OWNER, {"namespace": namespace})
+    row = await fetch_dict(conn, PACK_NAMESPACE_OWNER, {"namespace": namespace})
     return None if row is None else str(row["name"])
 
 
 async def pack_generation_latest(conn: Conn, pack: int) -> dict[str, Any] | None:
-    return await _one(conn, PACK_GENERATION_LATEST, {"id": pack})
+    return await fetch_dict(conn, PACK_GENERATION_LATEST, {"id": pack})
 
 
 async def pack_generation_insert(conn: Conn, pack: int, generation: int, manifest: Any, sha: str) -> None:
@@ -234,21 +217,21 @@ async def pack_generation_insert(conn: Conn, pack: int, generation: int, manifes
 
 
 async def route_latest_by_key(conn: Conn, pack: int) -> list[dict[str, Any]]:
-    return await _all(conn, ROUTE_LATEST_BY_KEY, {"id": pack})
+    return await fetch_dicts(conn, ROUTE_LATEST_BY_KEY, {"id": pack})
 
 
 async def route_insert_batch(conn: Conn, params: dict[str, Any]) -> list[dict[str, Any]]:
     """One route row per key (``id``, ``generation``, ``namespace`` and the ``keys``, ``versions``,
     ``configs``, ``hashes`` arrays); returns their ids and versions."""
-    return await _all(conn, ROUTE_INSERT_BATCH, params)
+    return await fetch_dicts(conn, ROUTE_INSERT_BATCH, params)
 
 
 async def route_list_generation(conn: Conn, pack: int, generation: int) -> list[dict[str, Any]]:
-    return await _all(conn, ROUTE_LIST_GENERATION, {"id": pack, "generation": generation})
+    return await fetch_dicts(conn, ROUTE_LIST_GENERATION, {"id": pack, "generation": generation})
 
 
 async def pack_generation_get(conn: Conn, pack: int, generation: int) -> dict[str, Any] | None:
-    return await _one(conn, PACK_GENERATION_GET, {"id": pack, "generation": generation})
+    return await fetch_dict(conn, PACK_GENERATION_GET, {"id": pack, "generation": generation})
 
 
 async def pack_generation_retire_active(conn: Conn, pack: int, generation: int) -> None:
@@ -267,16 +250,20 @@ async def pack_set_active_generation(conn: Conn, pack: int, generation: int) -> 
 async def pack_list(conn: Conn) -> list[dict[str, Any]]:
     """Every pack with each of its generations (one row per generation; a pack without any: one row
     with NULL generation columns), by pack name and generation."""
-    return await _all(conn, PACK_LIST)
+    return await fetch_dicts(conn, PACK_LIST)
+
+
+async def _pack_active(conn: Conn, statement: str, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
+    rows = await fetch_dicts(conn, statement, {"packs": list(packs)})
+    return {int(r["installed_pack_id"]): r for r in rows}
 
 
 async def pack_active_get(conn: Conn, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
-    return {int(r["installed_pack_id"]): r for r in await _all(conn, PACK_ACTIVE_GET, {"packs": list(packs)})}
+    return await _pack_active(conn, PACK_ACTIVE_GET, packs)
 
 
 async def pack_active_get_for_share(conn: Conn, packs: Sequence[int]) -> dict[int, dict[str, Any]]:
-    rows = await _all(conn, PACK_ACTIVE_GET_FOR_SHARE, {"packs": list(packs)})
-    return {int(r["installed_pack_id"]): r for r in rows}
+    return await _pack_active(conn, PACK_ACTIVE_GET_FOR_SHARE, packs)
 
 
 PACK_EXISTS = "SELECT 1 FROM connector_installed_pack WHERE installed_pack_id = %(pack)s"
