@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+
+from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
@@ -124,9 +125,7 @@ async def event_list_backfill_candidates(
     conn: Conn, scope: dict[str, Any], *, after: int, limit: int
 ) -> list[dict[str, Any]]:
     """Eligible events after ``after`` in event order, with their receipt's envelope and body."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(EVENT_LIST_BACKFILL_CANDIDATES, {**scope, "after": after, "limit": limit})
-    return await cur.fetchall()
+    return await fetch_dicts(conn, EVENT_LIST_BACKFILL_CANDIDATES, {**scope, "after": after, "limit": limit})
 
 
 async def event_count_backfill_ineligible(conn: Conn, scope: dict[str, Any]) -> dict[str, int]:
@@ -148,8 +147,6 @@ FROM connector_event WHERE installed_pack_id = %(id)s AND generation = %(generat
 
 async def event_count_generation(conn: Conn, pack: int, generation: int) -> tuple[int, int]:
     """``(events of the generation, of them legacy-owned and not finished)``."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(EVENT_COUNT_GENERATION, {"id": pack, "generation": generation})
-    row = await cur.fetchone()
+    row = await fetch_dict(conn, EVENT_COUNT_GENERATION, {"id": pack, "generation": generation})
     assert row is not None
     return int(row["events"]), int(row["legacy_active"])
