@@ -14,7 +14,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from connector.v1 import types_pb2
+from connector.v1 import admin_service_pb2, types_pb2
 
 SUMMARY_MAX = 1000
 
@@ -70,6 +70,18 @@ def cutover_phase(phase: str | None) -> int:
     if not phase:
         return int(types_pb2.CUTOVER_PHASE_UNSPECIFIED)
     return int(types_pb2.CutoverPhase.Value(f"CUTOVER_PHASE_{phase.upper()}"))
+
+
+def cutover_receipt(row: dict[str, Any]) -> admin_service_pb2.CutoverReceipt:
+    """A ``store.authority`` cutover receipt row (``cutover_receipt_get`` / ``cutover_receipt_list``)."""
+    return admin_service_pb2.CutoverReceipt(
+        cutover_receipt_id=row["cutover_receipt_id"],
+        kind=row["kind"],
+        claim_path=claim_path(row["claim_path"]),  # type: ignore[arg-type]
+        proof_sha256=row["proof_sha256"],
+        actor=row["actor"],
+        create_time=ts(row["created_at"]),
+    )
 
 
 def work_item(row: dict[str, Any], prefix: str = "w_") -> types_pb2.WorkItem:

@@ -388,17 +388,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     generation=key[1],
                     claim_path=convert.claim_path(g["claim_path"]),  # type: ignore[arg-type]
                     phase=convert.cutover_phase(g["phase"]),  # type: ignore[arg-type]
-                    receipts=[
-                        pb.CutoverReceipt(
-                            cutover_receipt_id=r["cutover_receipt_id"],
-                            kind=r["kind"],
-                            claim_path=convert.claim_path(r["claim_path"]),  # type: ignore[arg-type]
-                            proof_sha256=r["proof_sha256"],
-                            actor=r["actor"],
-                            create_time=convert.ts(r["created_at"]),
-                        )
-                        for r in state.receipts.get(key, [])
-                    ],
+                    receipts=[convert.cutover_receipt(r) for r in state.receipts.get(key, [])],
                     open_rollback_fences=int(g["open_fences"]),
                     awaiting_legacy_outcome=int(g["awaiting_legacy_outcome"]),
                     processing=int(g["processing"]),

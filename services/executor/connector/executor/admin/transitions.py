@@ -100,16 +100,7 @@ async def _transition_proto(conn: Any, t: cutover.Transition) -> pb.CutoverTrans
     if t.receipt_id:
         r = await authority.cutover_receipt_get(conn, t.receipt_id)
         if r is not None:
-            out.receipt.CopyFrom(
-                pb.CutoverReceipt(
-                    cutover_receipt_id=r["cutover_receipt_id"],
-                    kind=r["kind"],
-                    claim_path=convert.claim_path(r["claim_path"]),  # type: ignore[arg-type]
-                    proof_sha256=r["proof_sha256"],
-                    actor=r["actor"],
-                    create_time=convert.ts(r["created_at"]),
-                )
-            )
+            out.receipt.CopyFrom(convert.cutover_receipt(r))
     elif t.proof_sha256:
         out.receipt.CopyFrom(pb.CutoverReceipt(kind=t.receipt_kind or "", proof_sha256=t.proof_sha256))
     return out
