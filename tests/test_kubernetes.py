@@ -29,11 +29,11 @@ import pytest
 import yaml
 from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
-from pydantic_settings import BaseSettings
 
 from connector.cli.main import COMMANDS
 from connector.common import settings
 from connector.executor import metrics as executor_metrics
+from tests.test_deploy import known_env_names
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -224,18 +224,6 @@ def test_keda_alternative_validates_and_can_fail() -> None:
 
 
 # --- workloads ----------------------------------------------------------------------------------------
-
-
-def known_env_names() -> set[str]:
-    names: set[str] = set()
-    for obj in vars(settings).values():
-        if isinstance(obj, type) and issubclass(obj, BaseSettings) and obj is not BaseSettings:
-            prefix = str(obj.model_config.get("env_prefix", ""))
-            names.update((prefix + field).upper() for field in obj.model_fields)
-    for path in [*ROOT.glob("libs/**/*.py"), *ROOT.glob("services/**/*.py")]:
-        if "/connector/v1/" not in path.as_posix():
-            names.update(re.findall(r"[\"'](CONNECTOR_[A-Z0-9_]+)[\"']", path.read_text()))
-    return names
 
 
 def env_of(rendered: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, Any]:

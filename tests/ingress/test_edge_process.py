@@ -18,9 +18,10 @@ import resource
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from typing import Any
+
+from tests.ingress.processes import wait_ready
 
 from .conftest import NAMESPACE, SECRETS, github_headers, install_routes, receipt_count
 
@@ -54,19 +55,6 @@ def _start(db_url: str, port: int) -> subprocess.Popen[bytes]:
         stderr=subprocess.PIPE,
         preexec_fn=_low_nofile,  # only setrlimit, before exec
     )
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            assert time.monotonic() < deadline, "not ready"
-            time.sleep(0.05)
 
 
 async def _deliver(port: int, n: int) -> int:
@@ -149,7 +137,7 @@ def test_descriptor_exhaustion_by_idle_and_slow_clients_cannot_refuse_a_genuine_
     port = _free_port()
     proc = _start(db_url, port)
     try:
-        _wait_ready(proc, port)
+        wait_ready(proc, port)
         statuses, reopened = asyncio.run(_scenario(port))
         alive = proc.poll() is None
         # The server is still healthy once the attack has gone.

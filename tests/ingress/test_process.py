@@ -8,10 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import psycopg
+
+from tests.ingress.processes import wait_ready
 
 from .conftest import SECRETS, github_headers, install_routes, receipt_count
 
@@ -48,16 +49,7 @@ def test_connector_ingress_process_serves_and_stops_on_sigterm(db_url: str) -> N
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "not ready"
-                time.sleep(0.05)
+        wait_ready(proc, http_port)
         body = b'{"a":1}'
         request = urllib.request.Request(
             f"http://127.0.0.1:{http_port}/v1/webhooks/shop/github",

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -26,6 +25,7 @@ from connector.common.eventlog import EventLog
 from connector.ingress.service import IngressService
 from connector.v1 import ingress_service_pb2 as ipb
 from connector.v1 import ingress_service_pb2_grpc as ipb_grpc
+from tests.ingress.processes import wait_ready
 
 from .conftest import NAMESPACE, SECRETS, github_headers, install_routes, post, receipt_count
 from .test_process import _free_port
@@ -209,16 +209,7 @@ def test_real_process_stderr_has_one_line_per_refusal(db_url: str) -> None:
             return int(exc.code)
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "not ready"
-                time.sleep(0.05)
+        wait_ready(proc, http_port)
         ctype = {"Content-Type": "application/json"}
         statuses = [send("github", PAYLOAD, {**github_headers(PAYLOAD, delivery="ok-1"), **ctype})]
         statuses += [send("github", PAYLOAD, {**forged, **ctype, "X-Request-Id": f"p-{i}"}) for i in range(7)]
