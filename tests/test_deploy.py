@@ -304,8 +304,9 @@ def test_dockerfile_build_stage_installs_the_runtime_dependencies_only() -> None
     build, _runtime = stages()
     assert build[0][1].endswith("AS build")
     runs = " ".join(rest for kw, rest in build if kw == "RUN")
-    # Dependencies come from pyproject's list (no extras) as wheels, under the constraints.
-    assert '["project"]["dependencies"]' in runs
+    # Dependencies come from pyproject's list plus the otlp extra (trace exporters; off unless
+    # configured) as wheels, under the constraints.
+    assert '["dependencies"] + p["optional-dependencies"]["otlp"]' in runs
     assert re.search(r"pip install --only-binary=:all: -c constraints\.txt -r /tmp/requirements\.txt", runs)
     assert re.search(r"pip wheel --no-deps -w /tmp/wheels \.(\s|$)", runs)
     assert "pip install --no-deps /tmp/wheels/*.whl" in runs and "pip check" in runs

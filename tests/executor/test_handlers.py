@@ -33,7 +33,7 @@ PAYLOAD = b'{"email": "alice@example.com", "customer": "cus_12345", "amount": 42
 
 
 def _ctx(lease_s: float = 30.0) -> HandlerContext:
-    row = (7, 3, 1, 1, "default", "sync", 70, 2, 5, "src", None)
+    row = (7, 3, 1, 1, "default", "sync", 70, 2, 5, "src", None, None)
     ctx = HandlerContext(row, time.monotonic() + lease_s)
     ctx.event = EventFact(
         70, 9, 0, 1, 1, 1, 4, 2, "ns", "customer.updated", "customer", "cus_12345", "dlv-1", 9,

@@ -228,5 +228,5 @@ def cli(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             code = 1
 
-    run(main)
+    run(main, traced_as="up")
     return code

@@ -353,9 +353,15 @@ def plan_batch(
 
 
 def work_row(
-    event_id: int, installed_pack_id: int, generation: int, delivery_seq: int, w: WorkDraft
+    event_id: int,
+    installed_pack_id: int,
+    generation: int,
+    delivery_seq: int,
+    w: WorkDraft,
+    traceparent: str | None = None,
 ) -> WorkRow:
-    """The WorkItem row of one fan-out entry of an event."""
+    """The WorkItem row of one fan-out entry of an event (``traceparent``: the trace context its
+    attempts continue, docs/tracing.md)."""
     return WorkRow(
         event_id=event_id,
         installed_pack_id=installed_pack_id,
@@ -368,11 +374,17 @@ def work_row(
         source_lane_key=w.source_lane_key,
         target_lane_key=w.target_lane_key,
         dead_blocks_lane=w.dead_blocks_lane,
+        traceparent=traceparent,
     )
 
 
-def work_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> list[WorkRow]:
-    """The WorkItem rows of ``drafts`` in (delivery_seq, fan-out) order."""
+def work_rows(
+    drafts: Sequence[EventDraft],
+    event_ids: Mapping[int, int],
+    traceparents: Mapping[int, str | None] | None = None,
+) -> list[WorkRow]:
+    """The WorkItem rows of ``drafts`` in (delivery_seq, fan-out) order. Each carries the trace
+    context in ``traceparents`` (by receipt id: the routing span's), else its receipt's."""
     return [
         work_row(
             event_ids[d.receipt.receipt_id],
@@ -380,6 +392,7 @@ def work_rows(drafts: Sequence[EventDraft], event_ids: Mapping[int, int]) -> lis
             d.pack.generation,
             d.receipt.receipt_id,
             w,
+            traceparents[d.receipt.receipt_id] if traceparents else d.receipt.traceparent,
         )
         for d in sorted(drafts, key=lambda d: d.receipt.receipt_id)
         for w in d.work

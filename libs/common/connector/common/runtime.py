@@ -14,6 +14,8 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
+from connector.common import tracing
+
 log = logging.getLogger(__name__)
 
 
@@ -58,14 +60,22 @@ async def run_until_signal(
             loop.remove_signal_handler(sig)
 
 
-def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main`` on uvloop when available (the default event loop otherwise)."""
+def run(main: Callable[[], Coroutine[Any, Any, None]], *, traced_as: str | None = None) -> None:
+    """Run ``main`` on uvloop when available (the default event loop otherwise). ``traced_as``: the
+    service's name for traces, set up before and flushed after (only when the standard
+    ``OTEL_*`` variables turn tracing on; connector.common.tracing)."""
+    if traced_as is not None:
+        tracing.setup(traced_as)
     try:
-        import uvloop
+        try:
+            import uvloop
 
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover
-        asyncio.run(main())
+            uvloop.run(main())
+        except ImportError:  # pragma: no cover
+            asyncio.run(main())
+    finally:
+        if traced_as is not None:
+            tracing.shutdown()
 
 
 async def cancel_task(task: asyncio.Task[Any] | None) -> None:

@@ -180,6 +180,8 @@ ingress_receipt = Table(
     Column("body_ref", Text, nullable=True),
     # e.g. "hmac-sha256" / "standard-webhooks" / "none" plus the *name* of the secret ref that matched.
     Column("verification", Text, nullable=False),
+    # W3C ``traceparent`` of the ingress span (docs/tracing.md); NULL while tracing is off.
+    Column("traceparent", Text, nullable=True),
     # --- routing state (materializer) ---
     Column("router_status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
@@ -329,6 +331,9 @@ work_item = Table(
     Column("target_mutation_lane_key", Text, nullable=True),
     # Route lane policy snapshot: does a dead member keep holding its lanes?
     Column("dead_blocks_lane", Boolean, nullable=False, server_default=text("true")),
+    # W3C ``traceparent`` of the materializer span that created it, else the receipt's (the parent
+    # of each handler attempt's span, docs/tracing.md); NULL while tracing is off.
+    Column("traceparent", Text, nullable=True),
     Column("lease_owner", Text, nullable=True),
     # Fencing token: strictly increasing per row; every renew/finalize is conditioned on it.
     Column("lease_token", BigInteger, nullable=False, server_default=text("0")),

@@ -307,5 +307,5 @@ def cli(args: argparse.Namespace) -> int:
         print(f"connector executor: {exc}", file=sys.stderr)
         return 2
     db.url()  # fail fast without a database URL
-    runtime.run(lambda: runtime.run_until_signal([service]))
+    runtime.run(lambda: runtime.run_until_signal([service]), traced_as=SERVICE)
     return 0

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
+from connector.common import tracing
 from connector.common.eventlog import events
 from connector.common.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
@@ -232,9 +233,35 @@ class Admission:
 
     async def admit(self, route: CompiledRoute, **kwargs: Any) -> Outcome:
         """``_admit`` (arguments as there), its outcome tagged with the route for the metrics."""
+        if tracing.ENABLED:
+            return await self._admit_traced(route, **kwargs)
         outcome = await self._admit(route, **kwargs)
         outcome.route = route
         return outcome
+
+    async def _admit_traced(self, route: CompiledRoute, **kwargs: Any) -> Outcome:
+        """``admit`` inside the delivery's SERVER span, which continues the sender's trace context
+        (``traceparent``; a malformed one is ignored: a new trace) and whose ``traceparent`` the
+        receipt stores. Attributes: names and ids only (docs/tracing.md)."""
+        span = tracing.start_server_span(
+            tracing.INGRESS_SPAN,
+            kwargs["headers"],
+            {"connector.namespace": route.namespace, "connector.route_key": route.route_key},
+        )
+        try:
+            outcome = await self._admit(route, traceparent=tracing.traceparent_of(span), **kwargs)
+            outcome.route = route
+            span.set_attribute("connector.outcome", outcome.outcome)
+            span.set_attribute("http.response.status_code", outcome.status)
+            if outcome.receipt_id is not None:
+                span.set_attribute("connector.receipt_id", outcome.receipt_id)
+            if not outcome.ok:
+                span.set_attribute("connector.reason", outcome.reason)
+                if outcome.outcome == UNAVAILABLE:
+                    tracing.set_error(span, outcome.reason)
+            return outcome
+        finally:
+            span.end()
 
     async def _admit(
         self,
@@ -246,6 +273,7 @@ class Admission:
         uri: Callable[[], str],
         received_at: float,
         now: float | None = None,
+        traceparent: str | None = None,
     ) -> Outcome:
         """Verify, then make the receipt durable. ``route_for`` has been passed already.
 
@@ -329,6 +357,7 @@ class Admission:
             payload_sha256=payload_sha256,
             body=body,
             verification=verification,
+            traceparent=traceparent,
         )
         try:
             future = self.writer.submit(item)

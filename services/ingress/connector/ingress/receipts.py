@@ -71,6 +71,7 @@ class PendingReceipt:
         "route_id",
         "route_key",
         "route_version",
+        "traceparent",
         "verification",
     )
 
@@ -91,6 +92,7 @@ class PendingReceipt:
         payload_sha256: bytes,
         body: bytes,
         verification: str,
+        traceparent: str | None = None,
     ) -> None:
         self.namespace = namespace
         self.route_key = route_key
@@ -106,6 +108,7 @@ class PendingReceipt:
         self.payload_sha256 = payload_sha256
         self.body = body
         self.verification = verification
+        self.traceparent = traceparent
         self.enqueued = 0.0
         self.future: asyncio.Future[CommitResult] | None = None
 

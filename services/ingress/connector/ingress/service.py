@@ -271,5 +271,5 @@ def cli(args: argparse.Namespace) -> int:
             [IngressService(db, settings, reuse_port=worker is not None)], on_started=report_ready
         )
 
-    runtime.run(main)
+    runtime.run(main, traced_as=SERVICE)
     return 0

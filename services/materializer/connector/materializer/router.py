@@ -28,11 +28,13 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from connector.common import tracing
 from connector.common.materialization import (
     DB_ERROR,
     NO_CLAIM_AUTHORITY,
@@ -162,6 +164,9 @@ class Router:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._inflight: list[_Inflight] = []
+        #: While tracing: the routing span of each receipt in flight (by receipt id).
+        self._spans: dict[int, Any] = {}
+        self._span_outcome: set[int] = set()  # receipt ids whose span has its outcome
         #: Totals since start (tests and the benchmark read them).
         self.totals = BatchResult()
 
@@ -266,11 +271,76 @@ class Router:
         """Route claimed receipts (all of them end materialized, failed, retry, or released)."""
         batch = _Inflight(min(r.receipt_id for r in receipts), {r.receipt_id for r in receipts})
         self._inflight.append(batch)
+        if tracing.ENABLED:
+            self._start_spans(receipts)
         try:
             return await self._route(receipts, batch)
         finally:
             self._inflight.remove(batch)
             batch.done.set()
+            if self._spans:
+                self._end_spans(receipts)
+
+    def _start_spans(self, receipts: Sequence[ReceiptRow]) -> None:
+        """One span per receipt, continuing the trace the ingress stored on it (docs/tracing.md)."""
+        for r in receipts:
+            self._spans[r.receipt_id] = tracing.start_span(
+                tracing.ROUTE_SPAN,
+                r.traceparent,
+                {
+                    "connector.receipt_id": r.receipt_id,
+                    "connector.namespace": r.namespace,
+                    "connector.route_key": r.route_key,
+                    "connector.routing_attempt": r.attempts,
+                },
+            )
+
+    def _end_spans(self, receipts: Sequence[ReceiptRow]) -> None:
+        for r in receipts:
+            span = self._spans.pop(r.receipt_id, None)
+            if span is not None:
+                if r.receipt_id in self._span_outcome:
+                    self._span_outcome.discard(r.receipt_id)
+                else:
+                    span.set_attribute("connector.outcome", "released")
+                span.end()
+
+    def _traceparents(self, drafts: Sequence[EventDraft]) -> dict[int, str | None]:
+        """The context each draft's WorkItems carry: its routing span's (the receipt's own when it
+        has no span)."""
+        spans = self._spans
+        out: dict[int, str | None] = {}
+        for d in drafts:
+            rid = d.receipt.receipt_id
+            span = spans.get(rid)
+            out[rid] = tracing.traceparent_of(span) if span is not None else d.receipt.traceparent
+        return out
+
+    def _trace_outcomes(
+        self, write: _Write, live: list[EventDraft], event_ids: dict[int, int], done: set[int]
+    ) -> None:
+        spans = self._spans
+        for d in live:
+            span = spans.get(d.receipt.receipt_id)
+            if span is not None:
+                self._span_outcome.add(d.receipt.receipt_id)
+                span.set_attribute("connector.outcome", "materialized")
+                span.set_attribute("connector.event_id", event_ids[d.receipt.receipt_id])
+                span.set_attribute("connector.work_items", len(d.work))
+        for receipt, error_class, _ in write.failed:
+            span = spans.get(receipt.receipt_id)
+            if span is not None and receipt.receipt_id in done:
+                self._span_outcome.add(receipt.receipt_id)
+                span.set_attribute("connector.outcome", "failed")
+                span.set_attribute("connector.error_class", error_class)
+                tracing.set_error(span, error_class)
+        for receipt, error_class, _, _ in write.retry:
+            span = spans.get(receipt.receipt_id)
+            if span is not None and receipt.receipt_id in done:
+                self._span_outcome.add(receipt.receipt_id)
+                span.set_attribute("connector.outcome", "retry")
+                span.set_attribute("connector.error_class", error_class)
+                tracing.set_error(span, error_class)
 
     async def _route(self, receipts: Sequence[ReceiptRow], batch: _Inflight) -> BatchResult:
         total = BatchResult(claimed=len(receipts))
@@ -452,7 +522,8 @@ class Router:
                 failed = await receipt_mark_failed_batch(conn, write.failed)
                 retried = await receipt_mark_retry_batch(conn, write.retry)
                 live = [d for d in write.drafts if d.receipt.receipt_id in owned]
-                done = await materialize(conn, live, event_ids, work_rows(live, event_ids))
+                traceparents = self._traceparents(live) if self._spans else None
+                done = await materialize(conn, live, event_ids, work_rows(live, event_ids, traceparents))
         result.materialized = len(live)
         result.failed = len(failed)
         result.retried = len(retried)
@@ -461,6 +532,8 @@ class Router:
         result.demoted = done.demoted
         result.inverted = done.inverted
         self._count(write, result, live, owned | failed | retried)
+        if self._spans:
+            self._trace_outcomes(write, live, event_ids, owned | failed | retried)
         return result
 
     @staticmethod

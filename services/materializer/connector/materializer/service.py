@@ -276,5 +276,5 @@ def cli(args: argparse.Namespace) -> int:
     async def main() -> None:
         await run_until_signal([MaterializerService(db, cfg)])
 
-    run(main)
+    run(main, traced_as="materializer")
     return 0

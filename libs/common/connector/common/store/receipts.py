@@ -36,16 +36,17 @@ WITH input AS (
          (j.r->>3)::int4 AS route_version, j.r->>4 AS provider_delivery_id, j.r->>5 AS idempotency_key,
          j.r->>6 AS method, j.r->>7 AS content_type, j.r->>8 AS event_kind,
          to_timestamp((j.r->>9)::float8) AS received_at, (j.r->>10)::jsonb AS correlation_ids,
-         j.r->>11 AS verification, b.payload_sha256, b.body, j.ord
+         j.r->>11 AS verification, j.r->>12 AS traceparent, b.payload_sha256, b.body, j.ord
   FROM jsonb_array_elements(%(envelope)s::jsonb) WITH ORDINALITY AS j(r, ord)
   JOIN unnest(%(payload_sha256)b::bytea[], %(body)b::bytea[]) WITH ORDINALITY AS b(payload_sha256, body, ord)
     USING (ord)
 ), inserted AS (
   INSERT INTO connector_ingress_receipt (namespace, route_key, route_id, route_version,
     provider_delivery_id, idempotency_key, method, content_type, event_kind, received_at,
-    correlation_ids, verification, payload_sha256, body)
+    correlation_ids, verification, traceparent, payload_sha256, body)
   SELECT namespace, route_key, route_id, route_version, provider_delivery_id, idempotency_key, method,
-         content_type, event_kind, received_at, correlation_ids, verification, payload_sha256, body
+         content_type, event_kind, received_at, correlation_ids, verification, traceparent,
+         payload_sha256, body
   FROM input ORDER BY ord
   ON CONFLICT (namespace, idempotency_key) DO NOTHING
   RETURNING namespace, idempotency_key, receipt_id
@@ -85,6 +86,8 @@ class ReceiptInsert(Protocol):
     payload_sha256: bytes
     body: bytes
     verification: str
+    #: W3C traceparent of the ingress span (``None`` while tracing is off).
+    traceparent: str | None
 
 
 ReceiptKey = tuple[str, str]
@@ -99,6 +102,7 @@ def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
         [
             i.namespace, i.route_key, i.route_id, i.route_version, i.provider_delivery_id, i.idempotency_key,
             i.method, i.content_type, i.event_kind, i.received_at, i.correlation_ids, i.verification,
+            i.traceparent,
         ]
         for i in batch
     ]  # fmt: skip
@@ -155,6 +159,8 @@ class ReceiptRow:
     payload_sha256: bytes
     body: bytes | None
     has_body_ref: bool
+    #: W3C traceparent stored by the ingress (``None`` when it traced nothing).
+    traceparent: str | None = None
 
 
 #: Advisory lock serialising receipt claims, so concurrent claimers take contiguous ranges of the
@@ -203,7 +209,7 @@ SET router_status = 'routing', claim_owner = %(owner)s, claim_token = r.claim_to
 WHERE r.receipt_id = ANY (ARRAY(SELECT receipt_id FROM due UNION SELECT receipt_id FROM expired))
 RETURNING r.receipt_id, r.claim_token, r.attempts, r.namespace, r.route_key, r.idempotency_key,
           r.event_kind, r.provider_delivery_id, r.correlation_ids, r.payload_sha256, r.body,
-          r.body_ref IS NOT NULL
+          r.body_ref IS NOT NULL, r.traceparent
 """
 
 # The earliest receipt of each namespace held by *another* live claim (the ordering gate).
@@ -302,6 +308,7 @@ async def receipt_claim_routable(
             payload_sha256=bytes(r[9]),
             body=bytes(r[10]) if r[10] is not None else None,
             has_body_ref=bool(r[11]),
+            traceparent=r[12],
         )
         for r in rows
     ]

@@ -103,6 +103,8 @@ class ClaimedRow(NamedTuple):
     max_attempts: int
     source_lane_key: str | None
     target_mutation_lane_key: str | None
+    #: The parent of the attempt's span (docs/tracing.md); NULL while tracing is off.
+    traceparent: str | None
 
 
 CLAIM_COLUMNS = ClaimedRow._fields
@@ -1213,7 +1215,7 @@ WORK_ITEM_INSERT_COLUMNS = (
     ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
     ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
     ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
-    ("dead_blocks_lane", "bool"),
+    ("dead_blocks_lane", "bool"), ("traceparent", "text"),
 )  # fmt: skip
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
@@ -1243,6 +1245,8 @@ class WorkRow:
     source_lane_key: str | None
     target_lane_key: str | None
     dead_blocks_lane: bool
+    #: W3C traceparent the attempts' spans continue (docs/tracing.md).
+    traceparent: str | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -1268,6 +1272,7 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.source_lane_key,
             w.target_lane_key,
             w.dead_blocks_lane,
+            w.traceparent,
         )
         for w in rows
     ]

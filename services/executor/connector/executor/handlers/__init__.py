@@ -76,7 +76,9 @@ class HandlerContext:
 
     ``attempt`` counts this execution (1 on the first). ``lease_lost`` turns true when the executor
     learns that another claimer fenced this lease (the handler should stop making effects);
-    ``remaining_lease_s()`` is measured on the process's monotonic clock from the last renewal."""
+    ``remaining_lease_s()`` is measured on the process's monotonic clock from the last renewal.
+    ``traceparent`` is the W3C trace context of this attempt (its span's while the executor traces;
+    else the one the delivery carried; ``None`` when there is none): docs/tracing.md."""
 
     __slots__ = (
         "_deadline",
@@ -93,6 +95,7 @@ class HandlerContext:
         "queue_class",
         "source_lane_key",
         "target_mutation_lane_key",
+        "traceparent",
         "work_id",
         "work_type",
     )
@@ -110,6 +113,7 @@ class HandlerContext:
             self.max_attempts,
             self.source_lane_key,
             self.target_mutation_lane_key,
+            self.traceparent,
         ) = row
         self._deadline = deadline
         self.lease_lost = False

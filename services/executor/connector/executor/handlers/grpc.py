@@ -5,13 +5,15 @@ handler never outlives the lease it was called under; it receives the lease toke
 idempotency key and should reject stale tokens at its effect. Status codes that can never succeed
 as sent (INVALID_ARGUMENT, FAILED_PRECONDITION, NOT_FOUND, ALREADY_EXISTS, OUT_OF_RANGE,
 UNIMPLEMENTED) are permanent; every other failure (including DEADLINE_EXCEEDED and UNAVAILABLE) is
-retried with backoff.
+retried with backoff. The attempt's trace context travels as call metadata (``traceparent``,
+docs/tracing.md).
 """
 
 from __future__ import annotations
 
 import grpc
 
+from connector.common import tracing
 from connector.executor.handlers import HandlerContext, Outcome, sanitize_summary
 from connector.v1 import handler_service_pb2, handler_service_pb2_grpc, types_pb2
 
@@ -117,7 +119,10 @@ class GrpcHandler:
         if deadline <= 0.05:
             return Outcome.retry(None, "lease_exhausted", "no lease time left to call the remote handler")
         try:
-            resp = await self._get_stub().Handle(handle_request(ctx), timeout=deadline)
+            metadata = (
+                tuple(tracing.outgoing(ctx.traceparent).items()) if ctx.traceparent is not None else None
+            )
+            resp = await self._get_stub().Handle(handle_request(ctx), timeout=deadline, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             summary = f"gRPC {code.name}: {sanitize_summary(exc.details() or '', ctx.payload)}"

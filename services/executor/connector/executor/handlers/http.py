@@ -3,7 +3,8 @@
 Request body: ``{"work_item": {...}, "event": {...}, "payload_base64": "...", "content_type": ...,
 "lease_token": n, "idempotency_key": "<event_id>:<work_type>", "attempt": n}``; headers
 ``Idempotency-Key`` and ``X-Connector-Lease-Token`` (plus ``X-Connector-Work-Id`` and
-``X-Connector-Attempt``). The timeout is the work type's ``timeout_s`` capped by the lease time left.
+``X-Connector-Attempt``), and the attempt's trace context (``traceparent``, docs/tracing.md) when
+it has one. The timeout is the work type's ``timeout_s`` capped by the lease time left.
 
 Answer mapping: 2xx success; 408 and 429 retry; any other 4xx (409, 422, ...) permanent; 5xx,
 timeouts and connection errors retry. ``Retry-After`` (seconds, or an HTTP date measured against
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from connector.common import tracing
 from connector.executor.handlers import HandlerContext, Outcome, sanitize_summary
 
 RETRY_STATUSES = frozenset({408, 429})
@@ -107,6 +109,8 @@ class HttpHandler:
             "X-Connector-Work-Id": str(ctx.work_id),
             "X-Connector-Attempt": str(ctx.attempt),
         }
+        if ctx.traceparent is not None:
+            headers.update(tracing.outgoing(ctx.traceparent))  # W3C traceparent (OTEL_PROPAGATORS)
         try:
             async with self._get_session().post(
                 self.url,

@@ -2,6 +2,7 @@
 
 The remote side receives the same ``HandlerContext`` shape a local python handler gets (without the
 executor's lease bookkeeping) and answers an ``Outcome``; exceptions are classified the same way.
+``ctx.traceparent`` is the attempt's trace context from the call metadata (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
+from connector.common import tracing
 from connector.executor.handlers import EventFact, HandlerContext, Outcome, classify
 from connector.v1 import handler_service_pb2, handler_service_pb2_grpc
 
@@ -24,7 +26,9 @@ _OUTCOME = {
 }
 
 
-def context_of(request: handler_service_pb2.HandleRequest, remaining_s: float) -> HandlerContext:
+def context_of(
+    request: handler_service_pb2.HandleRequest, remaining_s: float, traceparent: str | None = None
+) -> HandlerContext:
     wi = request.work_item
     row = (
         wi.work_id,
@@ -38,6 +42,7 @@ def context_of(request: handler_service_pb2.HandleRequest, remaining_s: float) -
         wi.max_attempts,
         wi.source_lane_key or None,
         wi.target_mutation_lane_key or None,
+        traceparent,
     )
     ctx = HandlerContext(row, time.monotonic() + remaining_s)
     if request.HasField("event"):
@@ -89,7 +94,8 @@ class WorkHandlerServicer(handler_service_pb2_grpc.WorkHandlerServiceServicer):
         self, request: handler_service_pb2.HandleRequest, context: grpc.aio.ServicerContext
     ) -> handler_service_pb2.HandleResponse:
         remaining = context.time_remaining()
-        ctx = context_of(request, remaining if remaining is not None else 30.0)
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        ctx = context_of(request, remaining if remaining is not None else 30.0, tracing.incoming(metadata))
         try:
             out = self.fn(ctx)
             if inspect.isawaitable(out):

@@ -515,6 +515,7 @@ class LegacyExecutor:
             max_attempts,
             t.source_lane_key,
             t.target_lane_key,
+            None,
         )
         ctx = HandlerContext(row, h.deadline)
         ctx.event, ctx.payload, ctx.content_type = fact, payload, content_type

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from connector.common import tracing
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, classify, sanitize_summary
 from connector.executor.handlers.registry import WorkTypeRuntime
 
 if TYPE_CHECKING:
     from connector.executor.work.engine import Engine
+    from connector.executor.work.inflight import InFlight
 
 monotonic = time.monotonic
 
@@ -26,6 +28,39 @@ def unknown_outcome(rt: WorkTypeRuntime) -> Outcome:
     return Outcome.retry(
         None, "handler_unavailable", sanitize_summary(rt.unavailable or "handler unavailable")
     )
+
+
+def start_attempt_span(f: InFlight) -> tuple[Any, object]:
+    """The attempt's span (parent: the context the WorkItem carries) made current, so a python
+    handler's own spans nest under it; ``f.traceparent`` becomes the span's, which is what HTTP and
+    gRPC handlers receive. Attributes: ids and names, never the payload (docs/tracing.md)."""
+    span = tracing.start_span(
+        tracing.ATTEMPT_SPAN,
+        f.traceparent,
+        {
+            "connector.work_id": f.work_id,
+            "connector.work_type": f.work_type,
+            "connector.attempt": f.attempt,
+            "connector.max_attempts": f.max_attempts,
+            "connector.event_id": f.event_id,
+            "connector.installed_pack_id": f.installed_pack_id,
+            "connector.queue_class": f.queue_class,
+        },
+    )
+    f.traceparent = tracing.traceparent_of(span)
+    return span, tracing.activate(span)
+
+
+def end_attempt_span(span: Any, token: object, out: Outcome | None, override: str | None) -> None:
+    tracing.deactivate(token)
+    kind = override or ("success" if out is None else out.kind)
+    span.set_attribute("connector.outcome", kind)
+    if out is not None and out.kind != "success":
+        span.set_attribute("connector.failure_class", out.failure_class)
+        tracing.set_error(span, out.failure_class)
+    elif override == "lease_lost":
+        tracing.set_error(span, "lease_lost")
+    span.end()
 
 
 class Runner:
@@ -54,6 +89,9 @@ class Runner:
             e.running += 1
             f.started = True
             f.task = me
+            span = token = None
+            if tracing.ENABLED:
+                span, token = start_attempt_span(f)
             try:
                 handler = rt.handler
                 if handler is None:
@@ -69,6 +107,8 @@ class Runner:
                 if reason is None or reason == "shutdown" or me is None:
                     e.running -= 1
                     f.task = None
+                    if span is not None:
+                        end_attempt_span(span, token, None, "shutdown")
                     raise
                 me.uncancel()
                 out = (
@@ -80,6 +120,8 @@ class Runner:
                 out = classify(exc, f.payload)
             e.running -= 1
             f.task = None
+            if span is not None:
+                end_attempt_span(span, token, out, "lease_lost" if f.cancel == "lost" else None)
             finish(f, out)
             if e.draining and not e.running:
                 e.idle_runners.set()
