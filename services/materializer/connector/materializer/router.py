@@ -320,6 +320,11 @@ class Router:
         self, write: _Write, live: list[EventDraft], event_ids: dict[int, int], done: set[int]
     ) -> None:
         spans = self._spans
+        for d in write.drafts:  # fenced off: another claimer holds the receipt now
+            span = spans.get(d.receipt.receipt_id)
+            if span is not None and d.receipt.receipt_id not in done:
+                self._span_outcome.add(d.receipt.receipt_id)
+                span.set_attribute("connector.outcome", "lost")
         for d in live:
             span = spans.get(d.receipt.receipt_id)
             if span is not None:
