@@ -32,20 +32,16 @@ from connector.common.packs import (
     route_effective_config,
     sha256_hex,
 )
+from connector.common.refusal import Refused
 from connector.common.store import authority, events
 from connector.common.store import packs as store_packs
 
 log = logging.getLogger(__name__)
 
 
-class PackStoreError(Exception):
+class PackStoreError(Refused):
     """A refused pack operation. ``reason`` is machine-readable (``not_found``, ``namespace_taken``,
     ``namespace_changed``, ``no_claim_authority``); the message is safe to show."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

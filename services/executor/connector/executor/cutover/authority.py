@@ -5,6 +5,7 @@ its notifications, and the receipt that binds a proof (docs/adr/007-cutover.md).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,10 +15,13 @@ from psycopg import AsyncConnection
 
 from connector.common import migrate
 from connector.common.packs import sha256_hex
+from connector.common.refusal import Refused
 from connector.common.store import authority as store
 from connector.common.store import work_items
 
 Conn = AsyncConnection[Any]
+
+log = logging.getLogger("connector.executor.cutover")
 
 #: Longest a transition waits for claim transactions in flight before answering "retry".
 LOCK_TIMEOUT = "15s"
@@ -27,14 +31,9 @@ TRANSITION_STATEMENT_TIMEOUT = "600s"
 SAMPLE = 10
 
 
-class CutoverError(Exception):
+class CutoverError(Refused):
     """A transition that does not apply. ``reason``: ``not_found`` (pack, generation or authority),
     ``wrong_phase`` (the generation is not in a phase this transition starts from)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +160,103 @@ def wrong_phase(locked: Locked, generation: int, action: str, expected: str) -> 
         f"{action}: pack {locked.pack_name!r} generation {generation} is {a['claim_path']}/{a['phase']};"
         f" {action} starts from {expected}",
     )
+
+
+async def lock_from(
+    conn: Conn,
+    pack: int,
+    generation: int,
+    action: str,
+    *,
+    start: tuple[str, ...],
+    expected: str,
+    done: str | None,
+    refused_as: str | None = None,
+    long: bool = False,
+) -> Locked | Transition:
+    """``lock``, then the check every transition starts with: a generation already in phase ``done``
+    is an idempotent repeat (its ``unchanged`` Transition is returned), one not in a ``start`` phase
+    is refused ``wrong_phase`` (named ``refused_as``, default ``action``; ``expected`` says where the
+    transition starts from)."""
+    locked = await lock(conn, pack, generation, long=long)
+    phase = locked.authority["phase"]
+    if done is not None and phase == done:
+        return unchanged(pack, generation, action, locked.authority)
+    if phase not in start:
+        raise wrong_phase(locked, generation, refused_as or action, expected)
+    return locked
+
+
+def blocked(locked: Locked, action: str, blockers: list[Blocker], dry_run: bool, **kw: Any) -> Transition:
+    """A gate whose proof found ``blockers``: a dry run's answer (where the generation stays, what
+    blocks), else ``CutoverBlocked`` (nothing changed)."""
+    if not dry_run:
+        raise CutoverBlocked(action, blockers)
+    a = locked.authority
+    return Transition(
+        locked.pack, locked.generation, action, str(a["claim_path"]), str(a["phase"]), int(a["version"]),
+        False, blockers=blockers, dry_run=True, **kw,
+    )  # fmt: skip
+
+
+def previous(authority: dict[str, Any]) -> dict[str, Any]:
+    """The ``previous`` section of a receipt's proof: where the generation came from."""
+    return {
+        "claim_path": authority["claim_path"],
+        "phase": authority["phase"],
+        "authority_version": authority["version"],
+        "admitting_receipt_id": authority["cutover_receipt_id"],
+    }
+
+
+#: ``move``'s default fence: the authority keeps the one it has.
+KEEP: Any = object()
+
+
+async def move(
+    conn: Conn,
+    locked: Locked,
+    action: str,
+    *,
+    claim_path: str,
+    phase: str,
+    actor: str,
+    receipt: tuple[str, dict[str, Any]] | None = None,
+    fence_id: int | None = KEEP,
+    fenced_work_items: int = 0,
+    dry_run: bool = False,
+) -> Transition:
+    """The last step of every transition, inside its locked transaction: with ``receipt`` (kind,
+    proof), write the receipt binding the proof; then move the authority (under that receipt, or the
+    one admitting now) and answer the Transition (a dry run: where it would be, rolled back, and no
+    receipt or fence id). ``announce`` logs it after the commit."""
+    a = locked.authority
+    if receipt is None:
+        receipt_id, kind, proof, digest = a["cutover_receipt_id"], a["receipt_kind"], None, None
+    else:
+        kind, proof = receipt
+        receipt_id, digest = await write_receipt(
+            conn, locked, kind=kind, claim_path=claim_path, proof=proof, actor=actor
+        )
+    fence = a["rollback_fence_id"] if fence_id is KEEP else fence_id
+    row = await set_authority(
+        conn, locked, claim_path=claim_path, phase=phase, receipt_id=receipt_id, fence_id=fence
+    )
+    return Transition(
+        locked.pack, locked.generation, action, row["claim_path"], row["phase"], row["version"], not dry_run,
+        receipt_id=None if dry_run else receipt_id, receipt_kind=kind, fence_id=None if dry_run else fence,
+        fenced_work_items=fenced_work_items, proof=proof, proof_sha256=digest, dry_run=dry_run,
+    )  # fmt: skip
+
+
+def announce(t: Transition, message: str, actor: str, **extra: Any) -> Transition:
+    """One WARNING line for a committed transition (none for a dry run or an idempotent repeat)."""
+    if t.changed:
+        fields = {"installed_pack_id": t.installed_pack_id, "generation": t.generation, "actor": actor}
+        if t.proof is not None:
+            fields["receipt_id"] = t.receipt_id
+        log.warning(message, extra={**fields, **extra})
+    return t
 
 
 async def set_authority(

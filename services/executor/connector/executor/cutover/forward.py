@@ -5,7 +5,6 @@ See docs/cutover.md and docs/adr/007-cutover.md.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from connector.common.store import authority as store
@@ -15,19 +14,15 @@ from connector.executor.cutover import proofs
 from connector.executor.cutover.authority import (
     Blocker,
     Conn,
-    CutoverBlocked,
     Transition,
+    announce,
+    blocked,
     db_now,
-    lock,
+    lock_from,
+    move,
+    previous,
     schema_proof,
-    set_authority,
-    unchanged,
-    write_receipt,
-    wrong_phase,
 )
-
-log = logging.getLogger(__name__)
-
 
 # --------------------------------------------------------------------------------------------------
 # Gate 1: quiesce the legacy Event path
@@ -37,35 +32,21 @@ log = logging.getLogger(__name__)
 async def legacy_quiesce(conn: Conn, installed_pack_id: int, generation: int, *, actor: str) -> Transition:
     """Stop legacy Event claim admission for the generation and revoke its scheduler lease."""
     async with conn.transaction():
-        locked = await lock(conn, installed_pack_id, generation)
-        a = locked.authority
-        if a["phase"] == "quiescing":
-            return unchanged(installed_pack_id, generation, "quiesce", a)
-        if a["phase"] != "legacy_active":
-            raise wrong_phase(locked, generation, "quiesce", "legacy_event/legacy_active")
+        locked = await lock_from(
+            conn, installed_pack_id, generation, "quiesce",
+            start=("legacy_active",), expected="legacy_event/legacy_active", done="quiescing",
+        )  # fmt: skip
+        if isinstance(locked, Transition):
+            return locked
         lease = await store.scheduler_lease_revoke(conn, locked.params)
-        row = await set_authority(
-            conn,
-            locked,
-            claim_path="none",
-            phase="quiescing",
-            receipt_id=a["cutover_receipt_id"],
-            fence_id=a["rollback_fence_id"],
-        )
-    log.warning(
+        t = await move(conn, locked, "quiesce", claim_path="none", phase="quiescing", actor=actor)
+    return announce(
+        t,
         "legacy Event claim admission stopped (quiescing)",
-        extra={
-            "installed_pack_id": installed_pack_id,
-            "generation": generation,
-            "actor": actor,
-            "scheduler_lease_revoked": bool(lease and lease[1]),
-            "lock_wait_ms": locked.lock_wait_ms,
-        },
+        actor,
+        scheduler_lease_revoked=bool(lease and lease[1]),
+        lock_wait_ms=locked.lock_wait_ms,
     )
-    return Transition(
-        installed_pack_id, generation, "quiesce", row["claim_path"], row["phase"], row["version"], True,
-        receipt_id=a["cutover_receipt_id"], receipt_kind=a["receipt_kind"], fence_id=a["rollback_fence_id"],
-    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,12 +67,14 @@ async def cutover_complete(
     ownership and write the ``cutover`` receipt admitting WorkItem claims — or, when anything is
     missing, change nothing and raise ``CutoverBlocked`` (with ``dry_run``: return the blockers)."""
     async with conn.transaction(force_rollback=dry_run):
-        locked = await lock(conn, installed_pack_id, generation, long=True)
+        locked = await lock_from(
+            conn, installed_pack_id, generation, "cutover", start=("quiescing",),
+            expected="none/quiescing (run quiesce first)", done=None if dry_run else "work_item_active",
+            long=True,
+        )  # fmt: skip
+        if isinstance(locked, Transition):
+            return locked
         a = locked.authority
-        if a["phase"] == "work_item_active" and not dry_run:
-            return unchanged(installed_pack_id, generation, "cutover", a)
-        if a["phase"] != "quiescing":
-            raise wrong_phase(locked, generation, "cutover", "none/quiescing (run quiesce first)")
         p = locked.params
         blockers: list[Blocker] = []
         drained = await proofs.legacy_drain_proof(conn, locked, process_stale_s, blockers)
@@ -99,12 +82,7 @@ async def cutover_complete(
         reconciled_proof = await proofs.reconciliation_proof(conn, locked, blockers)
         fill, cov = await proofs.materialization_proof(conn, locked, blockers)
         if blockers:
-            if dry_run:
-                return Transition(
-                    installed_pack_id, generation, "cutover", str(a["claim_path"]), str(a["phase"]),
-                    int(a["version"]), False, blockers=blockers, dry_run=True,
-                )  # fmt: skip
-            raise CutoverBlocked("cutover", blockers)
+            return blocked(locked, "cutover", blockers, dry_run)
 
         switched = await legacy_store.event_owner_switch_to_work_item(conn, p)
         reconciled = await work_items.work_item_reconciled_count(conn, p)
@@ -118,12 +96,7 @@ async def cutover_complete(
             "generation": generation,
             "claim_path": "work_item",
             "checked_at": await db_now(conn),
-            "previous": {
-                "claim_path": a["claim_path"],
-                "phase": a["phase"],
-                "authority_version": a["version"],
-                "admitting_receipt_id": a["cutover_receipt_id"],
-            },
+            "previous": previous(a),
             "zero_old_claimers": {
                 "claim_transactions": "authority row locked FOR UPDATE after every legacy claim/lease/"
                 "reclaim transaction (each holds it FOR SHARE) released it; legacy admission requires"
@@ -162,31 +135,8 @@ async def cutover_complete(
             },
             "rollback_fences": {"resolved": fences_resolved, "open": 0, "awaiting_legacy_outcome": 0},
         }
-        receipt_id, digest = await write_receipt(
-            conn, locked, kind="cutover", claim_path="work_item", proof=proof, actor=actor
-        )
-        row = await set_authority(
-            conn,
-            locked,
-            claim_path="work_item",
-            phase="work_item_active",
-            receipt_id=receipt_id,
-            fence_id=None,
-        )
-    if not dry_run:
-        log.warning(
-            "cutover receipt written: WorkItem claims admitted",
-            extra={
-                "installed_pack_id": installed_pack_id,
-                "generation": generation,
-                "receipt_id": receipt_id,
-                "actor": actor,
-            },
-        )
-    return Transition(
-        installed_pack_id, generation, "cutover",
-        row["claim_path"], row["phase"], row["version"],  # a dry run: where it would be (rolled back)
-        not dry_run,
-        receipt_id=None if dry_run else receipt_id, receipt_kind="cutover", proof=proof,
-        proof_sha256=digest, dry_run=dry_run,
-    )  # fmt: skip
+        t = await move(
+            conn, locked, "cutover", claim_path="work_item", phase="work_item_active", actor=actor,
+            receipt=("cutover", proof), fence_id=None, dry_run=dry_run,
+        )  # fmt: skip
+    return announce(t, "cutover receipt written: WorkItem claims admitted", actor)

@@ -6,7 +6,6 @@ and docs/adr/007-cutover.md.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from connector.common.packs import sha256_hex
@@ -20,18 +19,17 @@ from connector.executor.cutover.authority import (
     CutoverError,
     Locked,
     Transition,
+    announce,
+    blocked,
     db_now,
     lock,
+    lock_from,
+    move,
+    previous,
     schema_proof,
-    set_authority,
-    unchanged,
-    write_receipt,
     wrong_phase,
 )
 from connector.executor.legacy.outcomes import ProjectionReport, legacy_outcome_project
-
-log = logging.getLogger(__name__)
-
 
 # --------------------------------------------------------------------------------------------------
 # Gate 4: rollback (admission, then fence + owner receipt)
@@ -41,28 +39,16 @@ log = logging.getLogger(__name__)
 async def rollback_begin(conn: Conn, installed_pack_id: int, generation: int, *, actor: str) -> Transition:
     """Disable WorkItem claim and reclaim admission for the generation."""
     async with conn.transaction():
-        locked = await lock(conn, installed_pack_id, generation)
-        a = locked.authority
-        if a["phase"] == "rollback_fenced":
-            return unchanged(installed_pack_id, generation, "rollback_begin", a)
-        if a["phase"] != "work_item_active":
-            raise wrong_phase(locked, generation, "rollback", "work_item/work_item_active")
-        row = await set_authority(
-            conn,
-            locked,
-            claim_path="none",
-            phase="rollback_fenced",
-            receipt_id=a["cutover_receipt_id"],
-            fence_id=a["rollback_fence_id"],
+        locked = await lock_from(
+            conn, installed_pack_id, generation, "rollback_begin", start=("work_item_active",),
+            expected="work_item/work_item_active", done="rollback_fenced", refused_as="rollback",
+        )  # fmt: skip
+        if isinstance(locked, Transition):
+            return locked
+        t = await move(
+            conn, locked, "rollback_begin", claim_path="none", phase="rollback_fenced", actor=actor
         )
-    log.warning(
-        "WorkItem claim admission disabled (rollback_fenced)",
-        extra={"installed_pack_id": installed_pack_id, "generation": generation, "actor": actor},
-    )
-    return Transition(
-        installed_pack_id, generation, "rollback_begin", row["claim_path"], row["phase"], row["version"],
-        True, receipt_id=a["cutover_receipt_id"], receipt_kind=a["receipt_kind"],
-    )  # fmt: skip
+    return announce(t, "WorkItem claim admission disabled (rollback_fenced)", actor)
 
 
 async def rollback_complete(
@@ -77,16 +63,16 @@ async def rollback_complete(
     """Prove zero WorkItem claimers and started attempts, fence every remaining unstarted WorkItem
     and write the ``rollback`` receipt admitting the legacy Event path (or raise ``CutoverBlocked``)."""
     async with conn.transaction(force_rollback=dry_run):
-        locked = await lock(conn, installed_pack_id, generation, long=True)
-        a = locked.authority
-        if a["phase"] == "legacy_active" and not dry_run:
-            return unchanged(installed_pack_id, generation, "rollback", a)
         # A dry run may also preview from work_item_active (items in flight then count as blockers;
         # normally they finish once admission is disabled).
-        if a["phase"] != "rollback_fenced" and not (dry_run and a["phase"] == "work_item_active"):
-            raise wrong_phase(
-                locked, generation, "rollback", "none/rollback_fenced (run rollback begin first)"
-            )
+        locked = await lock_from(
+            conn, installed_pack_id, generation, "rollback",
+            start=("rollback_fenced", "work_item_active") if dry_run else ("rollback_fenced",),
+            expected="none/rollback_fenced (run rollback begin first)",
+            done=None if dry_run else "legacy_active", long=True,
+        )  # fmt: skip
+        if isinstance(locked, Transition):
+            return locked
         return await to_legacy(conn, locked, "rollback", actor, process_stale_s, dry_run)
 
 
@@ -110,22 +96,12 @@ async def transition_abort(
                     "wrong_phase",
                     "the generation has no cutover receipt to return to; complete the rollback instead",
                 )
-            row = await set_authority(
-                conn,
-                locked,
-                claim_path="work_item",
-                phase="work_item_active",
-                receipt_id=a["cutover_receipt_id"],
-                fence_id=a["rollback_fence_id"],
+            t = await move(
+                conn, locked, "abort", claim_path="work_item", phase="work_item_active", actor=actor
             )
-            log.warning(
-                "rollback aborted: WorkItem claims admitted again under the existing receipt",
-                extra={"installed_pack_id": installed_pack_id, "generation": generation, "actor": actor},
+            return announce(
+                t, "rollback aborted: WorkItem claims admitted again under the existing receipt", actor
             )
-            return Transition(
-                installed_pack_id, generation, "abort", row["claim_path"], row["phase"], row["version"], True,
-                receipt_id=a["cutover_receipt_id"], receipt_kind=a["receipt_kind"],
-            )  # fmt: skip
         raise wrong_phase(locked, generation, "abort", "quiescing or rollback_fenced")
 
 
@@ -144,12 +120,7 @@ async def to_legacy(
     fenceable, held_by_dead_head = idle.fenceable, idle.held_by_dead_head
     work_item_procs = idle.work_item_processes
     if blockers:
-        if dry_run:
-            return Transition(
-                pack, generation, action, str(a["claim_path"]), str(a["phase"]), int(a["version"]), False,
-                blockers=blockers, dry_run=True, fenced_work_items=fenceable,
-            )  # fmt: skip
-        raise CutoverBlocked(action, blockers)
+        return blocked(locked, action, blockers, dry_run, fenced_work_items=fenceable)
 
     fence_id: int | None = None
     fenced, fenced_events, fenced_sha, first_id, last_id = 0, 0, sha256_hex(""), None, None
@@ -169,12 +140,7 @@ async def to_legacy(
         "claim_path": "legacy_event",
         "from_phase": a["phase"],
         "checked_at": await db_now(conn),
-        "previous": {
-            "claim_path": a["claim_path"],
-            "phase": a["phase"],
-            "authority_version": a["version"],
-            "admitting_receipt_id": a["cutover_receipt_id"],
-        },
+        "previous": previous(a),
         "zero_work_item_claimers": {
             "claim_transactions": "authority row locked FOR UPDATE after every WorkItem claim/reclaim"
             " transaction (each holds it FOR SHARE) released it; both statements require phase"
@@ -203,37 +169,17 @@ async def to_legacy(
             "held_by_dead_lane_head_kept_on_work_item_path": held_by_dead_head,
         },
     }
-    receipt_id, digest = await write_receipt(
-        conn, locked, kind="rollback", claim_path="legacy_event", proof=proof, actor=actor
-    )
-    row = await set_authority(
-        conn,
-        locked,
-        claim_path="legacy_event",
-        phase="legacy_active",
-        receipt_id=receipt_id,
-        fence_id=fence_id,
-    )
-    if not dry_run:
-        log.warning(
-            "rollback receipt written: legacy Event path admitted",
-            extra={
-                "installed_pack_id": pack,
-                "generation": generation,
-                "receipt_id": receipt_id,
-                "fence_id": fence_id,
-                "fenced_work_items": fenced,
-                "actor": actor,
-            },
-        )
-    return Transition(
-        pack, generation, action,
-        row["claim_path"], row["phase"], row["version"],  # a dry run: where it would be (rolled back)
-        not dry_run,
-        receipt_id=None if dry_run else receipt_id, receipt_kind="rollback",
-        fence_id=None if dry_run else fence_id, fenced_work_items=fenced,
-        proof=proof, proof_sha256=digest, dry_run=dry_run,
+    t = await move(
+        conn, locked, action, claim_path="legacy_event", phase="legacy_active", actor=actor,
+        receipt=("rollback", proof), fence_id=fence_id, fenced_work_items=fenced, dry_run=dry_run,
     )  # fmt: skip
+    return announce(
+        t,
+        "rollback receipt written: legacy Event path admitted",
+        actor,
+        fence_id=fence_id,
+        fenced_work_items=fenced,
+    )
 
 
 async def legacy_reconcile(

@@ -24,6 +24,7 @@ from prometheus_client import Counter
 from psycopg import AsyncConnection
 
 from connector.common.packs import sha256_hex
+from connector.common.refusal import Refused
 from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
 from connector.common.store.lanes import lane_lock_batch, lane_settle_batch, lanes_of
@@ -204,14 +205,9 @@ async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-class LegacyOutcomeError(Exception):
+class LegacyOutcomeError(Refused):
     """A refused resolution. ``reason``: ``not_found``, ``not_legacy_owned``, ``in_flight``,
     ``not_unknown``, ``invalid``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
