@@ -410,3 +410,31 @@ def test_setup_follows_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(tracing.TracingError, match="no_such_exporter"):
         tracing.setup("test")
     assert not tracing.ENABLED
+
+
+def test_stored_context_round_trip_and_what_handlers_get() -> None:
+    """``parent_context`` reads back exactly what ``traceparent_of`` writes and nothing else;
+    ``outgoing`` writes it as the W3C header with the default propagators; ``incoming`` reads it
+    back and ignores malformed values. Control: a changed character makes each of them refuse."""
+    from opentelemetry import trace
+
+    tracing._bind()
+    tp = f"00-{PROVIDER_TRACE}-{PROVIDER_SPAN}-01"
+    span = trace.get_current_span(tracing.parent_context(tp))
+    assert tracing.traceparent_of(span) == tp
+    for bad in (
+        tp[:-1],  # 54 characters
+        "01" + tp[2:],  # another version
+        tp.replace("-", "_", 1),
+        f"00-{'0' * 32}-{PROVIDER_SPAN}-01",  # all-zero trace id
+        f"00-{PROVIDER_TRACE}-{'0' * 16}-01",  # all-zero span id
+        f"00-{PROVIDER_TRACE}-{PROVIDER_SPAN[:-1]}g-01",
+    ):
+        assert tracing.parent_context(bad) is None, bad
+        if not bad.startswith("01-"):  # W3C: a later version is read as 00 (incoming: a sender's)
+            assert tracing.incoming({"traceparent": bad}) is None, bad
+    assert tracing.incoming({"traceparent": "01" + tp[2:]}) == tp
+    assert tracing.outgoing(tp) == {"traceparent": tp}
+    assert tracing.outgoing(tp[:-1]) == {}
+    assert tracing.incoming({"traceparent": tp}) == tp
+    assert tracing.incoming({}) is None
