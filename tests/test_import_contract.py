@@ -156,6 +156,12 @@ WRITERS: dict[str, frozenset[str]] = {
     # the materializer)
     "work_item_replay_batch": frozenset({ADMIN}),
     "receipt_replay": frozenset({ADMIN}),
+    # admin: operator actions (admin/actions.py): cancel one WorkItem, pause / resume a pack or
+    # queue class (the pause rows and their projection onto the claim authority rows)
+    "work_item_cancel": frozenset({ADMIN}),
+    "pause_insert": frozenset({ADMIN}),
+    "pause_delete": frozenset({ADMIN}),
+    "pause_project": frozenset({ADMIN}),
 }
 
 # Store functions that are not writers although they mention a write (none yet); kept explicit.

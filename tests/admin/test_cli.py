@@ -69,7 +69,7 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
 
     code, _, err = await cli("dlq", "replay", str(a))
     assert code == 1
-    assert err.startswith("error: FAILED_PRECONDITION NOT_DEAD: only dead work items can be replayed")
+    assert err.startswith("error: FAILED_PRECONDITION NOT_DEAD: only dead or cancelled work items can be replayed")
     assert f"(work item {a})" in err
 
 

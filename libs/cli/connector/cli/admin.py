@@ -9,6 +9,7 @@
     connector admin cutover status            claim path, phase, receipts, fences per generation
     connector admin cutover quiesce|cutover|rollback|abort|reconcile|resolve   gates (docs/cutover.md)
     connector admin processes                 registered service processes, heartbeat age, stale
+    connector admin cancel|pause|resume       discard a work item; pause/resume a pack or queue class
 
 Target ``CONNECTOR_ADMIN_ADDRESS`` (default 127.0.0.1:50053) or ``--address``; bearer token from
 ``CONNECTOR_ADMIN_TOKEN`` or ``--token-file``; TLS with ``--tls-ca-file`` (+ ``--tls-cert-file`` /
@@ -33,7 +34,7 @@ import grpc
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from connector.cli import admin_cutover
+from connector.cli import admin_actions, admin_cutover
 from connector.cli.admin_client import (
     Client,
     CliError,
@@ -354,7 +355,7 @@ def stats(client: Client, args: argparse.Namespace) -> int:
             ["pack", *QUEUE_STATES, "due", "oldest_ready", "retry/s", "dead/s"],
             [
                 (
-                    f"{q.pack_name} ({q.installed_pack_id})",
+                    f"{q.pack_name} ({q.installed_pack_id})" + (" PAUSED" if q.paused else ""),
                     *(q.depth_by_state.get(s, 0) for s in QUEUE_STATES),
                     q.due,
                     age(q.oldest_ready_age, q.HasField("oldest_ready_age")),
@@ -370,7 +371,7 @@ def stats(client: Client, args: argparse.Namespace) -> int:
             [
                 (
                     f"{q.pack_name} ({q.installed_pack_id})",
-                    q.queue_class,
+                    q.queue_class + (" PAUSED" if q.paused else ""),
                     q.depth_by_state.get("ready", 0),
                     q.due,
                     q.in_flight,
@@ -386,6 +387,12 @@ def stats(client: Client, args: argparse.Namespace) -> int:
             f"{response.receipts_routing} routing, {response.receipts_failed} failed"
         )
         print(f"active claimants: {response.active_claimants}")
+        for p in response.pauses:
+            scope = "whole pack" if p.queue_class == "*" else f"queue class {p.queue_class}"
+            print(
+                f"paused: {p.pack_name} ({p.installed_pack_id}) {scope} by {p.actor} since "
+                f"{when(p.pause_time, p.HasField('pause_time'))}: {p.reason}"
+            )
 
     _emit(args, response, render)
     return 0
@@ -685,6 +692,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(admin_run=processes_list)
     p.add_argument("--service", help="only this service (e.g. executor, ingress, materializer)")
 
+    admin_actions.add_commands(groups, common)
+
 
 def cli(args: argparse.Namespace) -> int:
     run = getattr(args, "admin_run", None)
@@ -694,7 +703,9 @@ def cli(args: argparse.Namespace) -> int:
             helper()
         else:
             print(
-                "usage: connector admin {dlq,receipts,stats,lanes,packs,cutover,processes} ... (see --help)",
+                "usage: connector admin"
+                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume}"
+                " ... (see --help)",
                 file=sys.stderr,
             )
         return 2

@@ -74,9 +74,12 @@ WORK_STATES = (
     "dead",
     "awaiting_legacy_outcome",  # rollback-fenced, non-executable on the WorkItem path
     "reconciled_legacy_terminal",  # immutable, never reopened
+    "cancelled",  # discarded by an operator (CancelWorkItem) before it ran again; replayable
 )
 WORK_READY = ("pending", "retry")
-WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal")
+WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled")
+# What CancelWorkItem may discard: not claimed (no lease), not rollback-fenced, not already final.
+WORK_CANCELLABLE = ("pending", "blocked", "retry", "dead")
 # Members that hold their lane (a later member of the same lane waits while one of these exists).
 WORK_LANE_HOLDING = ("pending", "blocked", "processing", "retry", "awaiting_legacy_outcome")
 LANE_HOLDING_PREDICATE = f"({_in('state', WORK_LANE_HOLDING)} OR (state = 'dead' AND dead_blocks_lane))"
@@ -452,6 +455,10 @@ claim_authority = Table(
     Column("rollback_fence_id", BigInteger, nullable=True),
     Column("version", Integer, nullable=False, server_default=text("1")),
     _ts("updated_at", nullable=False, default_now=True),
+    # The pack's paused queue classes ('*': the whole pack), a projection of ``connector_pause``
+    # kept on the row the claim statement already locks FOR SHARE: a pause updates it, so it waits
+    # for the claims in flight, and every claim that commits after the pause sees it (docs/admin.md).
+    Column("paused_queue_classes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     PrimaryKeyConstraint("installed_pack_id", "generation"),
     CheckConstraint(_in("claim_path", CLAIM_PATHS), name="claim_path"),
     CheckConstraint(_in("phase", AUTHORITY_PHASES), name="phase"),
@@ -562,6 +569,28 @@ process = Table(
     _ts("heartbeat_at", nullable=False, default_now=True),
     CheckConstraint(_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
 )
+
+# Paused packs and queue classes (PausePack / ResumePack): the durable record with its audit. The
+# claim statement reads its projection ``connector_claim_authority.paused_queue_classes``.
+PAUSE_WHOLE_PACK = "*"
+pause = Table(
+    "connector_pause",
+    metadata,
+    Column(
+        "installed_pack_id",
+        BigInteger,
+        ForeignKey("connector_installed_pack.installed_pack_id"),
+        nullable=False,
+    ),
+    # A queue class of the pack, or '*' for the whole pack.
+    Column("queue_class", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("request_id", Text, nullable=True),
+    _ts("paused_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "queue_class"),
+)
+
 
 # AIP-155 request_id de-duplication for retryable admin mutations.
 admin_request = Table(

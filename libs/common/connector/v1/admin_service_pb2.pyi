@@ -186,7 +186,7 @@ class GetQueueStatsRequest(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ...) -> None: ...
 
 class QueueStats(_message.Message):
-    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate", "due")
+    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate", "due", "paused")
     class DepthByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class QueueStats(_message.Message):
     RETRY_RATE_FIELD_NUMBER: _ClassVar[int]
     DEAD_RATE_FIELD_NUMBER: _ClassVar[int]
     DUE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     pack_name: str
     queue_class: str
@@ -212,23 +213,26 @@ class QueueStats(_message.Message):
     retry_rate: float
     dead_rate: float
     due: int
-    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ...) -> None: ...
+    paused: bool
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed")
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_ROUTING_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    PAUSES_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     receipts_unrouted: int
     oldest_unrouted_age: _duration_pb2.Duration
     active_claimants: int
     receipts_routing: int
     receipts_failed: int
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ...) -> None: ...
+    pauses: _containers.RepeatedCompositeFieldContainer[Pause]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ...) -> None: ...
 
 class BlockedLane(_message.Message):
     __slots__ = ("installed_pack_id", "kind", "lane_key", "head", "waiting")
@@ -689,3 +693,89 @@ class ListProcessesResponse(_message.Message):
     next_page_token: str
     stale_after: _duration_pb2.Duration
     def __init__(self, processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., stale_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CancelWorkItemRequest(_message.Message):
+    __slots__ = ("work_id", "reason", "dry_run", "request_id")
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    work_id: int
+    reason: str
+    dry_run: bool
+    request_id: str
+    def __init__(self, work_id: _Optional[int] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CancelWorkItemResponse(_message.Message):
+    __slots__ = ("work_item", "dry_run", "lane_members_promoted")
+    WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    LANE_MEMBERS_PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    work_item: _types_pb2.WorkItem
+    dry_run: bool
+    lane_members_promoted: int
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., dry_run: _Optional[bool] = ..., lane_members_promoted: _Optional[int] = ...) -> None: ...
+
+class Pause(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "queue_class", "actor", "reason", "request_id", "pause_time")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_TIME_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    queue_class: str
+    actor: str
+    reason: str
+    request_id: str
+    pause_time: _timestamp_pb2.Timestamp
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., actor: _Optional[str] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., pause_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PausePackRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "queue_class", "reason", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    queue_class: str
+    reason: str
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., queue_class: _Optional[str] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PausePackResponse(_message.Message):
+    __slots__ = ("pause", "changed", "dry_run")
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    pause: Pause
+    changed: bool
+    dry_run: bool
+    def __init__(self, pause: _Optional[_Union[Pause, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class ResumePackRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "queue_class", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    queue_class: str
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., queue_class: _Optional[str] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResumePackResponse(_message.Message):
+    __slots__ = ("pause", "changed", "dry_run")
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    pause: Pause
+    changed: bool
+    dry_run: bool
+    def __init__(self, pause: _Optional[_Union[Pause, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...

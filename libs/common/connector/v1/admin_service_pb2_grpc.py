@@ -29,7 +29,8 @@ class AdminServiceStub:
     """Operator and internal-service management API, served by the executor process.
 
     Every call needs `authorization: Bearer <token>` metadata. Roles: ViewConnectorEvents (reads),
-    ReplayConnectorEvents (replays), ConnectorOperator (packs, generations, cutover).
+    ReplayConnectorEvents (replays, cancels), ConnectorOperator (packs, generations, pause/resume,
+    cutover).
     Errors carry google.rpc.ErrorInfo with domain "connector.v1" and a machine-readable reason.
     """
 
@@ -144,13 +145,29 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.FromString,
                 _registered_method=True)
+        self.CancelWorkItem = channel.unary_unary(
+                '/connector.v1.AdminService/CancelWorkItem',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.FromString,
+                _registered_method=True)
+        self.PausePack = channel.unary_unary(
+                '/connector.v1.AdminService/PausePack',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.PausePackRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.PausePackResponse.FromString,
+                _registered_method=True)
+        self.ResumePack = channel.unary_unary(
+                '/connector.v1.AdminService/ResumePack',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
     """Operator and internal-service management API, served by the executor process.
 
     Every call needs `authorization: Bearer <token>` metadata. Roles: ViewConnectorEvents (reads),
-    ReplayConnectorEvents (replays), ConnectorOperator (packs, generations, cutover).
+    ReplayConnectorEvents (replays, cancels), ConnectorOperator (packs, generations, pause/resume,
+    cutover).
     Errors carry google.rpc.ErrorInfo with domain "connector.v1" and a machine-readable reason.
     """
 
@@ -314,6 +331,31 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelWorkItem(self, request, context):
+        """Discard one pending, blocked, retrying or dead WorkItem: it becomes cancelled (terminal) and its
+        lanes move on. A claimed (processing) item is refused (FAILED_PRECONDITION WORK_ITEM_IN_FLIGHT);
+        the transition is fenced by the lease token, so it never races a claim (role
+        ReplayConnectorEvents).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PausePack(self, request, context):
+        """Stop claiming a pack's work, or one queue class of it; durable until ResumePack. Items already
+        claimed finish; no claim commits after the pause has committed (role ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumePack(self, request, context):
+        """End a pause made by PausePack (role ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -422,6 +464,21 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.SerializeToString,
             ),
+            'CancelWorkItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWorkItem,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.SerializeToString,
+            ),
+            'PausePack': grpc.unary_unary_rpc_method_handler(
+                    servicer.PausePack,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.PausePackRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.PausePackResponse.SerializeToString,
+            ),
+            'ResumePack': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumePack,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'connector.v1.AdminService', rpc_method_handlers)
@@ -434,7 +491,8 @@ class AdminService:
     """Operator and internal-service management API, served by the executor process.
 
     Every call needs `authorization: Bearer <token>` metadata. Roles: ViewConnectorEvents (reads),
-    ReplayConnectorEvents (replays), ConnectorOperator (packs, generations, cutover).
+    ReplayConnectorEvents (replays, cancels), ConnectorOperator (packs, generations, pause/resume,
+    cutover).
     Errors carry google.rpc.ErrorInfo with domain "connector.v1" and a machine-readable reason.
     """
 
@@ -995,6 +1053,87 @@ class AdminService:
             '/connector.v1.AdminService/ListProcesses',
             connector_dot_v1_dot_admin__service__pb2.ListProcessesRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWorkItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/CancelWorkItem',
+            connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PausePack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/PausePack',
+            connector_dot_v1_dot_admin__service__pb2.PausePackRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.PausePackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumePack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ResumePack',
+            connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.FromString,
             options,
             channel_credentials,
             insecure,

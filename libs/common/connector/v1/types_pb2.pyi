@@ -22,6 +22,7 @@ class WorkItemState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORK_ITEM_STATE_DEAD: _ClassVar[WorkItemState]
     WORK_ITEM_STATE_AWAITING_LEGACY_OUTCOME: _ClassVar[WorkItemState]
     WORK_ITEM_STATE_RECONCILED_LEGACY_TERMINAL: _ClassVar[WorkItemState]
+    WORK_ITEM_STATE_CANCELLED: _ClassVar[WorkItemState]
 
 class ReceiptStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +56,7 @@ WORK_ITEM_STATE_SUCCEEDED: WorkItemState
 WORK_ITEM_STATE_DEAD: WorkItemState
 WORK_ITEM_STATE_AWAITING_LEGACY_OUTCOME: WorkItemState
 WORK_ITEM_STATE_RECONCILED_LEGACY_TERMINAL: WorkItemState
+WORK_ITEM_STATE_CANCELLED: WorkItemState
 RECEIPT_STATUS_UNSPECIFIED: ReceiptStatus
 RECEIPT_STATUS_PENDING: ReceiptStatus
 RECEIPT_STATUS_ROUTING: ReceiptStatus

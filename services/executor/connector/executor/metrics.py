@@ -132,6 +132,19 @@ BLOCKED_LANES = Gauge(
     ["pack", "reason"],
     registry=REGISTRY,
 )
+PAUSED = Gauge(
+    "connector_executor_paused",
+    '1 per paused pack (queue_class="*") or paused queue class of a pack (PausePack); '
+    "claims skip that work until ResumePack",
+    ["pack", "queue_class"],
+    registry=REGISTRY,
+)
+PAUSED_SECONDS = Gauge(
+    "connector_executor_paused_seconds",
+    "How long each pause (see connector_executor_paused) has been in force",
+    ["pack", "queue_class"],
+    registry=REGISTRY,
+)
 #: Services whose processes register (connector_process); anything else is counted as ``other``.
 PROCESS_SERVICES = ("ingress", "materializer", "executor")
 STALE_PROCESSES = Gauge(

@@ -333,13 +333,17 @@ async def scheduler_lease_get(conn: Conn, params: dict[str, Any]) -> dict[str, A
 # --------------------------------------------------------------------------------------------------
 
 CLAIM_AUTHORITY_INSERT = """
-INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase, cutover_receipt_id)
-VALUES (%(id)s, %(generation)s, 'work_item', 'work_item_active', %(receipt_id)s)
+INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase, cutover_receipt_id,
+                                       paused_queue_classes)
+VALUES (%(id)s, %(generation)s, 'work_item', 'work_item_active', %(receipt_id)s,
+        coalesce((SELECT array_agg(p.queue_class ORDER BY p.queue_class) FROM connector_pause p
+                  WHERE p.installed_pack_id = %(id)s), '{}'))
 """
 
 
 async def claim_authority_insert(conn: Conn, pack: int, generation: int, receipt_id: int) -> None:
-    """The authority row of a newly installed generation: WorkItem path, ``work_item_active``."""
+    """The authority row of a newly installed generation: WorkItem path, ``work_item_active``, with
+    the pack's pauses projected (``store.pauses``: a pause covers every generation of the pack)."""
     await conn.execute(
         CLAIM_AUTHORITY_INSERT, {"id": pack, "generation": generation, "receipt_id": receipt_id}
     )

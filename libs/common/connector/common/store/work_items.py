@@ -24,7 +24,12 @@ here follows:
   ``connector_claim_authority`` and locks the authority rows ``FOR SHARE``: it claims only where the
   WorkItem path is the active owner with a cutover receipt, and an authority change (an ``UPDATE`` of
   that row) waits for claim transactions in flight, so every later claim sees the new phase. Anything
-  else fails closed (no rows).
+  else fails closed (no rows). A paused pack or queue class (``paused_queue_classes`` of those
+  authority rows, ``store.pauses``) drops out of the admitted generations the same way: the pause
+  updates the rows, so it waits for the claims in flight and every later claim sees it. A group
+  with no admitted generation (paused, or not WorkItem-owned) is cut off before its index scan by
+  ``cardinality(ag.gens) > 0``, a one-time filter: the generation is not in the ready index, so
+  without it the scan would read (and discard) every ready row of the group.
 * **Renew, complete, retry, dead, release** are batched and fenced row by row: ``work_id = id AND
   lease_token = token AND state = 'processing'``. The hot two (renew, complete) look the token up
   by position (``tokens[array_position(ids, work_id)]``) instead of joining ``unnest(ids, tokens)``:
@@ -79,11 +84,14 @@ Conn = AsyncConnection[Any]
 # otherwise prepare a statement after 5 executions). tests/executor/test_explain.py reads this.
 BY_ID_PREPARE = False
 
-# Authority rows admitting WorkItem claims, locked FOR SHARE for the statement's transaction.
+# Authority rows admitting WorkItem claims, locked FOR SHARE for the statement's transaction, in
+# (pack, generation) order: a pause locks a pack's rows in the same order (store.pauses), so the
+# two never wait on each other crosswise. ``paused_queue_classes`` is what the claim skips.
 _AUTHORITY = """
-  SELECT a.installed_pack_id, a.generation FROM connector_claim_authority a
+  SELECT a.installed_pack_id, a.generation, a.paused_queue_classes FROM connector_claim_authority a
   WHERE a.installed_pack_id = ANY(%(packs)s::bigint[])
     AND a.claim_path = 'work_item' AND a.phase = 'work_item_active' AND a.cutover_receipt_id IS NOT NULL
+  ORDER BY a.installed_pack_id, a.generation
   FOR SHARE
 """
 
@@ -115,10 +123,13 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
   SELECT c.work_id
   FROM unnest(%(packs)s::bigint[], %(queue_classes)s::text[], %(limits)s::int[]) AS g(pack, qc, n)
   CROSS JOIN LATERAL (
+    SELECT ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack
+                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])) AS gens) ag
+  CROSS JOIN LATERAL (
     SELECT w.work_id FROM connector_work_item w
     WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
       AND w.state IN ('pending', 'retry') AND w.run_after <= now()
-      AND w.generation = ANY (ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack))
+      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0
     ORDER BY w.run_after, w.work_id
     LIMIT g.n
     FOR UPDATE OF w SKIP LOCKED
@@ -227,8 +238,10 @@ WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token 
 RETURNING w.work_id, w.state, w.installed_pack_id
 """
 
-# Which (pack, queue class) groups have ready rows, and when their first row is due (seconds from
-# the database's now; <= 0 means due). A skip scan: one index descent per group.
+# Which (pack, queue class) groups have ready rows, when their first row is due (seconds from the
+# database's now; <= 0 means due) and whether the group is paused (the claimer leaves paused groups
+# out of its allocation; the claim statement is what enforces a pause). A skip scan: one index
+# descent per group, and one primary-key probe of the (tiny) pause table.
 WORK_ITEM_READY_GROUPS = """
 WITH RECURSIVE g AS (
   (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
@@ -241,7 +254,10 @@ WITH RECURSIVE g AS (
     WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
     ORDER BY w.installed_pack_id, w.queue_class, w.run_after, w.work_id LIMIT 1) n
 )
-SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8 FROM g
+SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8,
+       EXISTS (SELECT 1 FROM connector_pause p
+               WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused
+FROM g
 """
 
 # A ``work_item_event_batch`` row: the event fact columns a handler sees (``handlers.EventFact``, in
@@ -319,9 +335,16 @@ async def work_item_claim_batch(
     return await cur.fetchall()
 
 
-async def work_item_ready_groups(conn: Conn) -> list[tuple[int, str, float]]:
+class ReadyGroup(NamedTuple):
+    pack: int
+    queue_class: str
+    due_in: float  # seconds until the group's first row is due (<= 0: due)
+    paused: bool
+
+
+async def work_item_ready_groups(conn: Conn) -> list[ReadyGroup]:
     cur = await conn.execute(WORK_ITEM_READY_GROUPS, prepare=True)
-    return [(int(r[0]), str(r[1]), float(r[2])) for r in await cur.fetchall()]
+    return [ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3])) for r in await cur.fetchall()]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -706,8 +729,9 @@ JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
 WHERE w.work_id = ANY(%(ids)s::bigint[])
 """
 
-# The replay transition, fenced by ``state = 'dead' AND replay_count = <seen>``: a concurrent replay
-# or transition makes a row match nothing. The item moves to the active generation with its work
+# The replay transition, fenced by the state seen (``dead``, or ``cancelled``: a cancel can be
+# undone by a replay) and ``replay_count = <seen>``: a concurrent replay or transition makes a row
+# match nothing. The item moves to the active generation with its work
 # type's settings; lane members go ``blocked`` (the settle promotes the runnable ones).
 WORK_ITEM_REPLAY_BATCH = """
 UPDATE connector_work_item w SET
@@ -728,9 +752,12 @@ UPDATE connector_work_item w SET
   finished_at = NULL,
   updated_at = clock_timestamp()
 FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
-            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[])
-  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane)
-WHERE w.work_id = v.work_id AND w.state = 'dead' AND w.replay_count = v.seen_replay_count
+            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[],
+            %(seen_states)s::text[])
+  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane,
+       seen_state)
+WHERE w.work_id = v.work_id AND w.state IN ('dead', 'cancelled') AND w.state = v.seen_state
+  AND w.replay_count = v.seen_replay_count
 RETURNING w.work_id
 """
 
@@ -749,6 +776,7 @@ class Replayable:
     max_attempts: int
     dead_blocks_lane: bool
     lanes: tuple[Lane, ...]
+    seen_state: str = "dead"
 
 
 async def work_item_list_dead(
@@ -809,6 +837,7 @@ async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> 
             "priorities": [r.priority for r in todo],
             "max_attempts": [r.max_attempts for r in todo],
             "dead_blocks": [r.dead_blocks_lane for r in todo],
+            "seen_states": [r.seen_state for r in todo],
         },
     )
     replayed = sorted(int(row[0]) for row in await cur.fetchall())
@@ -819,6 +848,52 @@ async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> 
     if replayed:
         await work_notify(conn)
     return replayed
+
+
+# Cancel (admin/actions.py; docs/admin.md): what the checks read of one item and its event.
+WORK_ITEM_CANCEL_CANDIDATE = """
+SELECT w.work_id, w.state, w.lease_token, w.installed_pack_id, w.source_lane_key,
+       w.target_mutation_lane_key, w.failure_class, w.failure_summary, e.execution_owner
+FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
+WHERE w.work_id = %(id)s
+"""
+
+# The cancel transition, fenced by the lease token seen by the checks and a cancellable state: a
+# claim in between (``processing``, token + 1) makes it match nothing. A claimer holding the row
+# (its claim statement has it locked) makes this wait for that statement's commit and then re-check
+# the new row version (READ COMMITTED), which no longer matches; a claimer arriving later skips the
+# row this holds (``SKIP LOCKED``). Lane promotions in between (blocked -> pending) keep the token.
+WORK_ITEM_CANCEL = """
+UPDATE connector_work_item w
+SET state = 'cancelled', outcome = 'cancelled', failure_class = 'cancelled',
+    failure_summary = left(%(summary)s, 512), lease_owner = NULL, lease_until = NULL,
+    finished_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE w.work_id = %(id)s AND w.lease_token = %(token)s
+  AND w.state IN ('pending', 'blocked', 'retry', 'dead')
+RETURNING w.work_id
+"""
+
+
+async def work_item_cancel_candidate(conn: Conn, work_id: int) -> dict[str, Any] | None:
+    return await fetch_dict(conn, WORK_ITEM_CANCEL_CANDIDATE, {"id": work_id})
+
+
+async def work_item_cancel(
+    conn: Conn, work_id: int, token: int, lanes: Sequence[Lane], *, summary: str
+) -> tuple[bool, int]:
+    """Cancel one checked item (caller's transaction), lane locks first (ADR 003): lock, fenced
+    update, settle (the lane's next member becomes runnable), wake-up when one was promoted.
+    Returns ``(cancelled, lane members promoted)``; ``False``: the fence did not match (claimed or
+    changed since the check)."""
+    locked = await lane_lock_batch(conn, lanes)
+    cur = await conn.execute(WORK_ITEM_CANCEL, {"id": work_id, "token": token, "summary": summary})
+    done = await cur.fetchone() is not None
+    promoted = 0
+    if done and locked:
+        promoted = (await lane_settle_batch(conn, locked)).promoted
+        if promoted:
+            await work_notify(conn, "lanes")
+    return done, promoted
 
 
 WORK_ITEM_STATE_BY_EVENT = """

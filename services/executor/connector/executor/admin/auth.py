@@ -1,8 +1,9 @@
 """Admin API access: bearer tokens from configuration mapped to roles, and optional (m)TLS.
 
 ``CONNECTOR_ADMIN_TOKENS="tokenA=ViewConnectorEvents;tokenB=ViewConnectorEvents,ReplayConnectorEvents"``.
-Roles: ``ViewConnectorEvents`` (reads), ``ReplayConnectorEvents`` (replays; also allows payloads in
-GetWorkItem), ``ConnectorOperator`` (packs and cutover; implies every other role).
+Roles: ``ViewConnectorEvents`` (reads), ``ReplayConnectorEvents`` (replays and cancels of single
+WorkItems; also allows payloads in GetWorkItem), ``ConnectorOperator`` (packs, pause/resume and
+cutover; implies every other role).
 
 A presented token is hashed and compared with ``hmac.compare_digest`` against the hash of *every*
 configured token (no early exit), so timing says nothing about which or how much of a token matched.
@@ -62,6 +63,9 @@ METHOD_ROLES: dict[str, Role] = {
     "ReplayWorkItem": Role.REPLAY,
     "ReplayDeadLetters": Role.REPLAY,
     "ReplayReceipt": Role.REPLAY,
+    "CancelWorkItem": Role.REPLAY,
+    "PausePack": Role.OPERATOR,
+    "ResumePack": Role.OPERATOR,
     "ApplyPack": Role.OPERATOR,
     "ActivateGeneration": Role.OPERATOR,
     "QuiesceLegacy": Role.OPERATOR,

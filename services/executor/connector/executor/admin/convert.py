@@ -162,3 +162,18 @@ def receipt(row: dict[str, Any], body: bytes | None = None) -> types_pb2.Receipt
         error_summary=_text(row["r_error_summary"], SUMMARY_MAX),
         body=body or b"",
     )
+
+
+def pause(row: dict[str, Any] | None, pack_name: str) -> admin_service_pb2.Pause:
+    """A ``store.pauses`` row (``PAUSE_COLUMNS``) as a Pause; empty for ``None``."""
+    if row is None:
+        return admin_service_pb2.Pause()
+    return admin_service_pb2.Pause(
+        installed_pack_id=int(row["installed_pack_id"]),
+        pack_name=pack_name,
+        queue_class=str(row["queue_class"]),
+        actor=_text(row["actor"]),
+        reason=_text(row["reason"], SUMMARY_MAX),
+        request_id=_text(row["request_id"]),
+        pause_time=ts(row["paused_at"]),
+    )

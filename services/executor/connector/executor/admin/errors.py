@@ -51,6 +51,11 @@ class Reason(StrEnum):
     PAYLOAD_MISSING = "PAYLOAD_MISSING"
     NOT_FAILED = "NOT_FAILED"
     ALREADY_MATERIALIZED = "ALREADY_MATERIALIZED"
+    # FAILED_PRECONDITION: cancel refusals (admin/actions.py)
+    WORK_ITEM_IN_FLIGHT = "WORK_ITEM_IN_FLIGHT"
+    ALREADY_FINAL = "ALREADY_FINAL"
+    # INVALID_ARGUMENT: pause of a queue class no generation of the pack declares
+    QUEUE_CLASS_UNKNOWN = "QUEUE_CLASS_UNKNOWN"
     # FAILED_PRECONDITION: packs
     PACK_PRECONDITION = "PACK_PRECONDITION"
     # FAILED_PRECONDITION / NOT_FOUND: cutover and rollback gates (docs/cutover.md)
@@ -104,7 +109,7 @@ def resource_exhausted(reason: Reason, message: str) -> ServiceError:
 
 #: Human explanations of replay refusals (shown with the reason).
 REFUSAL_MESSAGES: dict[Reason, str] = {
-    Reason.NOT_DEAD: "only dead work items can be replayed",
+    Reason.NOT_DEAD: "only dead or cancelled work items can be replayed",
     Reason.LEGACY_RECONCILED: "the item executed under legacy ownership (reconciled_legacy_terminal); "
     "it is immutable and never reopened",
     Reason.LEGACY_OUTCOME_PENDING: "the item is rollback-fenced awaiting its legacy outcome",

@@ -2,7 +2,8 @@
 
 Checked before anything changes (fail closed; each refusal has a reason, see ``errors.Reason``):
 
-* idempotency — the item is ``dead`` (not succeeded, pending, processing, ...), never
+* idempotency — the item is ``dead`` or ``cancelled`` (a cancel is undone by a replay; not
+  succeeded, pending, processing, ...), never
   ``reconciled_legacy_terminal`` (immutable, executed under legacy ownership) nor
   ``awaiting_legacy_outcome`` (rollback-fenced); its event is owned by the WorkItem path;
 * generation — the pack has an active generation, of the same incarnation as the event, whose claim
@@ -101,7 +102,7 @@ def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Repla
         return Refusal(Reason.LEGACY_RECONCILED, "")
     if state == "awaiting_legacy_outcome":
         return Refusal(Reason.LEGACY_OUTCOME_PENDING, "")
-    if state != "dead":
+    if state not in ("dead", "cancelled"):
         return Refusal(Reason.NOT_DEAD, f"state is {state}")
     if item["execution_owner"] != "work_item":
         return Refusal(Reason.LEGACY_OWNED, "")
@@ -150,6 +151,7 @@ def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Repla
         max_attempts=spec.retry.max_attempts,
         dead_blocks_lane=lanes.dead_head == "block",
         lanes=tuple(lanes_of(int(pack_id), item["source_lane_key"], item["target_mutation_lane_key"])),
+        seen_state=state,
     )
 
 

@@ -20,7 +20,17 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common.grpc_input import InputRules
 from connector.common.grpc_server import current_principal
 from connector.executor import cutover
-from connector.executor.admin import convert, packs, pagination, reads, replay, requests, stats, transitions
+from connector.executor.admin import (
+    actions,
+    convert,
+    packs,
+    pagination,
+    reads,
+    replay,
+    requests,
+    stats,
+    transitions,
+)
 from connector.executor.admin.auth import Principal
 from connector.executor.admin.errors import (
     Reason,
@@ -262,6 +272,77 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     ):
                         await requests.admin_request_put(conn, request_id, "ReplayDeadLetters", final)
 
+    # -- operator actions: cancel, pause, resume (admin/actions.py) --------------------------------
+
+    async def CancelWorkItem(
+        self, request: pb.CancelWorkItemRequest, context: Any
+    ) -> pb.CancelWorkItemResponse:
+        work_id = _positive_id(request.work_id, "work_id")
+        reason = actions.check_reason(request.reason)
+        actor, dry = _actor(), request.dry_run
+        request_id = "" if dry else request.request_id
+        done: list[actions.Cancelled] = []
+
+        async def body(conn: Any) -> pb.CancelWorkItemResponse:
+            c = await actions.work_item_cancel(
+                conn, work_id, actor=actor, reason=reason, request_id=request_id, dry_run=dry
+            )
+            done.append(c)
+            return pb.CancelWorkItemResponse(
+                work_item=convert.work_item(c.row), dry_run=dry, lane_members_promoted=c.promoted
+            )
+
+        response = await self._mutate("CancelWorkItem", request_id, pb.CancelWorkItemResponse, body)
+        if done and not dry:  # committed now (a stored answer of a retried request logs nothing)
+            actions.log_cancelled(done[0], actor=actor, reason=reason, request_id=request_id)
+        return response
+
+    async def PausePack(self, request: pb.PausePackRequest, context: Any) -> pb.PausePackResponse:
+        pack = _positive_id(request.installed_pack_id, "installed_pack_id")
+        reason = actions.check_reason(request.reason)
+        actor, dry = _actor(), request.dry_run
+        request_id = "" if dry else request.request_id
+        done: list[actions.PauseResult] = []
+
+        async def body(conn: Any) -> pb.PausePackResponse:
+            r = await actions.pack_pause(
+                conn,
+                pack,
+                request.queue_class,
+                actor=actor,
+                reason=reason,
+                request_id=request_id,
+                dry_run=dry,
+            )
+            done.append(r)
+            return pb.PausePackResponse(
+                pause=convert.pause(r.pause, r.pack_name), changed=r.changed, dry_run=dry
+            )
+
+        response = await self._mutate("PausePack", request_id, pb.PausePackResponse, body)
+        if done and done[0].changed and not dry:
+            actions.log_pause("pack_paused", done[0], actor=actor, request_id=request_id, reason=reason)
+        return response
+
+    async def ResumePack(self, request: pb.ResumePackRequest, context: Any) -> pb.ResumePackResponse:
+        pack = _positive_id(request.installed_pack_id, "installed_pack_id")
+        actor, dry = _actor(), request.dry_run
+        request_id = "" if dry else request.request_id
+        done: list[actions.PauseResult] = []
+
+        async def body(conn: Any) -> pb.ResumePackResponse:
+            r = await actions.pack_resume(conn, pack, request.queue_class, dry_run=dry)
+            done.append(r)
+            response = pb.ResumePackResponse(changed=r.changed, dry_run=dry)
+            if r.pause is not None:
+                response.pause.CopyFrom(convert.pause(r.pause, r.pack_name))
+            return response
+
+        response = await self._mutate("ResumePack", request_id, pb.ResumePackResponse, body)
+        if done and done[0].changed and not dry:
+            actions.log_pause("pack_resumed", done[0], actor=actor, request_id=request_id, reason=None)
+        return response
+
     # -- receipts -------------------------------------------------------------------------------
 
     async def ListReceiptFailures(
@@ -328,8 +409,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     retry_rate=q.retry_rate,
                     dead_rate=q.dead_rate,
                     due=q.due,
+                    paused=q.paused,
                 )
             )
+        response.pauses.extend(convert.pause(p, p["pack_name"]) for p in result.pauses)
         return response
 
     async def ListBlockedLanes(

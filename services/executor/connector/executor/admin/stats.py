@@ -17,7 +17,8 @@ WorkItem indexes, never a scan of ``connector_work_item``:
   in ``retry`` whose ``updated_at`` is in the window (state index). Both are per second over
   ``RATE_WINDOW_S``; the retry rate is a lower bound (an item that retried and was claimed again
   within the window is not in ``retry`` any more). Exact rates are the executor's counters.
-* receipts: the partial routable / routing / failed receipt indexes.
+* receipts: the partial routable / routing / failed receipt indexes;
+* pauses: ``connector_pause`` (a handful of rows, by primary key order).
 
 These are scoped diagnostics for operators (seed: "exact full queue stats remain scoped diagnostics,
 not a hot-loop scheduler or admission dependency"): nothing in the runtime polls them.
@@ -31,7 +32,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.store import authority, receipts, work_items
+from connector.common.schema import PAUSE_WHOLE_PACK
+from connector.common.store import authority, pauses, receipts, work_items
 from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
 from connector.common.store.work_items import QUEUE_STATES
@@ -61,6 +63,7 @@ class QueueRow:
     in_flight: int = 0
     retry_rate: float = 0.0
     dead_rate: float = 0.0
+    paused: bool = False
 
 
 @dataclass(slots=True)
@@ -71,6 +74,7 @@ class QueueStats:
     receipts_routing: int
     receipts_failed: int
     active_claimants: int
+    pauses: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: float) -> QueueStats:
@@ -81,6 +85,8 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
     processing = await work_items.work_item_stats_processing(conn, params)
     receipt_counts = await receipts.receipt_stats(conn, params)
     assert receipt_counts is not None
+    paused = await pauses.pause_list(conn, pack)
+    paused_keys = {(int(p["installed_pack_id"]), str(p["queue_class"])) for p in paused}
     totals: dict[int, QueueRow] = {}
     for pack_id, row in packs.items():
         totals[pack_id] = QueueRow(
@@ -123,6 +129,9 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
         total.due = sum(q.due for q in mine)
         ages = [q.oldest_ready_age for q in mine if q.oldest_ready_age is not None]
         total.oldest_ready_age = max(ages) if ages else None
+    for q in [*totals.values(), *by_class.values()]:
+        whole = (q.installed_pack_id, PAUSE_WHOLE_PACK) in paused_keys
+        q.paused = whole or (bool(q.queue_class) and (q.installed_pack_id, q.queue_class) in paused_keys)
     queues: list[QueueRow] = []
     for pack_id in sorted(totals):
         queues.append(totals[pack_id])
@@ -135,6 +144,7 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
         receipts_routing=int(receipt_counts["routing"]),
         receipts_failed=int(receipt_counts["failed"]),
         active_claimants=int(receipt_counts["active_claimants"]),
+        pauses=paused,
     )
 
 

@@ -93,7 +93,10 @@ class Claimer:
             if e.cfg.pack_weights or e.cfg.pack_budgets:
                 e.scheduler.set_pack_names(names)
         e.known_packs |= new
-        e.scheduler.observe(rows, now)
+        # Paused groups stay out of the allocation (no window share spent on them); the claim
+        # statement is what enforces a pause, whatever this process knows.
+        e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
+        e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
 
     async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
         e = self.engine

@@ -88,6 +88,7 @@ class Scheduler:
         self.groups: dict[GroupKey, Group] = {}
         self.vtime = 0.0
         self.pack_names: dict[int, str] = {}
+        self.paused: set[GroupKey] = set()
 
     # -- knowledge of groups ------------------------------------------------------------------------
 
@@ -104,6 +105,15 @@ class Scheduler:
         if b is None:
             b = self.pack_max_inflight
         return self.capacity if b <= 0 else b
+
+    def set_paused(self, keys: set[GroupKey]) -> None:
+        """Groups paused at the last discovery (PausePack): never allocated until a discovery says
+        otherwise (a NOTIFY's ``mark_ready`` does not wake them)."""
+        self.paused = keys
+        for key in keys:
+            g = self.groups.get(key)
+            if g is not None:
+                g.ready = False
 
     def set_pack_names(self, names: dict[int, str]) -> None:
         self.pack_names = dict(names)
@@ -167,8 +177,9 @@ class Scheduler:
             return []
         room: dict[int, int] = {}
         eligible: list[Group] = []
+        paused = self.paused
         for g in self.groups.values():
-            if not g.ready or g.due_at > now:
+            if not g.ready or g.due_at > now or (paused and g.key in paused):
                 continue
             if g.pack not in room:
                 room[g.pack] = self.budget(g.pack) - held_by_pack.get(g.pack, 0)

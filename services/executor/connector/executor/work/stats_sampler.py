@@ -4,7 +4,8 @@ Depth by (pack, queue class, state) is an exact count over the non-terminal stat
 age comes from the ready index (one descent per group); blocked lanes counts lane members that
 hold their lanes while not runnable: dead heads whose route blocks on dead, and heads waiting for
 their retry time. Active claimants: registered ``work_item`` processes with a fresh heartbeat (within
-three heartbeats); stale processes: registered rows of any service whose heartbeat is older.
+three heartbeats); stale processes: registered rows of any service whose heartbeat is older;
+paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.common.store import work_items
+from connector.common.store import pauses, work_items
 from connector.executor import metrics as m
 
 
@@ -26,8 +27,14 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
         m.QUEUE_DEPTH.labels(m.pack_label(pack), qc, state).set(n)
     groups = await work_items.work_item_ready_groups(conn)
     m.OLDEST_READY_AGE.clear()
-    for pack, qc, due_in in groups:
-        m.OLDEST_READY_AGE.labels(m.pack_label(pack), qc).set(max(0.0, -due_in))
+    for g in groups:  # paused groups too: their work keeps ageing (the alerts tell the two apart)
+        m.OLDEST_READY_AGE.labels(m.pack_label(g.pack), g.queue_class).set(max(0.0, -g.due_in))
+    m.PAUSED.clear()
+    m.PAUSED_SECONDS.clear()
+    for pause in await pauses.pause_list(conn):
+        label = m.pack_label(int(pause["installed_pack_id"]))
+        m.PAUSED.labels(label, pause["queue_class"]).set(1)
+        m.PAUSED_SECONDS.labels(label, pause["queue_class"]).set(float(pause["paused_for_s"]))
     m.BLOCKED_LANES.clear()
     for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)

@@ -45,6 +45,7 @@ def upgrade() -> None:
     sa.Column('rollback_fence_id', sa.BigInteger(), nullable=True),
     sa.Column('version', sa.Integer(), server_default=sa.text('1'), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('paused_queue_classes', postgresql.ARRAY(sa.Text()), server_default=sa.text("'{}'"), nullable=False),
     sa.CheckConstraint("claim_path <> 'work_item' OR (phase = 'work_item_active' AND cutover_receipt_id IS NOT NULL)", name=op.f('ck_connector_claim_authority_work_item_needs_receipt')),
     sa.CheckConstraint("claim_path IN ('work_item', 'legacy_event', 'none')", name=op.f('ck_connector_claim_authority_claim_path')),
     sa.CheckConstraint("phase IN ('legacy_active', 'quiescing', 'work_item_active', 'rollback_fenced')", name=op.f('ck_connector_claim_authority_phase')),
@@ -194,6 +195,16 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['installed_pack_id'], ['connector_installed_pack.installed_pack_id'], name=op.f('fk_connector_pack_generation_installed_pack_id_connector_installed_pack')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'generation', name=op.f('pk_connector_pack_generation'))
     )
+    op.create_table('connector_pause',
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('queue_class', sa.Text(), nullable=False),
+    sa.Column('actor', sa.Text(), nullable=False),
+    sa.Column('reason', sa.Text(), nullable=False),
+    sa.Column('request_id', sa.Text(), nullable=True),
+    sa.Column('paused_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.ForeignKeyConstraint(['installed_pack_id'], ['connector_installed_pack.installed_pack_id'], name=op.f('fk_connector_pause_installed_pack_id_connector_installed_pack')),
+    sa.PrimaryKeyConstraint('installed_pack_id', 'queue_class', name=op.f('pk_connector_pause'))
+    )
     op.create_table('connector_legacy_outcome_receipt',
     sa.Column('legacy_outcome_receipt_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
     sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
@@ -262,7 +273,7 @@ def upgrade() -> None:
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)", name=op.f('ck_connector_work_item_processing_has_lease')),
-    sa.CheckConstraint("state IN ('pending', 'blocked', 'processing', 'retry', 'succeeded', 'dead', 'awaiting_legacy_outcome', 'reconciled_legacy_terminal')", name=op.f('ck_connector_work_item_state')),
+    sa.CheckConstraint("state IN ('pending', 'blocked', 'processing', 'retry', 'succeeded', 'dead', 'awaiting_legacy_outcome', 'reconciled_legacy_terminal', 'cancelled')", name=op.f('ck_connector_work_item_state')),
     sa.ForeignKeyConstraint(['event_id'], ['connector_event.event_id'], name=op.f('fk_connector_work_item_event_id_connector_event')),
     sa.PrimaryKeyConstraint('work_id', name=op.f('pk_connector_work_item')),
     sa.UniqueConstraint('event_id', 'work_type', name=op.f('uq_connector_work_item_event_id_work_type'))
@@ -301,6 +312,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_legacy_outcome_receipt_unprojected', table_name='connector_legacy_outcome_receipt', postgresql_where=sa.text('NOT projected'))
     op.drop_index('ix_connector_legacy_outcome_receipt_failed', table_name='connector_legacy_outcome_receipt', postgresql_where=sa.text("outcome IN ('failed', 'unknown')"))
     op.drop_table('connector_legacy_outcome_receipt')
+    op.drop_table('connector_pause')
     op.drop_table('connector_pack_generation')
     op.drop_index('ix_connector_event_legacy_source', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.drop_index('ix_connector_event_legacy_active', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))

@@ -1,0 +1,143 @@
+"""``connector admin cancel|pause|resume``: operator actions on the queue (docs/admin.md "Cancel",
+"Pause and resume").
+
+    connector admin cancel WORK_ID... --reason TEXT [--dry-run]    discard pending/blocked/retry/dead items
+    connector admin pause PACK [--queue-class QC] --reason TEXT    stop claiming a pack's (or a class's) work
+    connector admin resume PACK [--queue-class QC]                 end that pause
+
+Each takes ``--request-id`` (AIP-155: a retry with the same id returns the first answer; one is made
+up when not given) and ``--dry-run`` (the checks and the answer, nothing changed). Cancel needs role
+ReplayConnectorEvents, pause/resume ConnectorOperator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from connector.cli.admin_client import Client, format_error, positive_int, resolve_pack_id
+from connector.cli.admin_output import table, to_json, when, work_item_state
+from connector.v1 import admin_service_pb2 as pb
+
+
+def _request_id(args: argparse.Namespace, suffix: str = "") -> str:
+    if args.dry_run:
+        return ""
+    base = args.request_id or uuid.uuid4().hex
+    return f"{base}-{suffix}" if suffix else base
+
+
+def cancel(client: Client, args: argparse.Namespace) -> int:
+    results: list[pb.CancelWorkItemResponse] = []
+    failed = 0
+    for work_id in args.work_ids:
+        suffix = "" if len(args.work_ids) == 1 else str(work_id)
+        request = pb.CancelWorkItemRequest(
+            work_id=work_id, reason=args.reason, dry_run=args.dry_run, request_id=_request_id(args, suffix)
+        )
+        try:
+            results.append(client.call("CancelWorkItem", request))
+        except grpc.RpcError as exc:
+            failed += 1
+            print(f"{format_error(exc)} (work item {work_id})", file=sys.stderr)
+    if args.json:
+        for r in results:
+            print(to_json(r))
+    else:
+        if args.dry_run and results:
+            print("dry run: these would be cancelled (nothing changed)")
+        table(
+            ["work_id", "state", "pack", "work_type", "attempts", "lane_members_promoted"],
+            [
+                (
+                    r.work_item.work_id,
+                    work_item_state(r.work_item.state),
+                    r.work_item.installed_pack_id,
+                    r.work_item.work_type,
+                    r.work_item.attempts,
+                    r.lane_members_promoted,
+                )
+                for r in results
+            ],
+        )
+    return 1 if failed else 0
+
+
+def _pause_line(p: pb.Pause) -> str:
+    scope = "whole pack" if p.queue_class == "*" else f"queue class {p.queue_class}"
+    since = when(p.pause_time) if p.HasField("pause_time") else "-"
+    return f"{p.pack_name} ({p.installed_pack_id}) {scope}: paused by {p.actor} at {since}: {p.reason}"
+
+
+def pause(client: Client, args: argparse.Namespace) -> int:
+    request = pb.PausePackRequest(
+        installed_pack_id=resolve_pack_id(client, args.pack),
+        queue_class=args.queue_class or "",
+        reason=args.reason,
+        dry_run=args.dry_run,
+        request_id=_request_id(args),
+    )
+    response: pb.PausePackResponse = client.call("PausePack", request)
+    if args.json:
+        print(to_json(response))
+    elif not response.changed:
+        print(f"already paused (unchanged): {_pause_line(response.pause)}")
+    else:
+        verb = "would pause" if response.dry_run else "paused"
+        print(f"{verb}: {_pause_line(response.pause)}")
+        if not response.dry_run:
+            print(
+                f"resume with: connector admin resume {args.pack}"
+                + (f" --queue-class {args.queue_class}" if args.queue_class else "")
+            )
+    return 0
+
+
+def resume(client: Client, args: argparse.Namespace) -> int:
+    request = pb.ResumePackRequest(
+        installed_pack_id=resolve_pack_id(client, args.pack),
+        queue_class=args.queue_class or "",
+        dry_run=args.dry_run,
+        request_id=_request_id(args),
+    )
+    response: pb.ResumePackResponse = client.call("ResumePack", request)
+    if args.json:
+        print(to_json(response))
+    elif not response.changed:
+        print("not paused (unchanged)")
+    else:
+        verb = "would resume" if response.dry_run else "resumed"
+        print(f"{verb}: {_pause_line(response.pause)}")
+    return 0
+
+
+def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    def command(name: str, help_text: str, run: Callable[..., int]) -> Any:
+        p = groups.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(admin_run=run)
+        p.add_argument("--dry-run", action="store_true", help="check and answer, change nothing")
+        p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
+        return p
+
+    p = command(
+        "cancel",
+        "discard pending, blocked, retrying or dead work items (role ReplayConnectorEvents); "
+        "a claimed item is refused",
+        cancel,
+    )
+    p.add_argument("work_ids", nargs="+", type=positive_int, metavar="WORK_ID")
+    p.add_argument("--reason", required=True, help="why (stored on the item and in the audit log)")
+    p = command(
+        "pause", "stop claiming a pack's work, or one queue class of it (role ConnectorOperator)", pause
+    )
+    p.add_argument("pack", help="pack id or name")
+    p.add_argument("--queue-class", help="only this queue class (default: the whole pack)")
+    p.add_argument("--reason", required=True, help="why (stored on the pause and in the audit log)")
+    p = command("resume", "end a pause (role ConnectorOperator)", resume)
+    p.add_argument("pack", help="pack id or name")
+    p.add_argument("--queue-class", help="the queue class pause to end (default: the whole-pack pause)")

@@ -1,0 +1,33 @@
+"""Tests only: injected bugs for the controls of tests/executor/test_actions.py.
+
+Put this directory first on ``PYTHONPATH`` of a child process (``connector executor``):
+
+* ``CONNECTOR_TEST_IGNORE_PAUSE=1``: the claim statement admits the generations of paused packs (the
+  pause filter removed from ``WORK_ITEM_CLAIM_BATCH``) and discovery reports no group as paused —
+  what a claim path without the pause check would do;
+* ``CONNECTOR_TEST_UNFENCED_CANCEL=1``: the admin API's cancel statement without its fence (no lease
+  token, no state condition).
+
+The proofs must then see the violation they exist to catch.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("CONNECTOR_TEST_IGNORE_PAUSE") == "1":
+    from connector.common.store import work_items as _w
+
+    _FILTER = "\n                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])"
+    assert _FILTER in _w.WORK_ITEM_CLAIM_BATCH, "the claim statement changed: update the control"
+    _w.WORK_ITEM_CLAIM_BATCH = _w.WORK_ITEM_CLAIM_BATCH.replace(_FILTER, "")
+    _w.WORK_ITEM_READY_GROUPS = _w.WORK_ITEM_READY_GROUPS.replace(
+        "EXISTS (SELECT 1 FROM connector_pause p", "false AND EXISTS (SELECT 1 FROM connector_pause p"
+    )
+
+if os.environ.get("CONNECTOR_TEST_UNFENCED_CANCEL") == "1":
+    from connector.common.store import work_items as _wc
+
+    _wc.WORK_ITEM_CANCEL = (
+        _wc.WORK_ITEM_CANCEL.split("WHERE")[0] + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
+    )
