@@ -137,6 +137,13 @@ def test_every_rule_and_dashboard_query_evaluates_on_real_data(db_url: str, tmp_
             # A priming load before Prometheus holds samples: a counter series born during the
             # measured load would start at its full value, and rate() never counts a first sample.
             stack.health_checks()
+            # A pause of a queue class the probe pack does not use (its load still runs): the paused
+            # panel and ConnectorPackPaused's expression get data (the executors' sampler exports it).
+            conn.execute(
+                "INSERT INTO connector_pause (installed_pack_id, queue_class, actor, reason)"
+                " SELECT installed_pack_id, 'metrics-paused', 'test', 'live test'"
+                " FROM connector_installed_pack WHERE name = 'metrics-probe'"
+            )
             stack.load(conn, n=2, refused=1)
             assert stack.post_path("stranger/path") == 404
             wait_for(prom.ready, "Prometheus to be ready", check=prom_alive)
@@ -203,6 +210,10 @@ def test_every_rule_and_dashboard_query_evaluates_on_real_data(db_url: str, tmp_
             dead = prom.query(alerts["ConnectorDeadLetters"])
             assert {(d["metric"]["pack"], d["metric"]["work_type"]) for d in dead} == {
                 ("metrics-probe", "fail")
+            }
+            paused = prom.query(alerts["ConnectorPackPaused"])
+            assert {(p["metric"]["pack"], p["metric"]["queue_class"]) for p in paused} == {
+                ("metrics-probe", "metrics-paused")
             }
             for quiet in ("ConnectorDueWorkNoClaimant", "ConnectorExecutorsDown", "ConnectorRoutingLagHigh"):
                 assert prom.query(alerts[quiet]) == [], quiet

@@ -69,7 +69,9 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
 
     code, _, err = await cli("dlq", "replay", str(a))
     assert code == 1
-    assert err.startswith("error: FAILED_PRECONDITION NOT_DEAD: only dead or cancelled work items can be replayed")
+    assert err.startswith(
+        "error: FAILED_PRECONDITION NOT_DEAD: only dead or cancelled work items can be replayed"
+    )
     assert f"(work item {a})" in err
 
 
@@ -233,3 +235,40 @@ async def test_usage(cli) -> None:
     assert code == 2 and "usage: connector admin" in err
     code, out, _ = await cli("dlq")
     assert code == 2 and "list" in out and "replay" in out
+
+
+async def test_cancel_pause_resume_and_stats(cli, seed: Seed) -> None:
+    pack = await seed.pack()
+    pending = await seed.item(pack, state="pending")
+    claimed = await seed.item(pack, state="processing")
+
+    code, out, _ = await cli("cancel", str(pending), "--reason", "dup", "--dry-run")
+    assert code == 0 and "dry run" in out and await seed.state(pending) == "pending"
+    code, out, err = await cli("cancel", str(pending), str(claimed), "--reason", "dup", token=VIEW_REPLAY)
+    assert code == 1  # one of the two refused
+    assert out.splitlines()[1].split()[:2] == [str(pending), "cancelled"]
+    assert (
+        err.startswith("error: FAILED_PRECONDITION WORK_ITEM_IN_FLIGHT: ") and f"(work item {claimed})" in err
+    )
+    with pytest.raises(SystemExit) as usage:  # argparse: the reason is required
+        await cli("cancel", str(pending))
+    assert usage.value.code == 2
+
+    code, out, _ = await cli("pause", "shop", "--reason", "outage", "--request-id", "p-1")
+    assert (
+        code == 0 and out.startswith("paused: shop (") and "resume with: connector admin resume shop" in out
+    )
+    code, out, _ = await cli("pause", "shop", "--reason", "again")
+    assert code == 0 and out.startswith("already paused (unchanged)") and "outage" in out
+    code, out, _ = await cli("stats")
+    assert code == 0 and "shop (" in out and "PAUSED" in out and "paused: shop (" in out
+    code, _, err = await cli("pause", "shop", "--reason", "x", token=VIEW_REPLAY)
+    assert code == 1 and err.startswith("error: PERMISSION_DENIED ROLE_REQUIRED")
+    code, out, _ = await cli("resume", "shop", "--dry-run")
+    assert code == 0 and out.startswith("would resume:")
+    code, out, _ = await cli("resume", "shop")
+    assert code == 0 and out.startswith("resumed:")
+    code, out, _ = await cli("resume", "shop")
+    assert code == 0 and out.startswith("not paused")
+    code, out, _ = await cli("stats", "--json")
+    assert code == 0 and "pauses" not in json.loads(out)

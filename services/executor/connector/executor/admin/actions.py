@@ -29,7 +29,7 @@ structured INFO line each (``connector.common.eventlog``: event ``work_item_canc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from psycopg import AsyncConnection
 
@@ -63,7 +63,7 @@ def check_reason(reason: str) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def _refuse_cancel(work_id: int, state: str) -> None:
+def _refuse_cancel(work_id: int, state: str) -> NoReturn:
     md = {"work_id": str(work_id), "state": state}
     if state == "processing":
         raise failed_precondition(
@@ -95,9 +95,7 @@ class Cancelled:
     promoted: int
 
 
-async def work_item_cancel(
-    conn: Conn, work_id: int, *, actor: str, reason: str, request_id: str, dry_run: bool
-) -> Cancelled:
+async def work_item_cancel(conn: Conn, work_id: int, *, actor: str, reason: str, dry_run: bool) -> Cancelled:
     """Cancel one item inside the caller's transaction (see the module docstring)."""
     item = await work_items.work_item_cancel_candidate(conn, work_id)
     if item is None:

@@ -284,9 +284,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         done: list[actions.Cancelled] = []
 
         async def body(conn: Any) -> pb.CancelWorkItemResponse:
-            c = await actions.work_item_cancel(
-                conn, work_id, actor=actor, reason=reason, request_id=request_id, dry_run=dry
-            )
+            c = await actions.work_item_cancel(conn, work_id, actor=actor, reason=reason, dry_run=dry)
             done.append(c)
             return pb.CancelWorkItemResponse(
                 work_item=convert.work_item(c.row), dry_run=dry, lane_members_promoted=c.promoted
