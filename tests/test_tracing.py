@@ -10,8 +10,9 @@ Proved for each delivery: one trace id across the ingress span, the materializer
 every handler attempt's span (parent links ingress → route → attempt), the one the receipt and the
 WorkItems store, and the ``traceparent`` each handler receives (HTTP header, gRPC metadata,
 ``ctx.traceparent`` plus the current span for python) is its attempt's span. A delivery carrying a
-provider ``traceparent`` keeps the provider's trace id; malformed ones start a new trace and are
-accepted (never a 4xx/5xx). Span attributes hold ids and names, never the payload.
+provider ``traceparent`` keeps the provider's trace id, over HTTP and through a gateway's
+``IngressService.SubmitDelivery``; malformed ones start a new trace and are accepted (never a
+4xx/5xx). Span attributes hold ids and names, never the payload.
 
 Controls: the same run with propagation disabled (``OTEL_PROPAGATORS=none``) fails the check —
 the provider's trace id is not kept and the handlers receive no ``traceparent``; and with the
@@ -55,14 +56,20 @@ ROUTE_KEY = "events"
 WORK_TYPES = ("http", "grpc", "python")
 PROVIDER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PROVIDER_SPAN = "00f067aa0ba902b7"
-#: Each delivery's ``traceparent`` header (None: none sent).
+GATEWAY_TRACE = "0af7651916cd43dd8448eb211c80319c"
+#: Each delivery's ``traceparent`` header (None: none sent). ``grpc_*``: through a gateway's
+#: ``IngressService.SubmitDelivery`` (the provider's headers in the request), the others over HTTP.
 DELIVERIES: dict[str, str | None] = {
     "plain": None,
     "provider": f"00-{PROVIDER_TRACE}-{PROVIDER_SPAN}-01",
     "malformed": "00-not-a-trace-context-at-all",
     "zero_trace": f"00-{'0' * 32}-{PROVIDER_SPAN}-01",  # all-zero trace id: invalid (W3C)
     "overlong": "00-" + "a" * 5000,
+    "grpc_provider": f"00-{GATEWAY_TRACE}-{PROVIDER_SPAN}-01",
+    "grpc_malformed": "00-zz-zz-zz",
 }
+#: Deliveries whose trace must be the sender's (trace id, parent span id).
+CONTINUED = {"provider": (PROVIDER_TRACE, PROVIDER_SPAN), "grpc_provider": (GATEWAY_TRACE, PROVIDER_SPAN)}
 
 
 class Handlers:
@@ -149,7 +156,7 @@ async def _install(url: str, doc: dict[str, Any]) -> None:
         await pack_store.pack_apply(conn, parse_manifest(doc), activate=True, actor="tracing-test")
 
 
-def _post(port: int, secret: str, msg_id: str, marker: str, traceparent: str | None) -> int:
+def _signed(secret: str, msg_id: str, marker: str, traceparent: str | None) -> tuple[bytes, dict[str, str]]:
     key = base64.b64decode(secret.removeprefix("whsec_"))
     ts = int(time.time())
     body = json.dumps({"type": "traced.event", "id": msg_id, "secret_field": marker}).encode()
@@ -163,6 +170,30 @@ def _post(port: int, secret: str, msg_id: str, marker: str, traceparent: str | N
     if traceparent is not None:
         headers["traceparent"] = traceparent
         headers["tracestate"] = "vendor=opaque"
+    return body, headers
+
+
+def _submit(grpc_port: int, secret: str, msg_id: str, marker: str, traceparent: str | None) -> int:
+    """The delivery through ``IngressService.SubmitDelivery``; the answer's HTTP status."""
+    import grpc
+
+    from connector.v1 import ingress_service_pb2 as pb
+    from connector.v1 import ingress_service_pb2_grpc as pb_grpc
+
+    body, headers = _signed(secret, msg_id, marker, traceparent)
+    request = pb.SubmitDeliveryRequest(
+        namespace=NAMESPACE, route_key=ROUTE_KEY, method="POST", uri=f"/v1/webhooks/{NAMESPACE}/{ROUTE_KEY}",
+        headers=headers, body=body,
+    )  # fmt: skip
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        try:
+            return int(pb_grpc.IngressServiceStub(channel).SubmitDelivery(request, timeout=10).http_status)
+        except grpc.RpcError as exc:
+            return {grpc.StatusCode.INVALID_ARGUMENT: 400}.get(exc.code(), 500)
+
+
+def _post(port: int, secret: str, msg_id: str, marker: str, traceparent: str | None) -> int:
+    body, headers = _signed(secret, msg_id, marker, traceparent)
     url = f"http://127.0.0.1:{port}/v1/webhooks/{NAMESPACE}/{ROUTE_KEY}"
     req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
@@ -207,7 +238,7 @@ def run_stack(db_url: str, tmp_path: Path, otel_env: dict[str, str]) -> Run:
     python_out = tmp_path / "python-handler.jsonl"
     marker = f"payload-marker-{secrets.token_hex(8)}"
     port = e2e_bench._free_port
-    http_port = port()
+    http_port, grpc_port = port(), port()
     with Handlers() as handlers, psycopg.connect(db_url, autocommit=True) as conn:
         asyncio.run(_install(db_url, _manifest(handlers)))
         env = {
@@ -236,7 +267,7 @@ def run_stack(db_url: str, tmp_path: Path, otel_env: dict[str, str]) -> Run:
             span_files.append(str(path))
             return {**env, tracing.JSONL_PATH_ENV: str(path)}
 
-        ingress_args = ["ingress", "--http-port", str(http_port), "--grpc-port", str(port()),
+        ingress_args = ["ingress", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                         "--metrics-port", str(port())]  # fmt: skip
         args = {
             "ingress": ingress_args,
@@ -247,7 +278,11 @@ def run_stack(db_url: str, tmp_path: Path, otel_env: dict[str, str]) -> Run:
         try:
             e2e_bench._wait_ready(http_port, procs, timeout=90)
             ids = {name: f"{name}-{secrets.token_hex(4)}" for name in DELIVERIES}
-            statuses = {n: _post(http_port, secret, ids[n], marker, tp) for n, tp in DELIVERIES.items()}
+            statuses = {
+                n: (_submit(grpc_port, secret, ids[n], marker, tp) if n.startswith("grpc_") else
+                    _post(http_port, secret, ids[n], marker, tp))
+                for n, tp in DELIVERIES.items()
+            }  # fmt: skip
             assert all(s == 200 for s in statuses.values()), statuses
 
             def work_rows() -> list[tuple[Any, ...]]:
@@ -321,9 +356,8 @@ def check(run: Run) -> None:
         assert ingress["service"] == "connector-ingress" and ingress["kind"] == "SERVER"
         assert ingress["attributes"]["connector.outcome"] == "accepted"
         assert ingress["attributes"]["http.response.status_code"] == 200
-        if name == "provider":
-            assert trace_id == PROVIDER_TRACE, f"the provider's trace id was not kept: {trace_id}"
-            assert ingress["parent_span_id"] == PROVIDER_SPAN
+        if name in CONTINUED:
+            assert (trace_id, ingress["parent_span_id"]) == CONTINUED[name], f"{name}: the sender's trace"
         else:
             assert ingress["parent_span_id"] is None, f"{name}: {sent!r} was not ignored"
             assert trace_id != "0" * 32
@@ -372,13 +406,9 @@ def test_control_propagation_disabled_fails_the_check(db_url: str, tmp_path: Pat
     assert run.spans, "the services traced"
     with pytest.raises(AssertionError):
         check(run)
-    provider_receipt = run.receipts["provider"][0]
-    (ingress,) = [
-        s
-        for s in run.spans
-        if s["name"] == tracing.INGRESS_SPAN and s["attributes"]["connector.receipt_id"] == provider_receipt
-    ]
-    assert ingress["trace_id"] != PROVIDER_TRACE and ingress["parent_span_id"] is None
+    for name, (sender_trace, _) in CONTINUED.items():
+        ingress = _one(run, tracing.INGRESS_SPAN, "connector.receipt_id", run.receipts[name][0], name)
+        assert ingress["trace_id"] != sender_trace and ingress["parent_span_id"] is None, name
     assert run.http and all(h["traceparent"] is None for h in run.http), run.http
     assert run.grpc and all(h["traceparent"] is None for h in run.grpc), run.grpc
 
