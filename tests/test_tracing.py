@@ -53,7 +53,7 @@ from connector.executor.handlers.server import register as register_work_handler
 
 NAMESPACE = "traced"
 ROUTE_KEY = "events"
-WORK_TYPES = ("http", "grpc", "python")
+WORK_TYPES = ("http", "grpc", "python", "flaky")
 PROVIDER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PROVIDER_SPAN = "00f067aa0ba902b7"
 GATEWAY_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -135,6 +135,7 @@ def _manifest(handlers: Handlers) -> dict[str, Any]:
             "http": {"handler": {"kind": "http", "target": f"http://127.0.0.1:{handlers.http_port}/work"}},
             "grpc": {"handler": {"kind": "grpc", "target": f"127.0.0.1:{handlers.grpc_port}"}},
             "python": {"handler": {"kind": "python", "target": "tests.tracing_handlers:record"}},
+            "flaky": {"handler": {"kind": "python", "target": "tests.tracing_handlers:flaky"}},
         },
         "routes": [
             {
@@ -330,6 +331,13 @@ def _one(run: Run, name: str, attribute: str, value: int, what: str) -> dict[str
     return spans[0]
 
 
+def _attempts(run: Run, work_id: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The attempt spans of one WorkItem (with their attributes), in attempt order."""
+    spans = [s for s in run.spans if s["name"] == tracing.ATTEMPT_SPAN]
+    mine = [(s, s["attributes"]) for s in spans if s["attributes"].get("connector.work_id") == work_id]
+    return sorted(mine, key=lambda sa: sa[1]["connector.attempt"])
+
+
 def _is_traceparent(value: str | None, trace_id: str, span_id: str) -> bool:
     """``value`` is a W3C traceparent naming ``trace_id``/``span_id``, sampled (flag bit 0; the SDK
     also sets bit 1, "random trace id", of Trace Context level 2)."""
@@ -372,15 +380,24 @@ def check(run: Run) -> None:
 
         for work_type, (work_id, work_tp) in run.work[name].items():
             assert _is_traceparent(work_tp, trace_id, route["span_id"]), (name, work_type, work_tp)
-            attempt = _one(run, tracing.ATTEMPT_SPAN, "connector.work_id", work_id, f"{name}/{work_type}")
-            assert attempt["service"] == "connector-executor"
-            assert (attempt["trace_id"], attempt["parent_span_id"]) == (trace_id, route["span_id"])
-            attrs = attempt["attributes"]
-            assert (attrs["connector.work_type"], attrs["connector.attempt"], attrs["connector.outcome"]) == (
-                work_type,
-                1,
-                "success",
+            attempts = _attempts(run, work_id)
+            expected = (
+                [(1, "retry", "ERROR"), (2, "success", "UNSET")]
+                if work_type == "flaky"
+                else [(1, "success", "UNSET")]
             )
+            got_attempts = [
+                (a["connector.attempt"], a["connector.outcome"], s["status"]) for s, a in attempts
+            ]
+            assert got_attempts == expected, (name, work_type, got_attempts)
+            for attempt, attrs in attempts:  # every attempt is a child of the routing span
+                assert attempt["service"] == "connector-executor"
+                assert (attempt["trace_id"], attempt["parent_span_id"]) == (trace_id, route["span_id"])
+                assert attrs["connector.work_type"] == work_type
+            if work_type == "flaky":
+                assert attempts[0][1]["connector.failure_class"] == "try_again"
+                continue
+            attempt = attempts[0][0]
             if work_type == "python":
                 got = seen["python"][work_id]
                 assert _is_traceparent(got["traceparent"], trace_id, attempt["span_id"]), (name, got)

@@ -9,7 +9,7 @@ import os
 
 from opentelemetry import trace
 
-from connector.executor.handlers import HandlerContext, work_handler
+from connector.executor.handlers import HandlerContext, Outcome, work_handler
 
 
 @work_handler(needs_event=False)
@@ -23,3 +23,11 @@ async def record(ctx: HandlerContext) -> None:
     }
     with open(os.environ["TRACING_TEST_PYTHON_OUT"], "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
+
+
+@work_handler(needs_event=False)
+async def flaky(ctx: HandlerContext) -> Outcome | None:
+    """Asks for a retry on its first attempt, succeeds on the second (two attempt spans)."""
+    if ctx.attempt == 1:
+        return Outcome.retry(0.0, "try_again", "first attempt asks for a retry")
+    return None
