@@ -93,7 +93,8 @@ async def backfill(
                 int(e["generation"]),
                 int(e["delivery_seq"]),
             )
-            rows.extend(work_row(*ids, w) for w in plan.work)
+            # The receipt's trace context: the backfilled attempts join the delivery's trace.
+            rows.extend(work_row(*ids, w, e["traceparent"]) for w in plan.work)
         if dry_run:
             report.work_items += len(rows)
             continue
