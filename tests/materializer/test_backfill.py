@@ -35,6 +35,12 @@ async def test_backfill_is_idempotent_and_respects_eligibility(adb, db_url: str,
             "UPDATE connector_event SET legacy_state = %s WHERE receipt_id = %s", (state, receipt_id)
         )
 
+    # One delivery was traced at the ingress: its backfilled WorkItems carry the receipt's context.
+    traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await adb.execute(
+        "UPDATE connector_ingress_receipt SET traceparent = %s WHERE receipt_id = %s", (traced, ids[0])
+    )
+
     # Still legacy_active: nothing is eligible.
     report = await backfill(adb)
     assert (report.events, report.work_items) == (0, 0)
@@ -51,6 +57,13 @@ async def test_backfill_is_idempotent_and_respects_eligibility(adb, db_url: str,
     assert await scalar(adb, "SELECT count(*) FROM connector_work_item") == 0
     report = await backfill(adb, batch=2)
     assert (report.events, report.work_items) == (3, 6)
+    contexts = await rows(
+        adb,
+        "SELECT e.receipt_id = %s, w.traceparent"
+        " FROM connector_work_item w JOIN connector_event e USING (event_id)",
+        (ids[0],),
+    )
+    assert sorted(contexts, key=str) == sorted([(True, traced)] * 2 + [(False, None)] * 4, key=str), contexts
     assert report.ineligible == {"legacy_in_flight": 1, "legacy_terminal": 1}
     items = await rows(
         adb,
