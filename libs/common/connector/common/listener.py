@@ -37,6 +37,9 @@ WakeCallback = Callable[[list[Notify]], Awaitable[None] | None]
 ConnectCallback = Callable[[Conn, bool], Awaitable[None] | None]
 ErrorCallback = Callable[[BaseException], None]
 
+#: The statement of each channel (an identifier), named so a statement digest maps back to it.
+LISTEN_CHANNEL = "LISTEN {}"
+
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
@@ -111,7 +114,7 @@ class Listener:
         conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         try:
             for channel in self.cfg.channels:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                await conn.execute(sql.SQL(LISTEN_CHANNEL).format(sql.Identifier(channel)))
         except BaseException:
             with contextlib.suppress(Exception):
                 await conn.close()

@@ -174,16 +174,19 @@ class _Changed(Exception):
 # --------------------------------------------------------------------------------------------------
 
 
+# The sweeper's session: a chunk may take a while; a row some transaction holds (an FK insert, a
+# cutover) makes the chunk fail fast and be re-checked by the next sweep, never queued for.
+SESSION_SETTINGS = ("SET statement_timeout = '300s'", "SET lock_timeout = '5s'")
+
+
 async def connect(url: str, application_name: str = "connector-retention") -> psycopg.AsyncConnection[Any]:
     """The sweeper's own autocommit connection. Statements are never prepared: each chunk's arrays
     get a plan for the table as it is (ADR 008)."""
     conn = await psycopg.AsyncConnection.connect(
         url, autocommit=True, prepare_threshold=None, application_name=application_name
     )
-    await conn.execute("SET statement_timeout = '300s'")
-    # A row some transaction holds (an FK insert, a cutover) makes the chunk fail fast and be
-    # re-checked by the next sweep; it is never queued for.
-    await conn.execute("SET lock_timeout = '5s'")
+    for statement in SESSION_SETTINGS:
+        await conn.execute(statement)
     return conn
 
 

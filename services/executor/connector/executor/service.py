@@ -39,6 +39,8 @@ from connector.common.upkeep import Upkeep, UpkeepConfig
 from connector.executor.metrics import REGISTRY
 from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
 
+#: Read once at start: a warning when autovacuum is off (the claim path depends on vacuumed tables).
+AUTOVACUUM_SETTING = "SELECT current_setting('autovacuum')"
 log = logging.getLogger(__name__)
 
 SERVICE = "executor"
@@ -164,7 +166,7 @@ class ExecutorService:
         """Warn about server settings the claim path depends on (never fatal)."""
         assert self.pool is not None
         async with self.pool.connection() as conn:
-            cur = await conn.execute("SELECT current_setting('autovacuum')")
+            cur = await conn.execute(AUTOVACUUM_SETTING)
             row = await cur.fetchone()
         if row is not None and row[0] != "on":
             mode = self.cfg.upkeep_mode

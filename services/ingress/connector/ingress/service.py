@@ -44,6 +44,8 @@ from connector.ingress.http import HttpLimits, build_server
 from connector.ingress.receipts import ReceiptWriter
 from connector.ingress.routes import RouteTable
 
+#: The readiness probe's round trip through the pool (``/readyz``, every orchestrator probe).
+READY_PROBE = "SELECT 1"
 log = logging.getLogger(__name__)
 
 SERVICE = "ingress"
@@ -182,7 +184,7 @@ class IngressService:
             return False
         try:
             async with self.pool.connection(timeout=min(1.0, self.settings.pool_timeout_s)) as conn:
-                await conn.execute("SELECT 1")
+                await conn.execute(READY_PROBE)
         except Exception:
             return False
         return True
