@@ -9,9 +9,10 @@ Every benchmark is a module run by the harness as its own process::
     python -m benchmarks.<name>_bench [--quick] --json-out PATH
 
 Stage modules are ``benchmarks.ingress_bench``, ``benchmarks.materializer_bench``,
-``benchmarks.executor_bench`` and ``benchmarks.e2e_bench`` (peers and the PostgreSQL reference follow
-the same contract: ``benchmarks.peers.graphile_worker_peer``, ``benchmarks.peers.procrastinate_peer``,
-``benchmarks.reference``). The module writes to PATH one JSON object::
+``benchmarks.executor_bench``, ``benchmarks.e2e_bench`` and ``benchmarks.sql_budget`` (peers and
+the PostgreSQL reference follow the same contract: ``benchmarks.peers.graphile_worker_peer``,
+``benchmarks.peers.procrastinate_peer``, ``benchmarks.reference``). The module writes to PATH one
+JSON object::
 
     {"rows": [
         {"key": "executor.drain_per_s",      # stable id; the known ones are listed in EXPECTED
@@ -120,6 +121,10 @@ EXPECTED: tuple[Expected, ...] = (
              "deliveries/s", ">= 3000"),
     Expected("e2e.delivery_p50_ms", "e2e", "end to end delivery-to-execution latency p50", "ms"),
     Expected("e2e.delivery_p99_ms", "e2e", "end to end delivery-to-execution latency p99", "ms", "< 1000"),
+    Expected("sql.statements_per_delivery", "sql-budget", "SQL statements per delivery (all stages)",
+             "stmts/delivery"),
+    Expected("sql.row_writes_per_delivery", "sql-budget", "SQL row writes per delivery", "rows/delivery"),
+    Expected("sql.wal_bytes_per_delivery", "sql-budget", "WAL bytes per delivery", "B/delivery"),
 )  # fmt: skip
 
 _TARGET = re.compile(r"^\s*(>=|<=|>|<)\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*$")

@@ -112,6 +112,8 @@ async def _loadgen(cfg: dict[str, Any], secret: str) -> dict[str, Any]:
     path = f"/v1/webhooks/{NAMESPACE}/{ROUTE_KEY}".encode()
     pad = b"x" * max(0, cfg["body_bytes"] - 140)
     rate = float(cfg.get("rate") or 0.0)
+    # Open loop in bursts: deliveries due ``burst`` at a time, every ``burst / rate`` s (same rate).
+    burst = max(1, int(cfg.get("burst") or 1))
     run_tag = os.urandom(4).hex()
     started = time.time()
     warmup_until = started + cfg["warmup"]
@@ -130,7 +132,7 @@ async def _loadgen(cfg: dict[str, Any], secret: str) -> dict[str, Any]:
             seq += 1
             i = seq
             if rate:
-                due = started + i / rate
+                due = started + ((i - 1) // burst * burst + 1) / rate
                 if due >= stop_at:
                     break
                 wait = due - time.time()
