@@ -35,6 +35,7 @@ class Claimer:
         next_discover = 0.0
         backoff = 0.1
         sched = e.scheduler
+        hints_seen = sched.hints
         while e.claiming:
             try:
                 if conn is None or conn.closed:
@@ -43,6 +44,7 @@ class Claimer:
                 now = monotonic()
                 if now >= next_discover or e.rediscover:
                     e.rediscover = False
+                    hints_seen = sched.hints  # discovery reads the rows as they are from here on
                     await self._discover(conn, now)
                     next_discover = now + e.cfg.poll_interval_s
                 free = e.capacity - len(e.held)
@@ -52,13 +54,23 @@ class Claimer:
                     continue
                 alloc = sched.allocate(min(free, e.cfg.claim_batch), e.held_by_pack, now)
                 if not alloc:
-                    e.wake.clear()
-                    due = sched.next_due()
-                    timeout = min(next_discover - now, (due - now) if due else 1e9)
-                    if await self._wait(max(0.0, timeout)):
+                    if sched.hints == hints_seen:
+                        e.wake.clear()
+                        due = sched.next_due()
+                        timeout = min(next_discover - now, (due - now) if due else 1e9)
+                        await self._wait(max(0.0, timeout))
+                    if sched.hints != hints_seen:
+                        # A hint since the last discovery or claim was sent (NOTIFY, lane
+                        # promotion, reclaim, retry): any group may have due rows again, and
+                        # discovery finds new groups. A wake-up without one only freed space in
+                        # the window: the groups a claim left with rows are still ready, the others
+                        # stay empty until a hint, the poll or a due time says otherwise (no
+                        # discovery statement per finalize batch: tests/test_sql_budget.py).
                         sched.mark_ready()
+                        hints_seen = sched.hints
                         next_discover = 0.0
                     continue
+                hints_seen = sched.hints  # so does the claim: a hint from now on may be news to it
                 await self._claim(conn, alloc)
                 backoff = 0.1
             except asyncio.CancelledError:

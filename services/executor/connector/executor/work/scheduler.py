@@ -89,6 +89,9 @@ class Scheduler:
         self.vtime = 0.0
         self.pack_names: dict[int, str] = {}
         self.paused: set[GroupKey] = set()
+        #: Hints received (``mark_ready``, ``note_due``): the claimer compares it across a wait to
+        #: tell a wake-up that may mean new rows from one that only frees space in the window.
+        self.hints = 0
 
     # -- knowledge of groups ------------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class Scheduler:
 
     def mark_ready(self, packs: Iterable[int] | None = None) -> None:
         """A hint (NOTIFY, a lane promotion, a retry) that groups may have due rows again."""
+        self.hints += 1
         wanted = None if packs is None else set(packs)
         for g in self.groups.values():
             if wanted is None or g.pack in wanted:
@@ -154,6 +158,7 @@ class Scheduler:
 
     def note_due(self, pack: int, queue_class: str, at: float) -> None:
         """A row of this group becomes due at monotonic time ``at`` (a retry with a delay)."""
+        self.hints += 1
         g = self._group(pack, queue_class)
         if not g.ready:
             g.pass_ = max(g.pass_, self.vtime)
