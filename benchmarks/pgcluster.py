@@ -6,10 +6,11 @@ The machine's shared server (5432) is never touched.
     with PrivateCluster() as cluster:
         url = cluster.url("postgres", "postgres")
 
-Binaries: ``CONNECTOR_PG_BIN`` or ``/usr/lib/postgresql/15/bin`` (else the first ``pg_config
---bindir`` on PATH). ``initdb`` refuses to run as root: as root the cluster runs as the ``postgres``
-system user (``runuser``), and its folder lives outside pytest's base temp (see NOTES.md: every
-pytest session resets ``/tmp/pytest-of-<user>`` to 0700).
+Binaries: ``CONNECTOR_PG_BIN``, else ``/usr/lib/postgresql/15/bin``, else the newest
+``/usr/lib/postgresql/*/bin``, else ``pg_config --bindir``; ``pg_stat_statements`` must be installed
+with them (Debian's server package ships it). ``initdb`` refuses to run as root: as root the
+cluster runs as the ``postgres`` system user (``runuser``), and its folder lives outside pytest's
+base temp (see NOTES.md: every pytest session resets ``/tmp/pytest-of-<user>`` to 0700).
 """
 
 from __future__ import annotations
@@ -35,12 +36,23 @@ def pg_bin() -> Path:
         return Path(explicit)
     if Path(DEFAULT_BIN, "initdb").exists():
         return Path(DEFAULT_BIN)
+    # Another Debian/Ubuntu server package: the newest installed version.
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: _version(p.parts[-3]))
+    if found:
+        return found[-1].parent
     pg_config = shutil.which("pg_config")
     if pg_config:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
         if out.returncode == 0 and Path(out.stdout.strip(), "initdb").exists():
             return Path(out.stdout.strip())
-    raise RuntimeError(f"no PostgreSQL binaries: set CONNECTOR_PG_BIN (looked in {DEFAULT_BIN} and PATH)")
+    raise RuntimeError(
+        f"no PostgreSQL server binaries (initdb): set CONNECTOR_PG_BIN (looked in {DEFAULT_BIN}, "
+        "/usr/lib/postgresql/*/bin and pg_config on PATH)"
+    )
+
+
+def _version(name: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in name.split(".") if x.isdigit())
 
 
 def _free_port() -> int:
