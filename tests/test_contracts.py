@@ -28,7 +28,7 @@ PROTO_FILES = sorted(p.stem for p in PROTO_DIR.glob("*.proto"))
 
 # RPC name prefixes that only read. Every other RPC is a mutation and must carry request_id unless it
 # is listed in MUTATION_EXEMPT with the reason it is idempotent by other means.
-READ_PREFIXES = ("Get", "List", "BatchGet", "Watch")
+READ_PREFIXES = ("Get", "List", "BatchGet", "Watch", "Find", "Trace")
 MUTATION_EXEMPT = {
     # Deduplicated by the delivery itself: (namespace, idempotency key derived by the route from the
     # provider's delivery id / body hash); a retried submit answers `duplicate = true`.

@@ -10,6 +10,8 @@
     connector admin cutover quiesce|cutover|rollback|abort|reconcile|resolve   gates (docs/cutover.md)
     connector admin processes                 registered service processes, heartbeat age, stale
     connector admin cancel|pause|resume       discard a work item; pause/resume a pack or queue class
+    connector admin find                      deliveries by provider id, key, correlation id, filter
+    connector admin trace                     one delivery's chain and why each WorkItem waits
 
 Target ``CONNECTOR_ADMIN_ADDRESS`` (default 127.0.0.1:50053) or ``--address``; bearer token from
 ``CONNECTOR_ADMIN_TOKEN`` or ``--token-file``; TLS with ``--tls-ca-file`` (+ ``--tls-cert-file`` /
@@ -32,9 +34,8 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 
-from connector.cli import admin_actions, admin_cutover
+from connector.cli import admin_actions, admin_cutover, admin_find
 from connector.cli.admin_client import (
     Client,
     CliError,
@@ -55,6 +56,9 @@ from connector.cli.admin_output import (
     to_json,
     when,
     work_item_state,
+)
+from connector.cli.admin_output import (
+    timestamp as _ts,
 )
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
@@ -81,12 +85,6 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601 or e.g. 15m, 2h, 7d)") from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _ts(value: datetime) -> Timestamp:
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def _emit(args: argparse.Namespace, message: Message, render: Callable[[], None]) -> None:
@@ -693,6 +691,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--service", help="only this service (e.g. executor, ingress, materializer)")
 
     admin_actions.add_commands(groups, common)
+    admin_find.add_commands(groups, common, _paging, parse_time)
 
 
 def cli(args: argparse.Namespace) -> int:
@@ -704,7 +703,7 @@ def cli(args: argparse.Namespace) -> int:
         else:
             print(
                 "usage: connector admin"
-                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume}"
+                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume,find,trace}"
                 " ... (see --help)",
                 file=sys.stderr,
             )

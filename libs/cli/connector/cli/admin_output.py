@@ -78,6 +78,12 @@ def process_table(response: Any, out: TextIO | None = None) -> None:
         )
 
 
+def timestamp(value: datetime) -> Timestamp:
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
 def when(ts: Timestamp, present: bool = True) -> str:
     if not present or (ts.seconds == 0 and ts.nanos == 0):
         return "-"

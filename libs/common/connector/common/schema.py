@@ -290,6 +290,13 @@ event_table = Table(
     CheckConstraint(_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
     CheckConstraint(f"legacy_state IS NULL OR {_in('legacy_state', LEGACY_STATES)}", name="legacy_state"),
     Index("ix_connector_event_installed_pack_id_generation", "installed_pack_id", "generation", "event_id"),
+    # Deliveries by correlation id (the admin API's FindDeliveries: ``correlation_ids @> {...}``).
+    Index(
+        "ix_connector_event_correlation_ids",
+        "correlation_ids",
+        postgresql_using="gin",
+        postgresql_ops={"correlation_ids": "jsonb_path_ops"},
+    ),
     Index(
         "ix_connector_event_legacy_active",
         "installed_pack_id",

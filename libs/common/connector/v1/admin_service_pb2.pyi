@@ -24,6 +24,21 @@ class LegacyOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEGACY_OUTCOME_SUCCEEDED: _ClassVar[LegacyOutcome]
     LEGACY_OUTCOME_FAILED: _ClassVar[LegacyOutcome]
     LEGACY_OUTCOME_UNKNOWN: _ClassVar[LegacyOutcome]
+
+class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WAIT_REASON_UNSPECIFIED: _ClassVar[WaitReason]
+    WAIT_REASON_RUNNING: _ClassVar[WaitReason]
+    WAIT_REASON_LEASE_EXPIRED: _ClassVar[WaitReason]
+    WAIT_REASON_DUE: _ClassVar[WaitReason]
+    WAIT_REASON_BACKOFF: _ClassVar[WaitReason]
+    WAIT_REASON_LANE_BLOCKED: _ClassVar[WaitReason]
+    WAIT_REASON_NO_CLAIMANT: _ClassVar[WaitReason]
+    WAIT_REASON_CLAIM_PATH_CLOSED: _ClassVar[WaitReason]
+    WAIT_REASON_DEAD: _ClassVar[WaitReason]
+    WAIT_REASON_SUCCEEDED: _ClassVar[WaitReason]
+    WAIT_REASON_AWAITING_LEGACY_OUTCOME: _ClassVar[WaitReason]
+    WAIT_REASON_LEGACY_TERMINAL: _ClassVar[WaitReason]
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
@@ -31,6 +46,18 @@ LEGACY_OUTCOME_UNSPECIFIED: LegacyOutcome
 LEGACY_OUTCOME_SUCCEEDED: LegacyOutcome
 LEGACY_OUTCOME_FAILED: LegacyOutcome
 LEGACY_OUTCOME_UNKNOWN: LegacyOutcome
+WAIT_REASON_UNSPECIFIED: WaitReason
+WAIT_REASON_RUNNING: WaitReason
+WAIT_REASON_LEASE_EXPIRED: WaitReason
+WAIT_REASON_DUE: WaitReason
+WAIT_REASON_BACKOFF: WaitReason
+WAIT_REASON_LANE_BLOCKED: WaitReason
+WAIT_REASON_NO_CLAIMANT: WaitReason
+WAIT_REASON_CLAIM_PATH_CLOSED: WaitReason
+WAIT_REASON_DEAD: WaitReason
+WAIT_REASON_SUCCEEDED: WaitReason
+WAIT_REASON_AWAITING_LEGACY_OUTCOME: WaitReason
+WAIT_REASON_LEGACY_TERMINAL: WaitReason
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -779,3 +806,155 @@ class ResumePackResponse(_message.Message):
     changed: bool
     dry_run: bool
     def __init__(self, pause: _Optional[_Union[Pause, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class FindDeliveriesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "receipt_id", "work_id", "provider_delivery_id", "idempotency_key", "correlation_name", "correlation_value", "namespace", "route_key", "event_kind", "receipt_status", "work_item_state", "accept_time_after", "accept_time_before")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_NAME_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_VALUE_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    EVENT_KIND_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEM_STATE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    receipt_id: int
+    work_id: int
+    provider_delivery_id: str
+    idempotency_key: str
+    correlation_name: str
+    correlation_value: str
+    namespace: str
+    route_key: str
+    event_kind: str
+    receipt_status: str
+    work_item_state: str
+    accept_time_after: _timestamp_pb2.Timestamp
+    accept_time_before: _timestamp_pb2.Timestamp
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., receipt_id: _Optional[int] = ..., work_id: _Optional[int] = ..., provider_delivery_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., correlation_name: _Optional[str] = ..., correlation_value: _Optional[str] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., event_kind: _Optional[str] = ..., receipt_status: _Optional[str] = ..., work_item_state: _Optional[str] = ..., accept_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accept_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("receipt", "events", "work_items")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    receipt: _types_pb2.Receipt
+    events: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
+    work_items: _containers.RepeatedCompositeFieldContainer[_types_pb2.WorkItem]
+    def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., work_items: _Optional[_Iterable[_Union[_types_pb2.WorkItem, _Mapping]]] = ...) -> None: ...
+
+class FindDeliveriesResponse(_message.Message):
+    __slots__ = ("deliveries", "next_page_token", "scanned_receipts")
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    next_page_token: str
+    scanned_receipts: int
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., scanned_receipts: _Optional[int] = ...) -> None: ...
+
+class TraceDeliveryRequest(_message.Message):
+    __slots__ = ("receipt_id", "work_id", "provider_delivery_id", "namespace", "include_payload")
+    RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    receipt_id: int
+    work_id: int
+    provider_delivery_id: str
+    namespace: str
+    include_payload: bool
+    def __init__(self, receipt_id: _Optional[int] = ..., work_id: _Optional[int] = ..., provider_delivery_id: _Optional[str] = ..., namespace: _Optional[str] = ..., include_payload: _Optional[bool] = ...) -> None: ...
+
+class ReceiptRouting(_message.Message):
+    __slots__ = ("verification_scheme", "verification_key_ref", "next_attempt_time", "route_time", "claim_owner", "lease_until", "detail")
+    VERIFICATION_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_KEY_REF_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    verification_scheme: str
+    verification_key_ref: str
+    next_attempt_time: _timestamp_pb2.Timestamp
+    route_time: _timestamp_pb2.Timestamp
+    claim_owner: str
+    lease_until: _timestamp_pb2.Timestamp
+    detail: str
+    def __init__(self, verification_scheme: _Optional[str] = ..., verification_key_ref: _Optional[str] = ..., next_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., route_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claim_owner: _Optional[str] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class WorkItemWait(_message.Message):
+    __slots__ = ("reason", "detail", "until", "blocking_work_id", "lease_owner")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKING_WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_OWNER_FIELD_NUMBER: _ClassVar[int]
+    reason: WaitReason
+    detail: str
+    until: _timestamp_pb2.Timestamp
+    blocking_work_id: int
+    lease_owner: str
+    def __init__(self, reason: _Optional[_Union[WaitReason, str]] = ..., detail: _Optional[str] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., blocking_work_id: _Optional[int] = ..., lease_owner: _Optional[str] = ...) -> None: ...
+
+class LanePosition(_message.Message):
+    __slots__ = ("kind", "lane_key", "head_work_id", "head_state", "processing_work_id", "ahead")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LANE_KEY_FIELD_NUMBER: _ClassVar[int]
+    HEAD_WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_STATE_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
+    kind: LaneKind
+    lane_key: str
+    head_work_id: int
+    head_state: _types_pb2.WorkItemState
+    processing_work_id: int
+    ahead: int
+    def __init__(self, kind: _Optional[_Union[LaneKind, str]] = ..., lane_key: _Optional[str] = ..., head_work_id: _Optional[int] = ..., head_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ..., processing_work_id: _Optional[int] = ..., ahead: _Optional[int] = ...) -> None: ...
+
+class WorkItemTrace(_message.Message):
+    __slots__ = ("work_item", "lanes", "wait")
+    WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    work_item: _types_pb2.WorkItem
+    lanes: _containers.RepeatedCompositeFieldContainer[LanePosition]
+    wait: WorkItemWait
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., lanes: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., wait: _Optional[_Union[WorkItemWait, _Mapping]] = ...) -> None: ...
+
+class EventTrace(_message.Message):
+    __slots__ = ("event", "execution_owner", "legacy_state", "work_items")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_OWNER_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_STATE_FIELD_NUMBER: _ClassVar[int]
+    WORK_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    event: _types_pb2.Event
+    execution_owner: str
+    legacy_state: str
+    work_items: _containers.RepeatedCompositeFieldContainer[WorkItemTrace]
+    def __init__(self, event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., execution_owner: _Optional[str] = ..., legacy_state: _Optional[str] = ..., work_items: _Optional[_Iterable[_Union[WorkItemTrace, _Mapping]]] = ...) -> None: ...
+
+class TraceDeliveryResponse(_message.Message):
+    __slots__ = ("receipt", "routing", "events", "observe_time", "active_claimants")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
+    receipt: _types_pb2.Receipt
+    routing: ReceiptRouting
+    events: _containers.RepeatedCompositeFieldContainer[EventTrace]
+    observe_time: _timestamp_pb2.Timestamp
+    active_claimants: int
+    def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., routing: _Optional[_Union[ReceiptRouting, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventTrace, _Mapping]]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., active_claimants: _Optional[int] = ...) -> None: ...

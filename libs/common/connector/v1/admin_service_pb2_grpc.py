@@ -160,6 +160,16 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.FromString,
                 _registered_method=True)
+        self.FindDeliveries = channel.unary_unary(
+                '/connector.v1.AdminService/FindDeliveries',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.FindDeliveriesRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.FindDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.TraceDelivery = channel.unary_unary(
+                '/connector.v1.AdminService/TraceDelivery',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -356,6 +366,26 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindDeliveries(self, request, context):
+        """Deliveries (a receipt with its events and WorkItems, in every state) matching a filter, newest
+        receipt first (role ViewConnectorEvents; never payloads). At least one filter is required. A
+        search without a key (receipt, work, provider delivery or idempotency id, correlation id) scans
+        at most a bounded number of receipts per call: a page may then hold fewer matches than asked
+        for, even none, and still carry a next_page_token (docs/admin.md, "Find").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TraceDelivery(self, request, context):
+        """One delivery's whole chain: receipt (verification scheme and key reference, times, routing),
+        its events and each WorkItem with its lanes and why it is not running now (role
+        ViewConnectorEvents; the payload needs ReplayConnectorEvents or ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -478,6 +508,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ResumePack,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.SerializeToString,
+            ),
+            'FindDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindDeliveries,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.FindDeliveriesRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.FindDeliveriesResponse.SerializeToString,
+            ),
+            'TraceDelivery': grpc.unary_unary_rpc_method_handler(
+                    servicer.TraceDelivery,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1134,6 +1174,60 @@ class AdminService:
             '/connector.v1.AdminService/ResumePack',
             connector_dot_v1_dot_admin__service__pb2.ResumePackRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.ResumePackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/FindDeliveries',
+            connector_dot_v1_dot_admin__service__pb2.FindDeliveriesRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.FindDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceDelivery(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/TraceDelivery',
+            connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.FromString,
             options,
             channel_credentials,
             insecure,

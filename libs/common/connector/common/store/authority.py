@@ -19,6 +19,7 @@ open fences and the WorkItems, legacy events and outcome receipts the gates wait
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -73,6 +74,29 @@ RETURNING claim_path, phase, version
 
 # An authority change: ingress and materializer caches reload on ``connector_packs``.
 AUTHORITY_NOTIFY = f"SELECT pg_notify('{CHANNEL_PACKS}', '')"
+
+
+# The claim authority of several (pack, generation) pairs (the admin trace): whether each admits
+# WorkItem claims — the same condition the claim statement's authority read holds.
+CLAIM_AUTHORITY_LIST = """
+SELECT k.pack AS installed_pack_id, k.generation, a.claim_path, a.phase,
+       coalesce(a.claim_path = 'work_item' AND a.phase = 'work_item_active'
+                AND a.cutover_receipt_id IS NOT NULL, false) AS admits_work_items
+FROM unnest(%(packs)s::bigint[], %(generations)s::int[]) AS k(pack, generation)
+LEFT JOIN connector_claim_authority a ON a.installed_pack_id = k.pack AND a.generation = k.generation
+"""
+
+
+async def claim_authority_list(
+    conn: Conn, pairs: Iterable[tuple[int, int]]
+) -> dict[tuple[int, int], dict[str, Any]]:
+    uniq = sorted(set(pairs))
+    if not uniq:
+        return {}
+    rows = await fetch_dicts(
+        conn, CLAIM_AUTHORITY_LIST, {"packs": [p for p, _ in uniq], "generations": [g for _, g in uniq]}
+    )
+    return {(int(r["installed_pack_id"]), int(r["generation"])): r for r in rows}
 
 
 async def pack_lock(conn: Conn, params: dict[str, Any]) -> dict[str, Any] | None:

@@ -151,3 +151,22 @@ async def event_count_generation(conn: Conn, pack: int, generation: int) -> tupl
     row = await fetch_dict(conn, EVENT_COUNT_GENERATION, {"id": pack, "generation": generation})
     assert row is not None
     return int(row["events"]), int(row["legacy_active"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The admin API: the events of found or traced deliveries (one statement per page or trace)
+# --------------------------------------------------------------------------------------------------
+
+# Events of the given receipts, in receipt and event order: ``uq_connector_event_receipt_id_event_index``.
+# With the claim path that owns each one (and the legacy path's state of a legacy-owned event).
+EVENT_LIST_BY_RECEIPTS = f"""
+SELECT {EVENT_SELECT_COLUMNS}, e.execution_owner AS e_execution_owner, e.legacy_state AS e_legacy_state
+FROM connector_event e WHERE e.receipt_id = ANY(%(ids)s::bigint[])
+ORDER BY e.receipt_id, e.event_index
+"""
+
+
+async def event_list_by_receipts(conn: Conn, receipt_ids: Sequence[int]) -> list[dict[str, Any]]:
+    if not receipt_ids:
+        return []
+    return await fetch_dicts(conn, EVENT_LIST_BY_RECEIPTS, {"ids": list(receipt_ids)})

@@ -26,6 +26,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.schema import LANE_HOLDING_PREDICATE, WORK_LANE_HOLDING
+from connector.common.store.rows import fetch_dicts
 
 
 class LaneKind(StrEnum):
@@ -261,3 +262,73 @@ async def lane_overtaken(conn: AsyncConnection[Any], first_seq: Mapping[Lane, in
     row = await cur.fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+# --------------------------------------------------------------------------------------------------
+# The admin trace: where a member stands in each of its lanes (read only, no locks)
+# --------------------------------------------------------------------------------------------------
+
+#: ``ahead`` counts at most this many members (a longer queue shows as this number).
+LANE_AHEAD_MAX = 10_000
+
+
+def _position_branch(kind: LaneKind, column: str) -> str:
+    return f"""
+SELECT m.pack, m.kind, m.key, m.work_id,
+       h.work_id AS head_work_id, h.state AS head_state, h.lease_owner AS head_lease_owner,
+       h.run_after AS head_run_after,
+       p.work_id AS processing_work_id, p.lease_owner AS processing_lease_owner,
+       (SELECT count(*) FROM (
+          SELECT 1 FROM connector_work_item a
+          WHERE a.installed_pack_id = m.pack AND a.{column} = m.key AND {lane_holding("a")}
+            AND (a.delivery_seq, a.work_id) < (m.seq, m.work_id)
+          LIMIT {LANE_AHEAD_MAX}) x) AS ahead
+FROM m
+LEFT JOIN LATERAL (
+  SELECT w.work_id, w.state, w.lease_owner, w.run_after FROM connector_work_item w
+  WHERE w.installed_pack_id = m.pack AND w.{column} = m.key AND {_HOLD_W}
+  ORDER BY w.delivery_seq, w.work_id LIMIT 1) h ON true
+LEFT JOIN LATERAL (
+  SELECT w.work_id, w.lease_owner FROM connector_work_item w
+  WHERE w.installed_pack_id = m.pack AND w.{column} = m.key AND w.state = 'processing'
+  LIMIT 1) p ON true
+WHERE m.kind = '{kind.value}'"""
+
+
+# Per (lane, member): the lane's head (first holding member, ``lane_holding`` order), its member in
+# flight, and how many holding members are ahead of the member. The lane partial indexes and the
+# unique in-flight backstops; one statement for every lane of a trace.
+LANE_POSITION_BATCH = f"""
+WITH m AS (
+  SELECT * FROM unnest(%(packs)s::bigint[], %(kinds)s::text[], %(keys)s::text[], %(seqs)s::bigint[],
+                       %(ids)s::bigint[]) AS m(pack, kind, key, seq, work_id)
+){_position_branch(LaneKind.SOURCE, "source_lane_key")}
+UNION ALL{_position_branch(LaneKind.TARGET, "target_mutation_lane_key")}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LaneMember:
+    """A WorkItem as one member of one lane."""
+
+    lane: Lane
+    delivery_seq: int
+    work_id: int
+
+
+async def lane_position_batch(
+    conn: AsyncConnection[Any], members: Sequence[LaneMember]
+) -> dict[tuple[Lane, int], dict[str, Any]]:
+    """Keyed by (lane, member work id): ``head_work_id``, ``head_state``, ``head_lease_owner``,
+    ``head_run_after``, ``processing_work_id``, ``processing_lease_owner``, ``ahead``."""
+    if not members:
+        return {}
+    params = {
+        "packs": [m.lane[0] for m in members],
+        "kinds": [str(m.lane[1]) for m in members],
+        "keys": [m.lane[2] for m in members],
+        "seqs": [m.delivery_seq for m in members],
+        "ids": [m.work_id for m in members],
+    }
+    rows = await fetch_dicts(conn, LANE_POSITION_BATCH, params)
+    return {((int(r["pack"]), str(r["kind"]), str(r["key"])), int(r["work_id"])): r for r in rows}

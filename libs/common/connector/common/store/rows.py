@@ -20,3 +20,12 @@ async def fetch_dict(conn: AsyncConnection[Any], statement: str, params: Any = N
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(statement, params)
     return await cur.fetchone()
+
+
+#: One consistent, read-only snapshot for a multi-statement read (the admin trace); the first
+#: statement of a transaction.
+SNAPSHOT_READ_ONLY = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+
+async def snapshot_read_only(conn: AsyncConnection[Any]) -> None:
+    await conn.execute(SNAPSHOT_READ_ONLY)

@@ -908,6 +908,34 @@ async def work_item_state_by_event(conn: Conn, event_id: int, work_type: str) ->
     return None if row is None else str(row[0])
 
 
+# The WorkItems of found or traced deliveries (one statement per page or trace), by their events:
+# ``uq_connector_work_item_event_id_work_type``; with the lane policy the trace's wait reads.
+WORK_ITEM_LIST_BY_EVENTS = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS}, w.dead_blocks_lane AS w_dead_blocks_lane
+FROM connector_work_item w WHERE w.event_id = ANY(%(ids)s::bigint[])
+ORDER BY w.event_id, w.work_id
+"""
+
+
+async def work_item_list_by_events(conn: Conn, event_ids: Sequence[int]) -> list[dict[str, Any]]:
+    if not event_ids:
+        return []
+    return await fetch_dicts(conn, WORK_ITEM_LIST_BY_EVENTS, {"ids": list(event_ids)})
+
+
+# The receipt of a WorkItem's event (TraceDelivery by work id): two primary-key probes.
+WORK_ITEM_RECEIPT_ID = """
+SELECT e.receipt_id FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
+WHERE w.work_id = %(work_id)s
+"""
+
+
+async def work_item_receipt_id(conn: Conn, work_id: int) -> int | None:
+    cur = await conn.execute(WORK_ITEM_RECEIPT_ID, {"work_id": work_id})
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
+
+
 # ------------------------------------------------------------------------------------------------
 # The admin API's queue and lane statistics (admin/stats.py assembles them; tests/admin/test_stats.py
 # asserts every plan with EXPLAIN). Each count is driven from the small control tables (packs,

@@ -60,6 +60,8 @@ METHOD_ROLES: dict[str, Role] = {
     "GetCutoverState": Role.VIEW,
     "ListLegacyFailures": Role.VIEW,
     "ListProcesses": Role.VIEW,
+    "FindDeliveries": Role.VIEW,
+    "TraceDelivery": Role.VIEW,
     "ReplayWorkItem": Role.REPLAY,
     "ReplayDeadLetters": Role.REPLAY,
     "ReplayReceipt": Role.REPLAY,

@@ -42,6 +42,11 @@ def _text(value: Any, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
+def summary(value: Any) -> str:
+    """A free-text summary as the API shows it (capped at ``SUMMARY_MAX`` characters)."""
+    return _text(value, SUMMARY_MAX) or "-"
+
+
 def _hex(value: Any) -> str:
     return bytes(value).hex() if value is not None else ""
 

@@ -27,6 +27,11 @@ class Reason(StrEnum):
     PAGE_TOKEN_FILTER_MISMATCH = "PAGE_TOKEN_FILTER_MISMATCH"  # noqa: S105 - a reason code, not a secret
     REQUEST_ID_REUSED = "REQUEST_ID_REUSED"
     INVALID_MANIFEST = "INVALID_MANIFEST"
+    # FindDeliveries / TraceDelivery (docs/admin.md, "Find" and "Trace")
+    FILTER_REQUIRED = "FILTER_REQUIRED"
+    INVALID_TIME_RANGE = "INVALID_TIME_RANGE"
+    UNKNOWN_STATE = "UNKNOWN_STATE"
+    AMBIGUOUS_DELIVERY = "AMBIGUOUS_DELIVERY"
     # INVALID_ARGUMENT, from the server's input stage (connector.common.grpc_input), before any
     # handler runs; metadata ``field`` names the field (never its value)
     MALFORMED_REQUEST = grpc_input.MALFORMED_REQUEST
@@ -36,6 +41,7 @@ class Reason(StrEnum):
     # NOT_FOUND
     WORK_ITEM_NOT_FOUND = "WORK_ITEM_NOT_FOUND"
     RECEIPT_NOT_FOUND = "RECEIPT_NOT_FOUND"
+    DELIVERY_NOT_FOUND = "DELIVERY_NOT_FOUND"
     PACK_NOT_FOUND = "PACK_NOT_FOUND"
     GENERATION_NOT_FOUND = "GENERATION_NOT_FOUND"
     # FAILED_PRECONDITION: replay refusals (fail closed)

@@ -23,12 +23,14 @@ from connector.executor import cutover
 from connector.executor.admin import (
     actions,
     convert,
+    find,
     packs,
     pagination,
     reads,
     replay,
     requests,
     stats,
+    trace,
     transitions,
 )
 from connector.executor.admin.auth import Principal
@@ -608,6 +610,22 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if len(rows) > size:
             response.next_page_token = self.pages.encode(
                 "ListProcesses", [rows[size - 1]["process_id"]], filters
+            )
+        return response
+
+    # -- find and trace (admin/find.py, admin/trace.py) -----------------------------------------
+
+    async def FindDeliveries(
+        self, request: pb.FindDeliveriesRequest, context: Any
+    ) -> pb.FindDeliveriesResponse:
+        return await find.find_deliveries(self._pool, self.pages, request)
+
+    async def TraceDelivery(self, request: pb.TraceDeliveryRequest, context: Any) -> pb.TraceDeliveryResponse:
+        response = await trace.trace_delivery(self._pool, request, _principal(), stale_s=self._stale_s)
+        if request.include_payload:
+            log.info(
+                "delivery payload read",
+                extra={"receipt_id": response.receipt.receipt_id, "actor": _actor()},
             )
         return response
 

@@ -1,0 +1,381 @@
+"""TraceDelivery: one delivery's whole chain — receipt (verification, times, routing), its events,
+and each WorkItem with its lanes and why it is not running now (docs/admin.md, "Trace").
+
+Every read is one batched statement of the store (receipt, events, WorkItems, lane positions, claim
+authorities, claimant count), inside one read-only REPEATABLE READ snapshot, so the parts agree
+with each other and with the database clock the waits compare against (``observe_time``).
+
+``why_not_running`` is the one place that decides a WorkItem's wait; extend it there (pauses and
+budgets will add their reasons before the ready-state checks).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from connector.common.store import authority, events, processes, receipts, work_items
+from connector.common.store.lanes import LaneKind, LaneMember, lane_position_batch, lanes_of
+from connector.common.store.receipts import DeliveryFilter
+from connector.common.store.rows import snapshot_read_only
+from connector.executor.admin import convert
+from connector.executor.admin.auth import Principal
+from connector.executor.admin.errors import Reason, invalid_argument, not_found, permission_denied
+from connector.executor.admin.session import connection
+from connector.v1 import admin_service_pb2 as pb
+
+#: ``<scheme>:<key reference>`` as the ingress stores it (ingress/verify.py), e.g.
+#: ``hmac-sha256:env:SHOP_SECRET``; ``none`` without a key.
+_VERIFICATION = re.compile(r"^([^:\s]+)[:\s](.+)$")
+
+
+def verification_parts(label: str | None) -> tuple[str, str]:
+    """(scheme, key reference) of a receipt's verification label (never a secret: a reference)."""
+    if not label:
+        return "", ""
+    match = _VERIFICATION.match(label)
+    return (match.group(1), match.group(2)) if match else (label, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Why a WorkItem is not running now
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaneView:
+    """One lane of a WorkItem as ``store.lanes.lane_position_batch`` sees it."""
+
+    kind: str  # LaneKind value
+    key: str
+    head_work_id: int | None
+    head_state: str | None
+    head_lease_owner: str | None
+    head_run_after: datetime | None
+    processing_work_id: int | None
+    processing_lease_owner: str | None
+    ahead: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    reason: int  # types: pb.WaitReason
+    detail: str
+    until: datetime | None = None
+    blocking_work_id: int = 0
+    lease_owner: str = ""
+
+
+def _lane_name(lane: LaneView) -> str:
+    return f"{'source' if lane.kind == LaneKind.SOURCE else 'target'} lane {lane.key!r}"
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def _blocked_wait(work_id: int, lanes: list[LaneView]) -> Wait:
+    for lane in lanes:
+        if lane.head_work_id is not None and lane.head_work_id != work_id:
+            state = lane.head_state or "?"
+            why = {
+                "processing": f"running on {lane.head_lease_owner or '?'}",
+                "dead": "dead and holding its lanes (dead_head: block): replay it"
+                " (connector admin dlq replay) to release them",
+                "retry": f"in retry backoff until {_when(lane.head_run_after)}",
+                "pending": "due next",
+                "blocked": "itself blocked in another lane",
+                "awaiting_legacy_outcome": "rollback-fenced awaiting its legacy outcome",
+            }.get(state, state)
+            return Wait(
+                pb.WAIT_REASON_LANE_BLOCKED,
+                f"blocked in {_lane_name(lane)} behind work item {lane.head_work_id} ({state}: {why});"
+                f" {lane.ahead} member(s) ahead",
+                blocking_work_id=lane.head_work_id,
+                lease_owner=lane.head_lease_owner or "",
+            )
+    for lane in lanes:
+        if lane.processing_work_id is not None and lane.processing_work_id != work_id:
+            return Wait(
+                pb.WAIT_REASON_LANE_BLOCKED,
+                f"blocked in {_lane_name(lane)}: work item {lane.processing_work_id} is in flight on"
+                f" {lane.processing_lease_owner or '?'}",
+                blocking_work_id=lane.processing_work_id,
+                lease_owner=lane.processing_lease_owner or "",
+            )
+    return Wait(
+        pb.WAIT_REASON_LANE_BLOCKED,
+        "blocked although first in each of its lanes: its promotion is pending (the lane repair"
+        " promotes it within one upkeep interval)",
+    )
+
+
+def why_not_running(
+    item: dict[str, Any],
+    lanes: list[LaneView],
+    claim_authority: dict[str, Any] | None,
+    active_claimants: int,
+    now: datetime,
+) -> Wait:
+    """Why the WorkItem ``item`` (a ``w_*`` row) is not running at ``now`` (the database clock), or
+    that it is. ``lanes``: its lanes' positions; ``claim_authority``: its pack generation's
+    (``store.authority.claim_authority_list``); ``active_claimants``: executors claiming WorkItems
+    with a fresh heartbeat.
+
+    Order: terminal and fenced states first, then the lease, then the lanes, then what keeps a ready
+    item from its claim (claim path, run_after, claimants). New reasons (a paused pack or queue
+    class, a budget) go before the ready checks, as the claim skips such work first.
+    """
+    state = item["w_state"]
+    work_id = int(item["w_work_id"])
+    if state == "succeeded":
+        return Wait(pb.WAIT_REASON_SUCCEEDED, f"succeeded at {_when(item.get('w_finished_at'))}")
+    if state == "dead":
+        holds = " It holds its lanes (dead_head: block)." if lanes and item.get("w_dead_blocks_lane") else ""
+        return Wait(
+            pb.WAIT_REASON_DEAD,
+            f"dead after {item['w_attempts']} attempt(s): {item.get('w_failure_class') or '-'}:"
+            f" {convert.summary(item.get('w_failure_summary'))}.{holds}"
+            f" Replay: connector admin dlq replay {work_id}",
+        )
+    if state == "reconciled_legacy_terminal":
+        return Wait(
+            pb.WAIT_REASON_LEGACY_TERMINAL,
+            "executed by the legacy Event path; never runs on the WorkItem path",
+        )
+    if state == "awaiting_legacy_outcome":
+        return Wait(
+            pb.WAIT_REASON_AWAITING_LEGACY_OUTCOME,
+            "rollback-fenced: waiting for the legacy Event path's outcome (docs/cutover.md)",
+        )
+    if state == "processing":
+        owner = item.get("w_lease_owner") or ""
+        until = item.get("w_lease_until")
+        if until is not None and until <= now:
+            return Wait(
+                pb.WAIT_REASON_LEASE_EXPIRED,
+                f"claimed by {owner or '?'} whose lease ran out at {_when(until)}: the holder is gone;"
+                " the reclaim moves it to retry",
+                until=until,
+                lease_owner=owner,
+            )
+        return Wait(
+            pb.WAIT_REASON_RUNNING,
+            f"running on {owner or '?'} (attempt {item['w_attempts']}, lease until {_when(until)})",
+            until=until,
+            lease_owner=owner,
+        )
+    if state == "blocked":
+        return _blocked_wait(work_id, lanes)
+    # pending / retry: ready
+    if claim_authority is None or not claim_authority.get("admits_work_items"):
+        path = (claim_authority or {}).get("claim_path") or "none"
+        phase = (claim_authority or {}).get("phase") or "none"
+        return Wait(
+            pb.WAIT_REASON_CLAIM_PATH_CLOSED,
+            f"pack {item['w_installed_pack_id']} generation {item['w_generation']} does not admit"
+            f" WorkItem claims (claim path {path}, phase {phase}; connector admin cutover status)",
+        )
+    run_after = item.get("w_run_after")
+    if run_after is not None and run_after > now:
+        what = "retry backoff" if state == "retry" else "delayed"
+        last = (
+            f" after {item.get('w_failure_class') or 'a failure'}"
+            f" (attempt {item['w_attempts']} of {item['w_max_attempts']})"
+            if state == "retry"
+            else ""
+        )
+        return Wait(pb.WAIT_REASON_BACKOFF, f"{what}{last} until {_when(run_after)}", until=run_after)
+    if active_claimants <= 0:
+        return Wait(
+            pb.WAIT_REASON_NO_CLAIMANT,
+            "due, but no executor claiming WorkItems has a fresh heartbeat (connector admin processes)",
+        )
+    return Wait(
+        pb.WAIT_REASON_DUE,
+        f"due since {_when(run_after)}: the next claim with a free slot in queue class"
+        f" {item['w_queue_class']!r} takes it",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The receipt's routing
+# --------------------------------------------------------------------------------------------------
+
+
+def routing_detail(row: dict[str, Any], now: datetime) -> str:
+    status = row["r_router_status"]
+    error = f"{row.get('r_error_class') or '-'}: {convert.summary(row.get('r_error_summary'))}"
+    due = row.get("r_next_attempt_at")
+    if status == "pending":
+        return f"waiting to be routed (due {_when(due)})"
+    if status == "retry":
+        return f"routing attempt {row['r_attempts']} failed ({error}); next attempt at {_when(due)}"
+    if status == "routing":
+        until = row.get("r_lease_until")
+        if until is not None and until <= now:
+            owner = row.get("r_claim_owner") or "?"
+            return f"routing lease of {owner} expired at {_when(until)}; another claim takes it over"
+        return f"being routed by {row.get('r_claim_owner') or '?'} (lease until {_when(until)})"
+    if status == "failed":
+        return (
+            f"routing failed after {row['r_attempts']} attempt(s) ({error});"
+            f" connector admin receipts replay {row['r_receipt_id']}"
+        )
+    n = len(row.get("r_enqueued_event_ids") or ())
+    return f"routed at {_when(row.get('r_routed_at'))} into {n} event(s)"
+
+
+# --------------------------------------------------------------------------------------------------
+# The RPC
+# --------------------------------------------------------------------------------------------------
+
+
+def _lane_view(pos: dict[str, Any]) -> LaneView:
+    return LaneView(
+        kind=str(pos["kind"]),
+        key=str(pos["key"]),
+        head_work_id=pos["head_work_id"],
+        head_state=pos["head_state"],
+        head_lease_owner=pos["head_lease_owner"],
+        head_run_after=pos["head_run_after"],
+        processing_work_id=pos["processing_work_id"],
+        processing_lease_owner=pos["processing_lease_owner"],
+        ahead=int(pos["ahead"]),
+    )
+
+
+def _lane_pb(lane: LaneView) -> pb.LanePosition:
+    return pb.LanePosition(
+        kind=pb.LANE_KIND_SOURCE if lane.kind == LaneKind.SOURCE else pb.LANE_KIND_TARGET_MUTATION,
+        lane_key=lane.key,
+        head_work_id=lane.head_work_id or 0,
+        head_state=convert.work_item_state(lane.head_state) if lane.head_state else 0,  # type: ignore[arg-type]
+        processing_work_id=lane.processing_work_id or 0,
+        ahead=lane.ahead,
+    )
+
+
+def check_request(request: pb.TraceDeliveryRequest, principal: Principal | None) -> None:
+    given = [n for n in ("receipt_id", "work_id", "provider_delivery_id") if getattr(request, n)]
+    if len(given) != 1:
+        raise invalid_argument(
+            "give exactly one of receipt_id, work_id, provider_delivery_id", Reason.FILTER_REQUIRED
+        )
+    if request.receipt_id < 0 or request.work_id < 0:
+        raise invalid_argument(f"{given[0]} must be a positive id", field=given[0])
+    if request.namespace and not request.provider_delivery_id:
+        raise invalid_argument("namespace narrows provider_delivery_id only", field="namespace")
+    if request.include_payload and (principal is None or not principal.may_see_payload):
+        raise permission_denied(
+            Reason.PAYLOAD_NOT_ALLOWED,
+            "include_payload needs role ReplayConnectorEvents or ConnectorOperator",
+            role="ReplayConnectorEvents",
+        )
+
+
+async def _receipt_id(conn: Any, request: pb.TraceDeliveryRequest) -> int:
+    if request.receipt_id:
+        return int(request.receipt_id)
+    if request.work_id:
+        rid = await work_items.work_item_receipt_id(conn, request.work_id)
+        if rid is None:
+            raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {request.work_id} not found")
+        return rid
+    flt = DeliveryFilter(
+        provider_delivery_id=request.provider_delivery_id, namespace=request.namespace or None
+    )
+    ids = await receipts.receipt_find(conn, flt, after=None, limit=10)
+    if not ids:
+        raise not_found(Reason.DELIVERY_NOT_FOUND, "no receipt has this provider delivery id")
+    if len(ids) > 1:
+        raise invalid_argument(
+            f"{len(ids)} receipts have this provider delivery id; give namespace or receipt_id",
+            Reason.AMBIGUOUS_DELIVERY,
+            receipt_ids=",".join(str(i) for i in ids),
+        )
+    return ids[0]
+
+
+async def trace_delivery(
+    pool: Any, request: pb.TraceDeliveryRequest, principal: Principal | None, *, stale_s: float
+) -> pb.TraceDeliveryResponse:
+    check_request(request, principal)
+    with_body = request.include_payload
+    async with connection(pool) as conn, conn.transaction():
+        await snapshot_read_only(conn)
+        receipt_id = await _receipt_id(conn, request)
+        row = await receipts.receipt_trace_get(conn, receipt_id, with_body=with_body)
+        if row is None:
+            raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
+        event_rows = await events.event_list_by_receipts(conn, [receipt_id])
+        item_rows = await work_items.work_item_list_by_events(
+            conn, [int(e["e_event_id"]) for e in event_rows]
+        )
+        members: list[LaneMember] = []
+        for w in item_rows:
+            for lane in lanes_of(
+                int(w["w_installed_pack_id"]), w["w_source_lane_key"], w["w_target_mutation_lane_key"]
+            ):
+                members.append(LaneMember(lane, int(w["w_delivery_seq"]), int(w["w_work_id"])))
+        positions = await lane_position_batch(conn, members)
+        authorities = await authority.claim_authority_list(
+            conn, [(int(w["w_installed_pack_id"]), int(w["w_generation"])) for w in item_rows]
+        )
+        claimants = await processes.process_count_work_item_fresh(conn, stale_s=stale_s)
+    now: datetime = row["db_now"]
+    body = bytes(row["r_body"]) if with_body and row.get("r_body") is not None else None
+    scheme, key_ref = verification_parts(row.get("r_verification"))
+    response = pb.TraceDeliveryResponse(
+        receipt=convert.receipt(row, body),
+        routing=pb.ReceiptRouting(
+            verification_scheme=scheme,
+            verification_key_ref=key_ref,
+            next_attempt_time=convert.ts(row["r_next_attempt_at"])
+            if row["r_router_status"] in ("pending", "retry")
+            else None,
+            route_time=convert.ts(row.get("r_routed_at")),
+            claim_owner=row.get("r_claim_owner") or "" if row["r_router_status"] == "routing" else "",
+            lease_until=convert.ts(row.get("r_lease_until")),
+            detail=routing_detail(row, now),
+        ),
+        observe_time=convert.ts(now),
+        active_claimants=claimants,
+    )
+    by_event: dict[int, pb.EventTrace] = {}
+    for e in event_rows:
+        trace = pb.EventTrace(
+            event=convert.event(e),
+            execution_owner=e.get("e_execution_owner") or "",
+            legacy_state=e.get("e_legacy_state") or "",
+        )
+        by_event[int(e["e_event_id"])] = trace
+    for w in item_rows:
+        work_id = int(w["w_work_id"])
+        lanes: list[LaneView] = []
+        for of in lanes_of(
+            int(w["w_installed_pack_id"]), w["w_source_lane_key"], w["w_target_mutation_lane_key"]
+        ):
+            pos = positions.get((of, work_id))
+            if pos is not None:
+                lanes.append(_lane_view(pos))
+        wait = why_not_running(
+            w, lanes, authorities.get((int(w["w_installed_pack_id"]), int(w["w_generation"]))), claimants, now
+        )
+        by_event[int(w["w_event_id"])].work_items.append(
+            pb.WorkItemTrace(
+                work_item=convert.work_item(w),
+                lanes=[_lane_pb(x) for x in lanes],
+                wait=pb.WorkItemWait(
+                    reason=wait.reason,  # type: ignore[arg-type]
+                    detail=wait.detail,
+                    until=convert.ts(wait.until),
+                    blocking_work_id=wait.blocking_work_id,
+                    lease_owner=wait.lease_owner,
+                ),
+            )
+        )
+    response.events.extend(by_event.values())
+    return response

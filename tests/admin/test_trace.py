@@ -1,0 +1,225 @@
+"""TraceDelivery over a real admin gRPC server and a seeded database: the receipt's verification and
+routing, events, WorkItems with their lanes and the reason each is not running (one per
+``WaitReason``), payload roles, batching, and input errors.
+
+Controls: each wait case is asserted against a seeded state that produces a different reason
+(a blocked member behind a dead head vs. the head itself; a due item with and without a claimant;
+retry with run_after in the future vs. past), so a ``why_not_running`` that answered one fixed
+reason fails most of them; the batching test compares one WorkItem against three.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+
+from connector.common.grpc_server import error_info
+from connector.executor.admin import trace
+from connector.executor.admin.auth import Principal, Role
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import types_pb2
+
+from .conftest import VIEW, VIEW_REPLAY, Admin, Seed, expect_error
+from .recording import OnePool, Recording
+from .test_find import _as_ingress_keys
+
+
+async def _trace(admin: Admin, token: str = VIEW, **kw: Any) -> pb.TraceDeliveryResponse:
+    return await admin.stub.TraceDelivery(pb.TraceDeliveryRequest(**kw), metadata=Admin.md(token))
+
+
+async def _item_trace(admin: Admin, work_id: int) -> pb.WorkItemTrace:
+    response = await _trace(admin, work_id=work_id)
+    found = [w for e in response.events for w in e.work_items if w.work_item.work_id == work_id]
+    assert len(found) == 1, response
+    return found[0]
+
+
+async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack("shop")
+    legacy = await seed.pack("old", claim_path="legacy_event")
+    claimant = await seed.process("work_item")
+    dead = await seed.item(pack, state="dead")
+    succeeded = await seed.item(pack, state="succeeded")
+    fenced = await seed.item(pack, state="awaiting_legacy_outcome")
+    running = await seed.item(pack, state="processing")
+    expired = await seed.item(pack, state="processing")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET lease_until = now() - interval '5 seconds' WHERE work_id = %s",
+        (expired,),
+    )
+    backoff = await seed.item(pack, state="retry")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = now() + interval '10 minutes' WHERE work_id = %s",
+        (backoff,),
+    )
+    due = await seed.item(pack, state="retry")  # run_after a second ago
+    closed = await seed.item(legacy, state="pending")
+    # A source lane held by a dead head; a target lane with a member in flight.
+    dead_head = await seed.item(pack, state="dead", source_lane="order:1")
+    behind_dead = await seed.item(pack, state="blocked", source_lane="order:1")
+    behind_dead_2 = await seed.item(pack, state="blocked", source_lane="order:1")
+    in_flight = await seed.item(pack, state="processing", target_lane="acct:9")
+    behind_flight = await seed.item(pack, state="blocked", target_lane="acct:9")
+    lost_promotion = await seed.item(pack, state="blocked", source_lane="order:2")
+
+    W = types_pb2
+    got = {w: await _item_trace(admin, w) for w in (
+        dead, succeeded, fenced, running, expired, backoff, due, closed, dead_head, behind_dead,
+        behind_dead_2, in_flight, behind_flight, lost_promotion,
+    )}  # fmt: skip
+    reasons = {w: t.wait.reason for w, t in got.items()}
+    assert reasons == {
+        dead: pb.WAIT_REASON_DEAD,
+        succeeded: pb.WAIT_REASON_SUCCEEDED,
+        fenced: pb.WAIT_REASON_AWAITING_LEGACY_OUTCOME,
+        running: pb.WAIT_REASON_RUNNING,
+        expired: pb.WAIT_REASON_LEASE_EXPIRED,
+        backoff: pb.WAIT_REASON_BACKOFF,
+        due: pb.WAIT_REASON_DUE,
+        closed: pb.WAIT_REASON_CLAIM_PATH_CLOSED,
+        dead_head: pb.WAIT_REASON_DEAD,
+        behind_dead: pb.WAIT_REASON_LANE_BLOCKED,
+        behind_dead_2: pb.WAIT_REASON_LANE_BLOCKED,
+        in_flight: pb.WAIT_REASON_RUNNING,
+        behind_flight: pb.WAIT_REASON_LANE_BLOCKED,
+        lost_promotion: pb.WAIT_REASON_LANE_BLOCKED,
+    }
+    assert "handler_error" in got[dead].wait.detail and f"dlq replay {dead}" in got[dead].wait.detail
+    assert got[running].wait.lease_owner == "executor-1" and got[running].wait.HasField("until")
+    assert got[expired].wait.lease_owner == "executor-1"
+    # Backoff: until is the item's run_after.
+    assert got[backoff].wait.until == got[backoff].work_item.run_after
+    assert got[backoff].wait.until.ToDatetime() > got[due].work_item.run_after.ToDatetime() + timedelta(
+        minutes=9
+    )
+    assert "phase legacy_active" in got[closed].wait.detail
+    # The lane head's work id, its state and the queue ahead.
+    for member, ahead in ((behind_dead, 1), (behind_dead_2, 2)):
+        t = got[member]
+        assert t.wait.blocking_work_id == dead_head, t
+        assert f"behind work item {dead_head} (dead" in t.wait.detail
+        (lane,) = t.lanes
+        assert (lane.kind, lane.lane_key, lane.head_work_id, lane.head_state, lane.ahead) == (
+            pb.LANE_KIND_SOURCE, "order:1", dead_head, W.WORK_ITEM_STATE_DEAD, ahead,
+        )  # fmt: skip
+    t = got[behind_flight]
+    assert t.wait.blocking_work_id == in_flight and t.wait.lease_owner == "executor-1"
+    assert t.lanes[0].kind == pb.LANE_KIND_TARGET_MUTATION and t.lanes[0].processing_work_id == in_flight
+    assert got[lost_promotion].wait.blocking_work_id == 0 and "promotion" in got[lost_promotion].wait.detail
+
+    # Without a fresh claimant, the due item says so.
+    await seed.conn.execute("DELETE FROM connector_process WHERE process_id = %s", (claimant,))
+    assert (await _item_trace(admin, due)).wait.reason == pb.WAIT_REASON_NO_CLAIMANT
+    # Control: the same item once its run_after is past the backoff one is not BACKOFF any more.
+    await seed.conn.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (backoff,))
+    assert (await _item_trace(admin, backoff)).wait.reason == pb.WAIT_REASON_NO_CLAIMANT
+
+
+async def test_the_receipt_its_verification_and_routing(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack("shop")
+    work_id = await seed.item(pack, state="pending")
+    failed = await seed.receipt(
+        "shop", "orders", status="failed", error_class="parse", error_summary="bad json"
+    )
+    response = await _trace(admin, work_id=work_id)
+    assert response.routing.verification_scheme == "hmac-sha256"
+    assert response.routing.verification_key_ref == "env:SHOP_SECRET"
+    assert response.receipt.HasField("received_time") and response.receipt.HasField("accept_time")
+    assert response.receipt.body == b""  # no payload unless asked for
+    assert response.HasField("observe_time")
+    (event,) = response.events
+    assert event.execution_owner == "work_item"
+    assert [w.work_item.work_id for w in event.work_items] == [work_id]
+    # A receipt whose routing failed: no events, the routing error and what to do.
+    failed_trace = await _trace(admin, receipt_id=failed)
+    assert list(failed_trace.events) == []
+    assert failed_trace.receipt.status == types_pb2.RECEIPT_STATUS_FAILED
+    assert "parse: bad json" in failed_trace.routing.detail
+    assert f"receipts replay {failed}" in failed_trace.routing.detail
+    # Never a signature or secret in the answer (the seeded body holds a marker; only a reference).
+    assert b"do-not-leak" not in response.SerializeToString()
+
+
+async def test_the_payload_needs_a_replay_role(admin: Admin, seed: Seed) -> None:
+    pack = await seed.pack("shop")
+    work_id = await seed.item(pack, state="dead")
+    await expect_error(
+        _trace(admin, VIEW, work_id=work_id, include_payload=True),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "PAYLOAD_NOT_ALLOWED",
+    )
+    allowed = await _trace(admin, VIEW_REPLAY, work_id=work_id, include_payload=True)
+    assert allowed.receipt.body == b'{"id": 1, "secret_field": "do-not-leak"}'
+
+
+async def test_trace_by_provider_delivery_id_and_ambiguity(admin: Admin, seed: Seed) -> None:
+    shop = await seed.pack("shop")
+    crm = await seed.pack("crm", routes={"orders": ["sync"]})
+    a = await seed.item(shop, state="pending")
+    b = await seed.item(crm, state="dead")
+    await seed.conn.execute("UPDATE connector_ingress_receipt SET provider_delivery_id = 'evt_123'")
+    await _as_ingress_keys(seed)
+    exc = await expect_error(
+        _trace(admin, provider_delivery_id="evt_123"), grpc.StatusCode.INVALID_ARGUMENT, "AMBIGUOUS_DELIVERY"
+    )
+    info = error_info(exc)
+    assert info is not None and len(info.metadata["receipt_ids"].split(",")) == 2
+    one = await _trace(admin, provider_delivery_id="evt_123", namespace="crm")
+    assert [w.work_item.work_id for e in one.events for w in e.work_items] == [b]
+    other = await _trace(admin, provider_delivery_id="evt_123", namespace="shop")
+    assert [w.work_item.work_id for e in other.events for w in e.work_items] == [a]
+
+
+@pytest.mark.parametrize(
+    ("kw", "code", "reason"),
+    [
+        ({}, grpc.StatusCode.INVALID_ARGUMENT, "FILTER_REQUIRED"),
+        ({"receipt_id": 1, "work_id": 1}, grpc.StatusCode.INVALID_ARGUMENT, "FILTER_REQUIRED"),
+        ({"namespace": "shop"}, grpc.StatusCode.INVALID_ARGUMENT, "FILTER_REQUIRED"),
+        ({"receipt_id": 1, "namespace": "shop"}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        ({"receipt_id": -1}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        ({"work_id": -7}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+        ({"receipt_id": 10**12}, grpc.StatusCode.NOT_FOUND, "RECEIPT_NOT_FOUND"),
+        ({"work_id": 10**12}, grpc.StatusCode.NOT_FOUND, "WORK_ITEM_NOT_FOUND"),
+        ({"provider_delivery_id": "nope"}, grpc.StatusCode.NOT_FOUND, "DELIVERY_NOT_FOUND"),
+        (
+            {"provider_delivery_id": "d-1", "namespace": "nope"},
+            grpc.StatusCode.NOT_FOUND,
+            "DELIVERY_NOT_FOUND",
+        ),
+    ],
+)
+async def test_input_errors(
+    admin: Admin, seed: Seed, kw: dict[str, Any], code: grpc.StatusCode, reason: str
+) -> None:
+    await seed.pack("shop")
+    await expect_error(_trace(admin, **kw), code, reason)
+
+
+async def test_the_trace_is_batched_whatever_the_number_of_work_items(admin: Admin, seed: Seed) -> None:
+    """A delivery fanned out to three WorkItems (two in lanes) costs the same statements as one with
+    a single lane member. Control: the count grows if a statement ran per WorkItem."""
+    pack = await seed.pack("shop", routes={"orders": ["a", "b", "c"]})
+    single_receipt = await seed.receipt("shop", "orders")
+    await seed.item(pack, work_type="a", state="blocked", source_lane="s:1", receipt_id=single_receipt)
+    fan_receipt = await seed.receipt("shop", "orders")
+    for wt, lane in (("a", "s:2"), ("b", "s:3"), ("c", None)):
+        await seed.item(pack, work_type=wt, state="pending", source_lane=lane, receipt_id=fan_receipt)
+    await seed.process("work_item")
+    operator = Principal("test", frozenset({Role.OPERATOR}))
+
+    async def count(receipt_id: int) -> tuple[int, int]:
+        async with admin.pool.connection() as raw:
+            rec = Recording(raw)
+            response = await trace.trace_delivery(
+                OnePool(rec), pb.TraceDeliveryRequest(receipt_id=receipt_id), operator, stale_s=30.0
+            )
+        return len(rec.statements), sum(len(e.work_items) for e in response.events)
+
+    single, fan = await count(single_receipt), await count(fan_receipt)
+    assert single[1] == 1 and fan[1] == 3
+    assert single[0] == fan[0] == 7, (single, fan)  # snapshot + 6 reads
