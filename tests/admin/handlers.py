@@ -21,3 +21,13 @@ async def flaky(ctx: HandlerContext) -> Outcome | None:
 
 async def ok(ctx: HandlerContext) -> None:
     return None
+
+
+#: Executions of ``busy`` (work ids), for the find/trace end-to-end test.
+BUSY_CALLS: list[int] = []
+
+
+async def busy(ctx: HandlerContext) -> Outcome | None:
+    """The downstream is busy: retry in a minute (the item waits in backoff, holding its lane)."""
+    BUSY_CALLS.append(ctx.work_id)
+    return Outcome.retry(delay_s=60.0, failure_class="downstream_busy", summary="try again later")
