@@ -60,6 +60,7 @@ async def test_trace_view_json_and_errors(cli, seed: Seed) -> None:  # noqa: F81
     code, out, _ = await cli("trace", "--work-id", str(blocked), token=VIEW)
     assert code == 0, out
     assert "verified        hmac-sha256 with key env:SHOP_SECRET" in out
+    assert "trace id        - (tracing was off)" in out
     assert f"why         lane_blocked: blocked in source lane 'order:1' behind work item {head} (dead" in out
     assert f"lane        source 'order:1': head {head} (dead), 1 ahead" in out
     assert "do-not-leak" not in out

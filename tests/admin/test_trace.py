@@ -142,6 +142,16 @@ async def test_the_receipt_its_verification_and_routing(admin: Admin, seed: Seed
     assert f"receipts replay {failed}" in failed_trace.routing.detail
     # Never a signature or secret in the answer (the seeded body holds a marker; only a reference).
     assert b"do-not-leak" not in response.SerializeToString()
+    # The delivery's OpenTelemetry trace (docs/tracing.md): none while tracing was off, else the
+    # traceparent the ingress stored and its trace id.
+    assert (response.traceparent, response.trace_id) == ("", "")
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await seed.conn.execute(
+        "UPDATE connector_ingress_receipt SET traceparent = %s WHERE receipt_id = %s",
+        (tp, response.receipt.receipt_id),
+    )
+    traced = await _trace(admin, work_id=work_id)
+    assert (traced.traceparent, traced.trace_id) == (tp, "4bf92f3577b34da6a3ce929d0e0e4736")
 
 
 async def test_the_payload_needs_a_replay_role(admin: Admin, seed: Seed) -> None:

@@ -120,6 +120,7 @@ def render_trace(response: pb.TraceDeliveryResponse, *, payload: bool = False, o
         ),
         ("routing", f"{_receipt_status(r.status)} (attempts {r.attempts}): {routing.detail}"),
         ("correlation", ", ".join(f"{k}={v}" for k, v in sorted(r.correlation_ids.items())) or "-"),
+        ("trace id", response.trace_id or "- (tracing was off)"),
         ("payload sha256", r.payload_sha256),
     ]
     width = max(len(k) for k, _ in rows)

@@ -946,15 +946,19 @@ class EventTrace(_message.Message):
     def __init__(self, event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., execution_owner: _Optional[str] = ..., legacy_state: _Optional[str] = ..., work_items: _Optional[_Iterable[_Union[WorkItemTrace, _Mapping]]] = ...) -> None: ...
 
 class TraceDeliveryResponse(_message.Message):
-    __slots__ = ("receipt", "routing", "events", "observe_time", "active_claimants")
+    __slots__ = ("receipt", "routing", "events", "observe_time", "active_claimants", "traceparent", "trace_id")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     OBSERVE_TIME_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_CLAIMANTS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     receipt: _types_pb2.Receipt
     routing: ReceiptRouting
     events: _containers.RepeatedCompositeFieldContainer[EventTrace]
     observe_time: _timestamp_pb2.Timestamp
     active_claimants: int
-    def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., routing: _Optional[_Union[ReceiptRouting, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventTrace, _Mapping]]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., active_claimants: _Optional[int] = ...) -> None: ...
+    traceparent: str
+    trace_id: str
+    def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., routing: _Optional[_Union[ReceiptRouting, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventTrace, _Mapping]]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., active_claimants: _Optional[int] = ..., traceparent: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...

@@ -730,12 +730,13 @@ RECEIPT_GET_MANY = (
 )
 
 # One receipt as the trace shows it: the admin columns, the routing state, the verification label
-# (scheme and key reference name, never a secret or a signature; ingress/verify.py), the body only
+# (scheme and key reference name, never a secret or a signature; ingress/verify.py), the W3C
+# traceparent of the ingress span (NULL while tracing is off), the body only
 # when ``with_body``, and the database clock the trace compares against.
 RECEIPT_TRACE_GET = f"""
 SELECT {RECEIPT_SELECT_COLUMNS}, r.verification AS r_verification,
        r.next_attempt_at AS r_next_attempt_at, r.routed_at AS r_routed_at,
-       r.claim_owner AS r_claim_owner, r.lease_until AS r_lease_until,
+       r.claim_owner AS r_claim_owner, r.lease_until AS r_lease_until, r.traceparent AS r_traceparent,
        CASE WHEN %(with_body)s THEN r.body END AS r_body, clock_timestamp() AS db_now
 FROM connector_ingress_receipt r WHERE r.receipt_id = %(receipt_id)s
 """

@@ -39,6 +39,12 @@ def verification_parts(label: str | None) -> tuple[str, str]:
     return (match.group(1), match.group(2)) if match else (label, "")
 
 
+def trace_id_of(traceparent: str | None) -> str:
+    """The trace id of a stored W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), or ``""``."""
+    parts = (traceparent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else ""
+
+
 # --------------------------------------------------------------------------------------------------
 # Why a WorkItem is not running now
 # --------------------------------------------------------------------------------------------------
@@ -343,6 +349,8 @@ async def trace_delivery(
         ),
         observe_time=convert.ts(now),
         active_claimants=claimants,
+        traceparent=row.get("r_traceparent") or "",
+        trace_id=trace_id_of(row.get("r_traceparent")),
     )
     by_event: dict[int, pb.EventTrace] = {}
     for e in event_rows:
