@@ -22,7 +22,7 @@ from connector.executor.admin.auth import Principal, Role
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
-from .conftest import VIEW, VIEW_REPLAY, Admin, Seed, expect_error
+from .conftest import OPERATOR, VIEW, VIEW_REPLAY, Admin, Seed, expect_error
 from .recording import OnePool, Recording
 from .test_find import _as_ingress_keys
 
@@ -233,3 +233,50 @@ async def test_the_trace_is_batched_whatever_the_number_of_work_items(admin: Adm
     single, fan = await count(single_receipt), await count(fan_receipt)
     assert single[1] == 1 and fan[1] == 3
     assert single[0] == fan[0] == 7, (single, fan)  # snapshot + 6 reads
+
+
+async def test_paused_and_cancelled_items_say_so(admin: Admin, seed: Seed) -> None:
+    """Through the real PausePack / ResumePack / CancelWorkItem RPCs. Control: the same due item is
+    DUE before the pause and after the resume, and a queue-class pause leaves other classes DUE."""
+    pack = await seed.pack("shop", routes={"orders": ["sync"]})
+    await seed.generation(pack, 2, activate=False, queue_class="bulk")  # declares queue class bulk
+    await seed.process("work_item")
+    due = await seed.item(pack, state="pending")
+    bulk = await seed.item(pack, state="pending", queue_class="bulk")
+    to_cancel = await seed.item(pack, state="dead")
+    operator = Admin.md(OPERATOR)
+    assert (await _item_trace(admin, due)).wait.reason == pb.WAIT_REASON_DUE
+
+    await admin.stub.PausePack(
+        pb.PausePackRequest(installed_pack_id=pack, reason="provider outage INC-42", request_id="p1"),
+        metadata=operator,
+    )
+    wait = (await _item_trace(admin, due)).wait
+    assert wait.reason == pb.WAIT_REASON_PAUSED, wait
+    assert f"pack {pack} is paused by key:" in wait.detail and "provider outage INC-42" in wait.detail
+    await admin.stub.ResumePack(
+        pb.ResumePackRequest(installed_pack_id=pack, request_id="r1"), metadata=operator
+    )
+    assert (await _item_trace(admin, due)).wait.reason == pb.WAIT_REASON_DUE
+
+    await admin.stub.PausePack(
+        pb.PausePackRequest(
+            installed_pack_id=pack, queue_class="bulk", reason="slow target", request_id="p2"
+        ),
+        metadata=operator,
+    )
+    wait = (await _item_trace(admin, bulk)).wait
+    assert wait.reason == pb.WAIT_REASON_PAUSED and "queue class 'bulk' is paused" in wait.detail
+    assert (await _item_trace(admin, due)).wait.reason == pb.WAIT_REASON_DUE
+
+    await admin.stub.CancelWorkItem(
+        pb.CancelWorkItemRequest(work_id=to_cancel, reason="duplicate order", request_id="c1"),
+        metadata=operator,
+    )
+    t = await _item_trace(admin, to_cancel)
+    assert t.work_item.state == types_pb2.WORK_ITEM_STATE_CANCELLED
+    assert t.wait.reason == pb.WAIT_REASON_CANCELLED and "duplicate order" in t.wait.detail
+    found = await admin.stub.FindDeliveries(
+        pb.FindDeliveriesRequest(work_item_state="cancelled"), metadata=Admin.md(VIEW)
+    )
+    assert [w.work_id for d in found.deliveries for w in d.work_items] == [to_cancel]

@@ -77,11 +77,13 @@ AUTHORITY_NOTIFY = f"SELECT pg_notify('{CHANNEL_PACKS}', '')"
 
 
 # The claim authority of several (pack, generation) pairs (the admin trace): whether each admits
-# WorkItem claims — the same condition the claim statement's authority read holds.
+# WorkItem claims — the same condition the claim statement's authority read holds — and the
+# queue classes the claim skips there (``paused_queue_classes``, '*': the whole pack; store/pauses.py).
 CLAIM_AUTHORITY_LIST = """
 SELECT k.pack AS installed_pack_id, k.generation, a.claim_path, a.phase,
        coalesce(a.claim_path = 'work_item' AND a.phase = 'work_item_active'
-                AND a.cutover_receipt_id IS NOT NULL, false) AS admits_work_items
+                AND a.cutover_receipt_id IS NOT NULL, false) AS admits_work_items,
+       coalesce(a.paused_queue_classes, '{}') AS paused_queue_classes
 FROM unnest(%(packs)s::bigint[], %(generations)s::int[]) AS k(pack, generation)
 LEFT JOIN connector_claim_authority a ON a.installed_pack_id = k.pack AND a.generation = k.generation
 """

@@ -2,11 +2,12 @@
 and each WorkItem with its lanes and why it is not running now (docs/admin.md, "Trace").
 
 Every read is one batched statement of the store (receipt, events, WorkItems, lane positions, claim
-authorities, claimant count), inside one read-only REPEATABLE READ snapshot, so the parts agree
-with each other and with the database clock the waits compare against (``observe_time``).
+authorities, claimant count, and the pause rows of a paused pack), inside one read-only REPEATABLE
+READ snapshot, so the parts agree with each other and with the database clock the waits compare
+against (``observe_time``).
 
-``why_not_running`` is the one place that decides a WorkItem's wait; extend it there (pauses and
-budgets will add their reasons before the ready-state checks).
+``why_not_running`` is the one place that decides a WorkItem's wait; extend it there (a budget
+adds its reason beside the pause, before the ``run_after`` check).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from connector.common.store import authority, events, processes, receipts, work_items
+from connector.common.store import pauses as pause_store
 from connector.common.store.lanes import LaneKind, LaneMember, lane_position_batch, lanes_of
 from connector.common.store.receipts import DeliveryFilter
 from connector.common.store.rows import snapshot_read_only
@@ -124,16 +126,19 @@ def why_not_running(
     claim_authority: dict[str, Any] | None,
     active_claimants: int,
     now: datetime,
+    pauses: dict[tuple[int, str], dict[str, Any]] | None = None,
 ) -> Wait:
     """Why the WorkItem ``item`` (a ``w_*`` row) is not running at ``now`` (the database clock), or
     that it is. ``lanes``: its lanes' positions; ``claim_authority``: its pack generation's
     (``store.authority.claim_authority_list``); ``active_claimants``: executors claiming WorkItems
-    with a fresh heartbeat.
+    with a fresh heartbeat; ``pauses``: the pause rows by (pack, queue class or '*')
+    (``store.pauses.pause_list``), for who paused and why.
 
     Order: terminal and fenced states first, then the lease, then the lanes, then what keeps a ready
-    item from its claim (claim path, run_after, claimants). New reasons (a paused pack or queue
-    class, a budget) go before the ready checks, as the claim skips such work first.
+    item from its claim, in the claim's own order: claim path, pause, run_after, claimants. A new
+    reason (a budget) goes before ``run_after``, as the claim skips such work first.
     """
+    pauses = pauses or {}
     state = item["w_state"]
     work_id = int(item["w_work_id"])
     if state == "succeeded":
@@ -144,6 +149,13 @@ def why_not_running(
             pb.WAIT_REASON_DEAD,
             f"dead after {item['w_attempts']} attempt(s): {item.get('w_failure_class') or '-'}:"
             f" {convert.summary(item.get('w_failure_summary'))}.{holds}"
+            f" Replay: connector admin dlq replay {work_id}",
+        )
+    if state == "cancelled":
+        return Wait(
+            pb.WAIT_REASON_CANCELLED,
+            f"cancelled at {_when(item.get('w_finished_at'))}:"
+            f" {convert.summary(item.get('w_failure_summary'))}."
             f" Replay: connector admin dlq replay {work_id}",
         )
     if state == "reconciled_legacy_terminal":
@@ -183,6 +195,19 @@ def why_not_running(
             pb.WAIT_REASON_CLAIM_PATH_CLOSED,
             f"pack {item['w_installed_pack_id']} generation {item['w_generation']} does not admit"
             f" WorkItem claims (claim path {path}, phase {phase}; connector admin cutover status)",
+        )
+    paused = set((claim_authority or {}).get("paused_queue_classes") or ())
+    if paused & {"*", item["w_queue_class"]}:
+        whole = "*" in paused
+        pause = pauses.get((int(item["w_installed_pack_id"]), "*" if whole else item["w_queue_class"]))
+        why = ""
+        if pause:
+            who, at = pause.get("actor") or "?", _when(pause.get("paused_at"))
+            why = f" by {who} at {at}: {convert.summary(pause.get('reason'))}"
+        what = f"pack {item['w_installed_pack_id']}" if whole else f"queue class {item['w_queue_class']!r}"
+        return Wait(
+            pb.WAIT_REASON_PAUSED,
+            f"{what} is paused{why}; claims skip it until connector admin resume",
         )
     run_after = item.get("w_run_after")
     if run_after is not None and run_after > now:
@@ -331,6 +356,11 @@ async def trace_delivery(
             conn, [(int(w["w_installed_pack_id"]), int(w["w_generation"])) for w in item_rows]
         )
         claimants = await processes.process_count_work_item_fresh(conn, stale_s=stale_s)
+        pause_rows: dict[tuple[int, str], dict[str, Any]] = {}
+        if any(a.get("paused_queue_classes") for a in authorities.values()):
+            # Who paused and why: one read of the pause rows (operator actions: a small table).
+            for p in await pause_store.pause_list(conn):
+                pause_rows[(int(p["installed_pack_id"]), str(p["queue_class"]))] = p
     now: datetime = row["db_now"]
     body = bytes(row["r_body"]) if with_body and row.get("r_body") is not None else None
     scheme, key_ref = verification_parts(row.get("r_verification"))
@@ -370,8 +400,14 @@ async def trace_delivery(
             if pos is not None:
                 lanes.append(_lane_view(pos))
         wait = why_not_running(
-            w, lanes, authorities.get((int(w["w_installed_pack_id"]), int(w["w_generation"]))), claimants, now
+            w,
+            lanes,
+            authorities.get((int(w["w_installed_pack_id"]), int(w["w_generation"]))),
+            claimants,
+            now,
+            pause_rows,
         )
+
         by_event[int(w["w_event_id"])].work_items.append(
             pb.WorkItemTrace(
                 work_item=convert.work_item(w),
