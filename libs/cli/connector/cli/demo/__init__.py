@@ -50,7 +50,11 @@ def manifest(secret_file: Path) -> dict[str, Any]:
 
 
 async def record(ctx: Any) -> None:
-    """Demo handler: records that the work item ran (ids only, never the payload)."""
+    """Demo handler: records that the work item ran (ids and the W3C trace context it was given,
+    never the payload)."""
     work_id = int(getattr(getattr(ctx, "work_item", None), "work_id", 0) or getattr(ctx, "work_id", 0))
     EXECUTED.append(work_id)
-    log.info("demo handler executed work item", extra={"work_id": work_id})
+    log.info(
+        "demo handler executed work item",
+        extra={"work_id": work_id, "traceparent": getattr(ctx, "traceparent", None)},
+    )
