@@ -98,6 +98,12 @@ PER_CLAIM_BATCH = {
         3.0,
     ),
 }
+#: Materializer routing claims per routed batch: one claim takes everything due, a NOTIFY wakes
+#: one idle worker (room for a second claim in 40 % of the batches; measured 1.15-1.19), plus,
+#: while idle, the 1 s poll of each of the 2 workers and the route refresh every 2 s (2.5/s).
+#: Waking every worker per NOTIFY made the other's claim come back empty: 2.06-2.17 per routed
+#: batch (docs/benchmarks.md, "Found and fixed"), which this bound reports.
+ROUTING_CLAIMS_PER_BATCH = (1.4, 2.5)
 MIN_CLAIM_BATCH = 4.0  # items per claim: below this a per-item read would hide among per-batch ones
 
 
@@ -128,6 +134,12 @@ def violations(rep: dict[str, Any]) -> list[str]:
     bg = sum(r["calls"] for r in rep["statements"] if r["toplevel"] and r["stage"] == "background")
     if bg / rep["span_s"] > BACKGROUND_PER_S:
         out.append(f"background: {bg / rep['span_s']:.1f} statements/s > {BACKGROUND_PER_S}")
+    routed = _calls(rep, ROUTED, "materializer")
+    routing_claims = _calls(rep, STORE + "receipts.RECEIPT_CLAIM_ROUTABLE", "materializer")
+    per_batch, per_s = ROUTING_CLAIMS_PER_BATCH
+    if routing_claims > per_batch * routed + per_s * rep["span_s"]:
+        out.append(f"materializer: {routing_claims} routing claims for {routed} routed batches "
+                   f"(> {per_batch:g} per batch + {per_s:g}/s)")  # fmt: skip
     claims = _calls(rep, CLAIM, "executor")
     for family, (prefixes, per_batch, per_s) in PER_CLAIM_BATCH.items():
         for r in rep["statements"]:

@@ -161,6 +161,10 @@ class Router:
         self._refresh_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._wakeups: list[asyncio.Event] = []
+        #: Workers waiting for a wake-up (longest waiting first), and whether a wake-up found every
+        #: worker busy (the next to finish its batch claims again before it waits).
+        self._idle: list[asyncio.Event] = []
+        self._missed = False
         self._stopping = False
         self._stopped = asyncio.Event()
         self._inflight: list[_Inflight] = []
@@ -185,15 +189,23 @@ class Router:
         """Finish the batches in flight (or release them), then stop the workers."""
         self._stopping = True
         self._stopped.set()
-        self.wake()
+        for ev in self._wakeups:
+            ev.set()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
     def wake(self) -> None:
-        """New receipts (NOTIFY) or changed routes: idle workers claim now."""
-        for ev in self._wakeups:
-            ev.set()
+        """New receipts (NOTIFY) or changed routes: one idle worker claims now. Waking them all
+        made every other worker send an empty claim (4 statements: docs/benchmarks.md, "SQL
+        budget"), since one claim takes everything due; a full batch wakes the next worker, so a
+        backlog still gets them all. With none idle, the next worker to finish its batch claims
+        again before it waits (no wake-up is lost)."""
+        for ev in self._idle:
+            if not ev.is_set():
+                ev.set()
+                return
+        self._missed = True
 
     async def refresh_routes(self, trigger: str = "check") -> None:
         async with self._refresh_lock:
@@ -221,11 +233,19 @@ class Router:
                 backoff = min(backoff * 2, 5.0)
                 continue
             if result.claimed >= self.cfg.batch_size:
-                continue  # a full batch: more is probably due
+                self.wake()  # a full batch: more is probably due, for a peer too
+                continue
             if self._stopping:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), self.cfg.poll_interval_s)
+            if self._missed:  # a wake-up came while every worker was busy
+                self._missed = False
+                continue
+            self._idle.append(wakeup)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), self.cfg.poll_interval_s)
+            finally:
+                self._idle.remove(wakeup)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, cut short by ``stop``."""
