@@ -57,6 +57,14 @@ async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
         (backoff,),
     )
     due = await seed.item(pack, state="retry")  # run_after a second ago
+    # A delayed item (pending, run_after ahead) and a lane member behind a delayed head.
+    scheduled = await seed.item(pack, state="pending")
+    delayed_head = await seed.item(pack, state="pending", source_lane="order:3")
+    behind_delayed = await seed.item(pack, state="blocked", source_lane="order:3")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = now() + interval '10 minutes' WHERE work_id = ANY(%s)",
+        ([scheduled, delayed_head],),
+    )
     closed = await seed.item(legacy, state="pending")
     # A source lane held by a dead head; a target lane with a member in flight.
     dead_head = await seed.item(pack, state="dead", source_lane="order:1")
@@ -69,7 +77,7 @@ async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
     W = types_pb2
     got = {w: await _item_trace(admin, w) for w in (
         dead, succeeded, fenced, running, expired, backoff, due, closed, dead_head, behind_dead,
-        behind_dead_2, in_flight, behind_flight, lost_promotion,
+        behind_dead_2, in_flight, behind_flight, lost_promotion, scheduled, delayed_head, behind_delayed,
     )}  # fmt: skip
     reasons = {w: t.wait.reason for w, t in got.items()}
     assert reasons == {
@@ -87,7 +95,24 @@ async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
         in_flight: pb.WAIT_REASON_RUNNING,
         behind_flight: pb.WAIT_REASON_LANE_BLOCKED,
         lost_promotion: pb.WAIT_REASON_LANE_BLOCKED,
+        scheduled: pb.WAIT_REASON_SCHEDULED,
+        delayed_head: pb.WAIT_REASON_SCHEDULED,
+        behind_delayed: pb.WAIT_REASON_LANE_BLOCKED,
     }
+    # A delay reads as a delay (not a backoff), with its instant; the lane member names the wait.
+    assert got[scheduled].wait.until == got[scheduled].work_item.run_after
+    assert (
+        got[scheduled].wait.detail.startswith("waiting until ")
+        and "(delay of work type" in got[scheduled].wait.detail
+    )
+    assert "backoff" not in got[scheduled].wait.detail and got[backoff].wait.detail.startswith(
+        "retry backoff"
+    )
+    assert got[behind_delayed].wait.blocking_work_id == delayed_head
+    assert (
+        "(pending: waiting until " in got[behind_delayed].wait.detail
+        and "(delay)" in got[behind_delayed].wait.detail
+    )
     assert "handler_error" in got[dead].wait.detail and f"dlq replay {dead}" in got[dead].wait.detail
     assert got[running].wait.lease_owner == "executor-1" and got[running].wait.HasField("until")
     assert got[expired].wait.lease_owner == "executor-1"
@@ -117,6 +142,13 @@ async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
     # Control: the same item once its run_after is past the backoff one is not BACKOFF any more.
     await seed.conn.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (backoff,))
     assert (await _item_trace(admin, backoff)).wait.reason == pb.WAIT_REASON_NO_CLAIMANT
+    # Control: once its time has come, the delayed item is due, and its lane member waits on "due next".
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = now() WHERE work_id = ANY(%s)",
+        ([scheduled, delayed_head],),
+    )
+    assert (await _item_trace(admin, scheduled)).wait.reason == pb.WAIT_REASON_NO_CLAIMANT
+    assert "due next" in (await _item_trace(admin, behind_delayed)).wait.detail
 
 
 async def test_the_receipt_its_verification_and_routing(admin: Admin, seed: Seed) -> None:

@@ -146,6 +146,7 @@ def _plan(
         payload_sha256=bytes(e["payload_sha256"]),
         body=bytes(e["body"]) if e["body"] is not None else None,
         has_body_ref=bool(e["has_body_ref"]),
+        accepted_at=e["accepted_at"],
     )
     # The event's own snapshot, WorkItem-owned: the WorkItems it would have had.
     pack = ActivePack(

@@ -9,12 +9,17 @@ bounded text (``jsonvalues.scalar_text``); anything else is *no value*. Compiled
 
 Where headers are gone (the materializer), a field's header spec, or a template that refers to a
 header, takes the value the ingress stored for that field (``stored``) instead.
+
+Instants (``instant_seconds``): the extracted ``run_after`` of a delayed work type and the signature
+timestamps of the ingress verifier (``rfc3339_seconds``) are read by the same parser.
 """
 
 from __future__ import annotations
 
+import calendar
 import re
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from connector.common.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
@@ -163,3 +168,61 @@ def dependency_order(specs: Mapping[str, ValueSpec], roots: Iterable[str] | None
     for name in sorted(wanted):
         visit(name)
     return order
+
+
+# --------------------------------------------------------------------------------------------------
+# Instants
+# --------------------------------------------------------------------------------------------------
+
+_RFC3339 = re.compile(
+    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))$"
+)
+
+
+def rfc3339_seconds(value: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 date-time, or ``None`` when it is not one."""
+    match = _RFC3339.match(value)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
+    try:
+        # Validates the calendar (no 31 February); a leap second (:60) is refused.
+        datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return None
+    seconds = float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
+    if match.group(7):
+        seconds += float(match.group(7))
+    if match.group(8):
+        offset = int(match.group(9)) * 3600 + int(match.group(10)) * 60
+        if int(match.group(9)) > 23 or int(match.group(10)) > 59:
+            return None
+        seconds -= offset if match.group(8) == "+" else -offset
+    return seconds
+
+
+_UNIX_SECONDS = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?$")
+#: 9999-12-31T23:59:59Z: an instant after it (a value in milliseconds read as seconds) is no instant.
+MAX_INSTANT_S = 253402300799.0
+
+
+def instant_seconds(value: str | None) -> float | None:
+    """Seconds since the epoch of an extracted instant: an RFC 3339 date-time (``2026-12-01T13:00:00Z``,
+    ``...+01:00``, fractions) or Unix seconds (``1764594000``, ``1764594000.5``; a JSON number is
+    extracted as its text). ``None`` for anything else: no value, other text, a negative number, or
+    an instant after year 9999 (Unix *milliseconds* are refused this way rather than read as a time
+    fifty thousand years ahead)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if _UNIX_SECONDS.match(text):
+        seconds = float(text)
+    else:
+        parsed = rfc3339_seconds(text)
+        if parsed is None:
+            return None
+        seconds = parsed
+    if not 0 <= seconds <= MAX_INSTANT_S:
+        return None
+    return seconds

@@ -7,6 +7,12 @@ insert — one module for the routing loop, the backfill and the cutover (docs/a
   ``WorkDraft`` per fan-out entry with its lane keys) or a ``Failure`` whose summary names fields and
   rules, never a value. A missing required field, a lane key that cannot be formed or a body that is
   not JSON are permanent failures.
+* **Schedule** (pure, part of the plan): a work type's ``delay`` (``packs.DelayPolicy``, the fan-out
+  entry's override first) gives each WorkItem its first ``run_after``, counted from the receipt's
+  ``accepted_at`` (the database clock; a backfill or cutover counts from the same instant, not its
+  own time). A ``run_after`` taken from the route's ``extract.run_after`` is clamped to ``max_s``
+  after acceptance; a missing or unreadable one falls back to the fixed delay. Nothing here fails a
+  receipt: a bad value from a sender schedules the item, it never blocks the delivery.
 * **Insert** (``materialize``, inside the caller's transaction): lock the batch's lanes (sorted),
   check whether a late earlier delivery overtakes a lane, insert events and WorkItems with multi-row
   statements (``ON CONFLICT (event_id, work_type) DO NOTHING``: a retried batch never duplicates
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -29,12 +36,18 @@ from connector.common.extraction import (
     compile_template,
     compile_value,
     dependency_order,
+    instant_seconds,
     references,
     template_reads_body,
 )
 from connector.common.jsonvalues import scalar_text
 from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS, canonical_json
+from connector.common.packs import (
+    DEFAULT_SOURCE_LANE_KEY,
+    HEADER_FIELDS,
+    DelayPolicy,
+    canonical_json,
+)
 from connector.common.store import events
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
@@ -61,6 +74,16 @@ FAILURE_CLASSES = (
 )  # fmt: skip
 
 
+# How a WorkItem's first run_after was chosen (a fixed vocabulary: the ``outcome`` label of
+# ``connector_materializer_scheduled_total``).
+SCHEDULE_DELAY = "delay"  # the fixed delay (no run_after field, or none extracted)
+SCHEDULE_RUN_AFTER = "run_after"  # the extracted run_after, within the bound
+SCHEDULE_PAST = "past"  # the extracted run_after had passed: runs now
+SCHEDULE_CLAMPED = "clamped"  # the extracted run_after was beyond max_s: runs at the bound
+SCHEDULE_INVALID = "invalid"  # extracted, but not an instant: the fixed delay instead
+SCHEDULE_OUTCOMES = (SCHEDULE_DELAY, SCHEDULE_RUN_AFTER, SCHEDULE_PAST, SCHEDULE_CLAMPED, SCHEDULE_INVALID)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkDraft:
     work_type: str
@@ -70,6 +93,10 @@ class WorkDraft:
     source_lane_key: str | None
     target_lane_key: str | None
     dead_blocks_lane: bool
+    #: Not runnable before this instant (a delay); ``None``: as soon as it is inserted.
+    run_after: datetime | None = None
+    #: How ``run_after`` was chosen (``SCHEDULE_*``); ``None`` without a delay policy.
+    schedule: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +166,7 @@ class WorkSpec:
     source_lane_template: str | None
     target_serialization: bool
     dead_blocks_lane: bool
+    delay: DelayPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +214,7 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 source_lane_template=template,
                 target_serialization=lanes.target_serialization,
                 dead_blocks_lane=lanes.dead_head == "block",
+                delay=fan.delay or wt.delay,
             )
         )
     return CompiledRoute(
@@ -274,6 +303,11 @@ def plan_receipt(
                 target_key = values.get("target_lane_key")
                 if (failure := _lane_key_failure(receipt, spec, "target", target_key)) is not None:
                     return failure
+            run_after, schedule = (
+                schedule_run_after(spec.delay, receipt.accepted_at, values.get("run_after"))
+                if spec.delay is not None
+                else (None, None)
+            )
             work.append(
                 WorkDraft(
                     work_type=spec.work_type,
@@ -283,6 +317,8 @@ def plan_receipt(
                     source_lane_key=source_key,
                     target_lane_key=target_key,
                     dead_blocks_lane=spec.dead_blocks_lane,
+                    run_after=run_after,
+                    schedule=schedule,
                 )
             )
     return EventDraft(
@@ -297,6 +333,31 @@ def plan_receipt(
         work=tuple(work),
         legacy_owned=legacy_owned,
     )
+
+
+def schedule_run_after(
+    delay: DelayPolicy, accepted_at: datetime | None, extracted: str | None
+) -> tuple[datetime | None, str | None]:
+    """The first ``run_after`` of a WorkItem under ``delay`` and how it was chosen (``SCHEDULE_*``).
+
+    The base is the receipt's ``accepted_at`` (``None`` only for a receipt built outside the store:
+    the current time then). An extracted instant wins over the fixed delay when it is readable; it
+    is clamped to ``accepted_at + max_s``; one in the past gives ``None`` (runs now). Never raises."""
+    base = accepted_at if accepted_at is not None else datetime.now(UTC)
+    fixed = base + timedelta(seconds=delay.fixed_s) if delay.fixed_s > 0 else None
+    if not delay.run_after_field or extracted is None:
+        return fixed, SCHEDULE_DELAY if fixed is not None else None
+    seconds = instant_seconds(extracted)
+    if seconds is None:
+        return fixed, SCHEDULE_INVALID
+    assert delay.max_s is not None  # the model requires it with run_after_field
+    bound = base + timedelta(seconds=delay.max_s)
+    wanted = datetime.fromtimestamp(seconds, UTC)
+    if wanted > bound:
+        return bound, SCHEDULE_CLAMPED
+    if wanted <= base:
+        return None, SCHEDULE_PAST
+    return wanted, SCHEDULE_RUN_AFTER
 
 
 def _lane_key_failure(receipt: ReceiptRow, spec: WorkSpec, lane: str, key: str | None) -> Failure | None:
@@ -375,6 +436,7 @@ def work_row(
         target_lane_key=w.target_lane_key,
         dead_blocks_lane=w.dead_blocks_lane,
         traceparent=traceparent,
+        run_after=w.run_after,
     )
 
 

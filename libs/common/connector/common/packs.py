@@ -50,6 +50,7 @@ EXTRACTABLE = (
     "source_object_kind",
     "source_object_id",
     "target_lane_key",
+    "run_after",
 )
 #: Extracted fields whose value may come from a request header: the ingress stores these on the
 #: receipt (``event_kind``, ``provider_delivery_id``); correlation ids are stored too.
@@ -132,6 +133,35 @@ class LanePolicy(_Model):
         return v
 
 
+#: The longest delay, and the furthest run-after horizon, a pack may declare (366 days).
+MAX_DELAY_S = 366 * 86400
+
+
+class DelayPolicy(_Model):
+    """When a work type's items may run (docs/packs.md, "Delays and schedules"). The clock starts
+    when the receipt was accepted (the database's ``accepted_at``), also for a backfill or cutover.
+
+    * ``fixed_s``: every item waits this long after its delivery was accepted.
+    * ``run_after_field``: each delivery's own instant, the route's ``extract.run_after`` (RFC 3339
+      or Unix seconds), bounded by ``max_s`` after acceptance: a later instant is clamped to that
+      bound, a past one runs now, and a missing or unreadable one falls back to ``fixed_s``."""
+
+    fixed_s: float = Field(default=0.0, ge=0, le=MAX_DELAY_S)
+    run_after_field: bool = False
+    #: The furthest a ``run_after`` may be from acceptance; required with ``run_after_field``.
+    max_s: float | None = Field(default=None, gt=0, le=MAX_DELAY_S)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DelayPolicy:
+        if self.run_after_field and self.max_s is None:
+            raise ValueError("run_after_field needs max_s (the furthest run_after accepted)")
+        if self.max_s is not None and not self.run_after_field:
+            raise ValueError("max_s bounds run_after_field; set run_after_field: true or drop max_s")
+        if self.max_s is not None and self.fixed_s > self.max_s:
+            raise ValueError("fixed_s must not exceed max_s")
+        return self
+
+
 class HandlerSpec(_Model):
     kind: Literal["python", "grpc", "http"]
     #: python: ``module:function``; grpc: ``host:port``; http: URL.
@@ -146,12 +176,16 @@ class WorkTypeSpec(_Model):
     priority: int = Field(default=0, ge=-100, le=100)
     retry: RetryPolicy = RetryPolicy()
     lanes: LanePolicy = LanePolicy()
+    #: When its items may run (none: as soon as they are materialized).
+    delay: DelayPolicy | None = None
 
 
 class FanOut(_Model):
     work_type: str
     #: Per-route overrides of the work type's lane policy (replaces it as a whole).
     lanes: LanePolicy | None = None
+    #: Per-route override of the work type's delay (replaces it as a whole).
+    delay: DelayPolicy | None = None
 
 
 class ResponseSpec(_Model):
@@ -326,6 +360,11 @@ def reference_errors(data: Mapping[str, Any]) -> list[str]:
             if lanes is None:
                 lanes = _as_dict(work_types[wt_name]).get("lanes")
             problems.extend(_lane_errors(flabel, _as_dict(lanes), extract))
+            delay = fan.get("delay")
+            if delay is None:
+                delay = _as_dict(work_types[wt_name]).get("delay")
+            if _as_dict(delay).get("run_after_field") is True and "run_after" not in extract:
+                problems.append(f"{flabel}: delay.run_after_field needs extract.run_after")
     return problems
 
 

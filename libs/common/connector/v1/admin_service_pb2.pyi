@@ -41,6 +41,7 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_LEGACY_TERMINAL: _ClassVar[WaitReason]
     WAIT_REASON_PAUSED: _ClassVar[WaitReason]
     WAIT_REASON_CANCELLED: _ClassVar[WaitReason]
+    WAIT_REASON_SCHEDULED: _ClassVar[WaitReason]
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
@@ -62,6 +63,7 @@ WAIT_REASON_AWAITING_LEGACY_OUTCOME: WaitReason
 WAIT_REASON_LEGACY_TERMINAL: WaitReason
 WAIT_REASON_PAUSED: WaitReason
 WAIT_REASON_CANCELLED: WaitReason
+WAIT_REASON_SCHEDULED: WaitReason
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")

@@ -19,12 +19,10 @@ another kind.
 from __future__ import annotations
 
 import binascii
-import calendar
 import hashlib
 import hmac
 import re
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any, Final, Protocol
 from urllib.parse import parse_qsl
 
@@ -34,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.serialization import load_der_public_key
 from multidict import MultiMapping
 
+from connector.common.extraction import rfc3339_seconds
 from connector.common.verification import DEFAULT_TOLERANCE_S, SecretKey
 
 # Rejection reasons of the verifier (HTTP 401).
@@ -62,10 +61,6 @@ _ECDSA_DER_BOUNDS = (8, 139)
 
 _DIGITS = re.compile(r"^[0-9]{1,16}$")
 # RFC 3339 date-time (section 5.6), at most nanosecond precision.
-_RFC3339 = re.compile(
-    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
-    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))$"
-)
 
 
 class Rejected(Exception):
@@ -157,28 +152,6 @@ def sorted_form(body: bytes) -> bytes:
         raise Rejected(SIGNATURE_MISMATCH) from None
     pairs.sort()
     return "".join(name + value for name, value in pairs).encode()
-
-
-def rfc3339_seconds(value: str) -> float | None:
-    """Seconds since the epoch of an RFC 3339 date-time, or ``None`` when it is not one."""
-    match = _RFC3339.match(value)
-    if match is None:
-        return None
-    year, month, day, hour, minute, second = (int(g) for g in match.group(1, 2, 3, 4, 5, 6))
-    try:
-        # Validates the calendar (no 31 February); a leap second (:60) is refused.
-        datetime(year, month, day, hour, minute, second)
-    except ValueError:
-        return None
-    seconds = float(calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)))
-    if match.group(7):
-        seconds += float(match.group(7))
-    if match.group(8):
-        offset = int(match.group(9)) * 3600 + int(match.group(10)) * 60
-        if int(match.group(9)) > 23 or int(match.group(10)) > 59:
-            return None
-        seconds -= offset if match.group(8) == "+" else -offset
-    return seconds
 
 
 class SignatureVerifier:

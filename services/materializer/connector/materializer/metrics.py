@@ -37,6 +37,13 @@ FAILURES = Counter(
 )
 EVENTS = Counter("connector_materializer_events_total", "Events inserted", ["owner"], registry=REGISTRY)
 WORK_ITEMS = Counter("connector_materializer_work_items_total", "WorkItems inserted", registry=REGISTRY)
+SCHEDULED = Counter(
+    "connector_materializer_scheduled_total",
+    "WorkItems of delayed work types by how their run_after was chosen"
+    " (delay, run_after, past, clamped, invalid)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 BATCH_SIZE = Histogram(
     "connector_materializer_batch_size",
     "Receipts claimed per batch",

@@ -22,6 +22,7 @@ failing receipt backs off. A lost connection leaves the claims to expire and be 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -572,6 +573,9 @@ class Router:
                 metrics.EVENTS.labels("work_item").inc(result.materialized - legacy)
         if result.work_items:
             metrics.WORK_ITEMS.inc(result.work_items)
+        scheduled = collections.Counter(w.schedule for d in live for w in d.work if w.schedule is not None)
+        for outcome, n in scheduled.items():
+            metrics.SCHEDULED.labels(outcome).inc(n)
         for receipt, error_class, _ in write.failed:
             if receipt.receipt_id in done:
                 metrics.FAILURES.labels(error_class, "true").inc()

@@ -162,6 +162,8 @@ class ReceiptRow:
     has_body_ref: bool
     #: W3C traceparent stored by the ingress (``None`` when it traced nothing).
     traceparent: str | None = None
+    #: When the database accepted it (the clock a work type's delay starts from).
+    accepted_at: datetime | None = None
 
 
 #: Advisory lock serialising receipt claims, so concurrent claimers take contiguous ranges of the
@@ -210,7 +212,7 @@ SET router_status = 'routing', claim_owner = %(owner)s, claim_token = r.claim_to
 WHERE r.receipt_id = ANY (ARRAY(SELECT receipt_id FROM due UNION SELECT receipt_id FROM expired))
 RETURNING r.receipt_id, r.claim_token, r.attempts, r.namespace, r.route_key, r.idempotency_key,
           r.event_kind, r.provider_delivery_id, r.correlation_ids, r.payload_sha256, r.body,
-          r.body_ref IS NOT NULL, r.traceparent
+          r.body_ref IS NOT NULL, r.traceparent, r.accepted_at
 """
 
 # The earliest receipt of each namespace held by *another* live claim (the ordering gate).
@@ -310,6 +312,7 @@ async def receipt_claim_routable(
             body=bytes(r[10]) if r[10] is not None else None,
             has_body_ref=bool(r[11]),
             traceparent=r[12],
+            accepted_at=r[13],
         )
         for r in rows
     ]

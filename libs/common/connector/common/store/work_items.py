@@ -1322,12 +1322,15 @@ WORK_ITEM_INSERT_COLUMNS = (
 )  # fmt: skip
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
-# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md).
+# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md); a delay
+# (``not_before``, NULL without one; ``greatest`` ignores NULL) is never shortened by it.
+_INSERT_INPUT = (*WORK_ITEM_INSERT_COLUMNS, ("not_before", "timestamptz"))
 WORK_ITEM_INSERT_BATCH = f"""
 INSERT INTO connector_work_item ({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, run_after)
-SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, now() - make_interval(secs => priority)
-FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in WORK_ITEM_INSERT_COLUMNS)})
-  WITH ORDINALITY AS w({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, ord)
+SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)},
+       greatest(now() - make_interval(secs => priority), not_before)
+FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in _INSERT_INPUT)})
+  WITH ORDINALITY AS w({", ".join(c for c, _ in _INSERT_INPUT)}, ord)
 ORDER BY ord
 ON CONFLICT (event_id, work_type) DO NOTHING
 """
@@ -1350,6 +1353,8 @@ class WorkRow:
     dead_blocks_lane: bool
     #: W3C traceparent the attempts' spans continue (docs/tracing.md).
     traceparent: str | None = None
+    #: Not runnable before this instant (a work type's delay, docs/packs.md); None: at once.
+    run_after: datetime | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -1376,9 +1381,10 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.target_lane_key,
             w.dead_blocks_lane,
             w.traceparent,
+            w.run_after,
         )
         for w in rows
     ]
-    cols = unnest_columns(WORK_ITEM_INSERT_COLUMNS, values)
+    cols = unnest_columns(_INSERT_INPUT, values)
     cur = await conn.execute(WORK_ITEM_INSERT_BATCH, cols, prepare=True)
     return cur.rowcount

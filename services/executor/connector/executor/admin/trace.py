@@ -84,16 +84,18 @@ def _when(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
-def _blocked_wait(work_id: int, lanes: list[LaneView]) -> Wait:
+def _blocked_wait(work_id: int, lanes: list[LaneView], now: datetime) -> Wait:
     for lane in lanes:
         if lane.head_work_id is not None and lane.head_work_id != work_id:
             state = lane.head_state or "?"
+            head_after = lane.head_run_after
+            scheduled = state == "pending" and head_after is not None and head_after > now
             why = {
                 "processing": f"running on {lane.head_lease_owner or '?'}",
                 "dead": "dead and holding its lanes (dead_head: block): replay it"
                 " (connector admin dlq replay) to release them",
                 "retry": f"in retry backoff until {_when(lane.head_run_after)}",
-                "pending": "due next",
+                "pending": f"waiting until {_when(head_after)} (delay)" if scheduled else "due next",
                 "blocked": "itself blocked in another lane",
                 "awaiting_legacy_outcome": "rollback-fenced awaiting its legacy outcome",
             }.get(state, state)
@@ -186,7 +188,7 @@ def why_not_running(
             lease_owner=owner,
         )
     if state == "blocked":
-        return _blocked_wait(work_id, lanes)
+        return _blocked_wait(work_id, lanes, now)
     # pending / retry: ready
     if claim_authority is None or not claim_authority.get("admits_work_items"):
         path = (claim_authority or {}).get("claim_path") or "none"
@@ -211,14 +213,17 @@ def why_not_running(
         )
     run_after = item.get("w_run_after")
     if run_after is not None and run_after > now:
-        what = "retry backoff" if state == "retry" else "delayed"
+        if state != "retry":  # pending with a future run_after: only a delay puts it there
+            return Wait(
+                pb.WAIT_REASON_SCHEDULED,
+                f"waiting until {_when(run_after)} (delay of work type {item.get('w_work_type')!r})",
+                until=run_after,
+            )
         last = (
             f" after {item.get('w_failure_class') or 'a failure'}"
             f" (attempt {item['w_attempts']} of {item['w_max_attempts']})"
-            if state == "retry"
-            else ""
         )
-        return Wait(pb.WAIT_REASON_BACKOFF, f"{what}{last} until {_when(run_after)}", until=run_after)
+        return Wait(pb.WAIT_REASON_BACKOFF, f"retry backoff{last} until {_when(run_after)}", until=run_after)
     if active_claimants <= 0:
         return Wait(
             pb.WAIT_REASON_NO_CLAIMANT,
