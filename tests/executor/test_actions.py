@@ -63,6 +63,26 @@ def _cli(port: int, *args: str) -> str:
     return done.stdout
 
 
+def _admin_ready(port: int) -> None:
+    """Until the executor's admin API answers (it binds after the process registers)."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+
+    def answers() -> bool:
+        try:
+            stub.GetQueueStats(
+                pb.GetQueueStatsRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=5
+            )
+        except grpc.RpcError:
+            return False
+        return True
+
+    try:
+        wait_for(answers, 30, "the admin API answering")
+    finally:
+        channel.close()
+
+
 def _claimed(db: psycopg.Connection, pack: int) -> set[int]:
     """Items of ``pack`` ever claimed (the lease token counts claims; a record run never retries)."""
     rows = db.execute(
@@ -89,6 +109,7 @@ def test_no_claim_of_paused_work_after_the_pause_commits(db, spawn, control: boo
     b = spawn(extra_env=_env(control=flag))
     a.wait_registered(db)
     b.wait_registered(db)
+    _admin_ready(port)
     ids = seed.seed_items(db, paused, 4000)
     db.execute("NOTIFY connector_work")
     wait_for(lambda: _count(db, paused, ("succeeded",)) >= 200, 60, "the paused pack's work under way")
@@ -141,6 +162,7 @@ def test_cancel_racing_claims_exactly_one_wins(db, spawn, control: bool) -> None
     b = spawn(extra_env=_env(control=flag, sleep="0.1"))
     a.wait_registered(db)
     b.wait_registered(db)
+    _admin_ready(port)
     ids = seed.seed_items(db, pack, 1500)
     db.execute("NOTIFY connector_work")
 
