@@ -97,10 +97,8 @@ class PrivateCluster:
             self._as_user = ["runuser", "-u", "postgres", "--"]
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--no-sync", "--no-instructions")  # fmt: skip
-        self.port = _free_port()
         conf = {
             "listen_addresses": "'127.0.0.1'",
-            "port": str(self.port),
             "unix_socket_directories": f"'{sock}'",
             "log_min_messages": "warning",
             **{k: str(v) for k, v in self.settings.items()},
@@ -109,9 +107,27 @@ class PrivateCluster:
             f.write("\n# connector PrivateCluster\n")
             for k, v in conf.items():
                 f.write(f"{k} = {v}\n")
-        self._run(
-            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "start"
-        )
+        log = str(self.root / "server.log")
+        for attempt in range(3):  # a free port may be taken by someone else before the server binds it
+            self.port = _free_port()
+            try:
+                self._run(
+                    "pg_ctl",
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    log,
+                    "-o",
+                    f"-p {self.port}",
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                )
+                break
+            except RuntimeError:
+                if attempt == 2 or "could not bind" not in self.log_tail():
+                    raise
         deadline = time.monotonic() + 30
         while True:
             try:
