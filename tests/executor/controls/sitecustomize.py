@@ -6,7 +6,9 @@ Put this directory first on ``PYTHONPATH`` of a child process (``connector execu
   pause filter removed from ``WORK_ITEM_CLAIM_BATCH``) and discovery reports no group as paused —
   what a claim path without the pause check would do;
 * ``CONNECTOR_TEST_UNFENCED_CANCEL=1``: the admin API's cancel statement without its fence (no lease
-  token, no state condition).
+  token, no state condition), and half a second between the call's checks and that statement, so
+  that claims land inside the window on a busy machine too (without it the race is too narrow for
+  the control to meet reliably).
 
 The proofs must then see the violation they exist to catch.
 """
@@ -26,8 +28,17 @@ if os.environ.get("CONNECTOR_TEST_IGNORE_PAUSE") == "1":
     )
 
 if os.environ.get("CONNECTOR_TEST_UNFENCED_CANCEL") == "1":
+    import asyncio as _asyncio
+
     from connector.common.store import work_items as _wc
 
     _wc.WORK_ITEM_CANCEL = (
         _wc.WORK_ITEM_CANCEL.split("WHERE")[0] + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
     )
+    _cancel = _wc.work_item_cancel
+
+    async def _late_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await _asyncio.sleep(0.5)
+        return await _cancel(*args, **kwargs)
+
+    _wc.work_item_cancel = _late_cancel
