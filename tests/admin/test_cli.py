@@ -137,6 +137,15 @@ async def test_stats_lanes_cutover(cli, seed: Seed) -> None:
     assert code == 0
     assert out.splitlines()[0].split()[:3] == ["PACK", "PENDING", "BLOCKED"]
     assert "shop (1)" in out and "active claimants: 0" in out
+    # Per queue class: ready = due + not_due (a delayed item is ready but not due).
+    delayed = await seed.item(pack, state="pending")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = now() + interval '1 hour' WHERE work_id = %s", (delayed,)
+    )
+    code, out, _ = await cli("stats")
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["PACK", "QUEUE_CLASS"])
+    row = out.splitlines()[out.splitlines().index(header) + 1].split()
+    assert header.split()[2:5] == ["READY", "DUE", "NOT_DUE"] and row[3:6] == ["2", "1", "1"], out
     code, out, _ = await cli("stats", "--json", "--pack", "shop")
     assert json.loads(out)["queues"][0]["depth_by_state"]["dead"] == "1"
 

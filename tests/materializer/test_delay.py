@@ -105,17 +105,17 @@ FIELD = DelayPolicy(fixed_s=30, run_after_field=True, max_s=3600)
     ],
 )
 def test_schedule_of_an_extracted_run_after(value, expected, schedule) -> None:
-    assert schedule_run_after(FIELD, BASE, value) == (expected, schedule)
+    assert schedule_run_after(FIELD, BASE.timestamp(), value) == (expected, schedule)
 
 
 def test_schedule_without_a_field_or_a_fixed_delay() -> None:
-    assert schedule_run_after(DelayPolicy(fixed_s=5), BASE, "2026-12-01T12:10:00Z") == (
+    assert schedule_run_after(DelayPolicy(fixed_s=5), BASE.timestamp(), "2026-12-01T12:10:00Z") == (
         BASE + timedelta(seconds=5),
         SCHEDULE_DELAY,
     )  # the field is ignored when the policy does not ask for it
     no_fixed = DelayPolicy(run_after_field=True, max_s=60)
-    assert schedule_run_after(no_fixed, BASE, None) == (None, None)
-    assert schedule_run_after(no_fixed, BASE, "junk") == (None, SCHEDULE_INVALID)
+    assert schedule_run_after(no_fixed, BASE.timestamp(), None) == (None, None)
+    assert schedule_run_after(no_fixed, BASE.timestamp(), "junk") == (None, SCHEDULE_INVALID)
 
 
 def test_instant_parser_is_the_verifier_s() -> None:

@@ -365,13 +365,15 @@ def stats(client: Client, args: argparse.Namespace) -> int:
         )
         print()
         table(
-            ["pack", "queue_class", "ready", "due", "in_flight", "oldest_ready"],
+            # not_due: ready but run_after ahead (a delay or a retry backoff; trace tells which).
+            ["pack", "queue_class", "ready", "due", "not_due", "in_flight", "oldest_ready"],
             [
                 (
                     f"{q.pack_name} ({q.installed_pack_id})",
                     q.queue_class + (" PAUSED" if q.paused else ""),
                     q.depth_by_state.get("ready", 0),
                     q.due,
+                    max(0, q.depth_by_state.get("ready", 0) - q.due),
                     q.in_flight,
                     age(q.oldest_ready_age, q.HasField("oldest_ready_age")),
                 )

@@ -22,9 +22,10 @@ insert — one module for the routing loop, the backfill and the cutover (docs/a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -336,28 +337,32 @@ def plan_receipt(
 
 
 def schedule_run_after(
-    delay: DelayPolicy, accepted_at: datetime | None, extracted: str | None
+    delay: DelayPolicy, accepted_at: float | None, extracted: str | None
 ) -> tuple[datetime | None, str | None]:
     """The first ``run_after`` of a WorkItem under ``delay`` and how it was chosen (``SCHEDULE_*``).
 
-    The base is the receipt's ``accepted_at`` (``None`` only for a receipt built outside the store:
-    the current time then). An extracted instant wins over the fixed delay when it is readable; it
-    is clamped to ``accepted_at + max_s``; one in the past gives ``None`` (runs now). Never raises."""
-    base = accepted_at if accepted_at is not None else datetime.now(UTC)
-    fixed = base + timedelta(seconds=delay.fixed_s) if delay.fixed_s > 0 else None
+    The base is the receipt's ``accepted_at`` (Unix seconds; ``None`` only for a receipt built
+    outside the store: the current time then). An extracted instant wins over the fixed delay when
+    it is readable; it is clamped to ``accepted_at + max_s``; one in the past gives ``None`` (runs
+    now). Never raises."""
+    base = accepted_at if accepted_at is not None else time.time()
+    fixed = _instant(base + delay.fixed_s) if delay.fixed_s > 0 else None
     if not delay.run_after_field or extracted is None:
         return fixed, SCHEDULE_DELAY if fixed is not None else None
-    seconds = instant_seconds(extracted)
-    if seconds is None:
+    wanted = instant_seconds(extracted)
+    if wanted is None:
         return fixed, SCHEDULE_INVALID
     assert delay.max_s is not None  # the model requires it with run_after_field
-    bound = base + timedelta(seconds=delay.max_s)
-    wanted = datetime.fromtimestamp(seconds, UTC)
+    bound = base + delay.max_s
     if wanted > bound:
-        return bound, SCHEDULE_CLAMPED
+        return _instant(bound), SCHEDULE_CLAMPED
     if wanted <= base:
         return None, SCHEDULE_PAST
-    return wanted, SCHEDULE_RUN_AFTER
+    return _instant(wanted), SCHEDULE_RUN_AFTER
+
+
+def _instant(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
 
 
 def _lane_key_failure(receipt: ReceiptRow, spec: WorkSpec, lane: str, key: str | None) -> Failure | None:

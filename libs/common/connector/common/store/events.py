@@ -70,7 +70,7 @@ EVENT_LIST_BACKFILL_CANDIDATES = f"""
 SELECT e.event_id, e.receipt_id, e.installed_pack_id, e.generation, e.incarnation, e.route_id,
        e.delivery_seq, e.namespace, r.route_key, r.idempotency_key, r.event_kind, r.provider_delivery_id,
        r.correlation_ids, r.payload_sha256, r.body, r.body_ref IS NOT NULL AS has_body_ref,
-       r.traceparent, r.accepted_at
+       r.traceparent, extract(epoch FROM r.accepted_at)::float8 AS accepted_at
 FROM connector_event e
 JOIN connector_claim_authority a ON a.installed_pack_id = e.installed_pack_id AND a.generation = e.generation
 JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id

@@ -162,8 +162,9 @@ class ReceiptRow:
     has_body_ref: bool
     #: W3C traceparent stored by the ingress (``None`` when it traced nothing).
     traceparent: str | None = None
-    #: When the database accepted it (the clock a work type's delay starts from).
-    accepted_at: datetime | None = None
+    #: When the database accepted it, Unix seconds (the clock a work type's delay starts from; a
+    #: float: a timestamptz costs the claim ~0.4 µs more per row to decode).
+    accepted_at: float | None = None
 
 
 #: Advisory lock serialising receipt claims, so concurrent claimers take contiguous ranges of the
@@ -212,7 +213,8 @@ SET router_status = 'routing', claim_owner = %(owner)s, claim_token = r.claim_to
 WHERE r.receipt_id = ANY (ARRAY(SELECT receipt_id FROM due UNION SELECT receipt_id FROM expired))
 RETURNING r.receipt_id, r.claim_token, r.attempts, r.namespace, r.route_key, r.idempotency_key,
           r.event_kind, r.provider_delivery_id, r.correlation_ids, r.payload_sha256, r.body,
-          r.body_ref IS NOT NULL, r.traceparent, r.accepted_at
+          r.body_ref IS NOT NULL, r.traceparent,
+          extract(epoch FROM r.accepted_at)::float8
 """
 
 # The earliest receipt of each namespace held by *another* live claim (the ordering gate).
