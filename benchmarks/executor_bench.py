@@ -126,14 +126,17 @@ def drain(
     handler: str = HANDLER,
     profile_s: float = 0.0,
     vacuum_s: float = 0.0,
+    rate: tuple[int, float, int] | None = None,
 ) -> dict[str, Any]:
+    """``rate``: every item gets one of 100 random rate-limit keys, each key (limit, period_s,
+    burst) (docs/adr/011-rate-limits.md)."""
     import psycopg
 
     from benchmarks.common import LANES, fresh_migrated_database
     from tests.executor import seed
 
     rnd = random.Random(42)
-    keys = [f"k{rnd.randrange(LANES)}" for _ in range(n)] if lanes else None
+    keys = [f"k{rnd.randrange(LANES)}" for _ in range(n)] if lanes or rate else None
     with fresh_migrated_database("executor") as url, psycopg.connect(url, autocommit=True) as db:
         pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type(handler)}, authority=False)
         for start in range(0, n, 50_000):
@@ -145,6 +148,8 @@ def drain(
                 m,
                 source_lanes=part if lanes == "source" else None,
                 target_lanes=part if lanes == "target" else None,
+                rate_keys=part if rate else None,
+                rate_limit=rate or (1, 1.0, 1),
             )
         db.execute("VACUUM ANALYZE connector_work_item")
         db.execute("CHECKPOINT")
@@ -385,6 +390,11 @@ SCENARIOS = (
     ("target100-2p", 2, "target", "executor.drain_target_lanes_2proc_per_s"),
 )
 QUICK = ("nolanes-1p", "nolanes-2p", "source100-1p")
+# Rate-limited drains (one process, no lanes, 100 random keys): limits far above capacity (the cost of
+# the check when it does not bind), and limits that bind (10/s per key, 1,000/s in all).
+RATE_LOOSE = (100_000, 1.0, 1_000)
+RATE_BINDING = (10, 1.0, 1)
+RATE_BINDING_ITEMS = 10_000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,6 +473,59 @@ def main(argv: list[str] | None = None) -> int:
                     f"{dbi['blocks']} blocks, {dbi['rows_updated']} row updates, {dbi['commits']} commits)",
                     flush=True,
                 )
+        unlimited = next((r for r in rows if r["key"] == "executor.drain_per_s"), None)
+        if not only or "rate100-loose-1p" in only:
+            res = drain(n, procs=1, lanes=None, claim_batch=args.claim_batch, rate=RATE_LOOSE)
+            ref = unlimited["value"] if unlimited else None
+            ratio = round(res["items_per_s"] / ref, 3) if ref else None
+            rows.append(
+                make_row(
+                    "executor.drain_rate_loose_per_s",
+                    "executor no-op drain, 100 rate-limited keys whose limits exceed capacity, 1 process",
+                    res["items_per_s"],
+                    "items/s",
+                    extra={
+                        **extra_base,
+                        "processes": 1,
+                        "rate_limit": RATE_LOOSE,
+                        "vs_unlimited": ratio,
+                        **res,
+                    },
+                )
+            )
+            print(
+                f"  {'rate100-loose-1p':14s} {res['items_per_s']:>8,} items/s  (limits not binding; "
+                f"vs the unlimited drain of this run: {ratio})",
+                flush=True,
+            )
+        if not only or "rate100-binding-1p" in only:
+            m = min(n, RATE_BINDING_ITEMS)
+            res = drain(m, procs=1, lanes=None, claim_batch=args.claim_batch, rate=RATE_BINDING)
+            total = 100 * RATE_BINDING[0] / RATE_BINDING[1]
+            ratio = round(res["items_per_s"] / total, 3)
+            rows.append(
+                make_row(
+                    "executor.drain_rate_binding_per_s",
+                    f"executor no-op drain, 100 keys limited to {RATE_BINDING[0]}/s each "
+                    f"({total:,.0f}/s in all), 1 process",
+                    res["items_per_s"],
+                    "items/s",
+                    extra={
+                        **extra_base,
+                        "items": m,
+                        "processes": 1,
+                        "rate_limit": RATE_BINDING,
+                        "sum_of_limits_per_s": total,
+                        "vs_sum_of_limits": ratio,
+                        **res,
+                    },
+                )
+            )
+            print(
+                f"  {'rate100-bind-1p':14s} {res['items_per_s']:>8,} items/s  ({m} items; sum of limits "
+                f"{total:,.0f}/s: achieved {ratio} of it)",
+                flush=True,
+            )
         if not only or "with-event-1p" in only:
             res = drain(n, procs=1, lanes=None, claim_batch=args.claim_batch, handler=HANDLER_WITH_EVENT)
             rows.append(

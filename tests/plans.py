@@ -32,6 +32,14 @@ def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def subplan(nodes: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The nodes of the subplan ``name`` (e.g. ``CTE claimed``) of a plan's nodes, its root first."""
+    for n in nodes:
+        if n.get("Subplan Name") == name:
+            return plan_nodes(n)
+    raise AssertionError(f"no subplan {name!r} in {[n.get('Subplan Name') for n in nodes]}")
+
+
 def prepared_explain(
     db: Any, name: str, query: str, params: dict[str, Any]
 ) -> Callable[[], list[dict[str, Any]]]:

@@ -96,6 +96,12 @@ WRITERS: dict[str, frozenset[str]] = {
     "receipt_release_batch": frozenset({MATERIALIZER}),
     "event_insert_batch": frozenset({MATERIALIZER}),
     "work_item_insert_batch": frozenset({MATERIALIZER}),
+    # materializer: the rate-limit key rows of the WorkItems it inserts (the claim spends their budget)
+    "rate_limit_declare": frozenset({MATERIALIZER}),
+    "concurrency_declare": frozenset({MATERIALIZER}),
+    # executor: concurrency slots given back with finalize / reclaim, and their periodic check
+    "slots_release": frozenset({EXECUTOR_ROLE}),
+    "concurrency_check": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
     # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
     "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_renew_lease_batch": frozenset({EXECUTOR_ROLE}),

@@ -19,6 +19,84 @@ from .conftest import VIEW, Admin, Seed, expect_error
 # --- GetQueueStats --------------------------------------------------------------------------------
 
 
+async def test_queue_stats_per_rate_limit_key(admin: Admin, seed: Seed) -> None:
+    """Each rate-limit key with its limit, the budget left now (GCRA: burst minus what ``tat`` is
+    ahead of now, in emission intervals), when the next claim may go, and its waiting and in-flight
+    items; a pack filter applies; more keys than shown say so."""
+    pack = await seed.pack(routes={"orders": ["sync"]})
+    other = await seed.pack("crm")
+    waiting = [await seed.item(pack, state="pending") for _ in range(3)]
+    busy = await seed.item(pack, state="processing")
+    await seed.item(pack, state="succeeded")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET rate_key = 'acct:1' WHERE work_id = ANY(%s)", ([*waiting, busy],)
+    )
+    # acct:1: 10 per 200 s, burst 4, tat 40 s ahead: 4 - 40 / 20 = 2 claims left now (refilling at
+    # 0.05 per second: the time the call takes does not matter).
+    # acct:2: 1 per 60 s, tat 90 s ahead: no budget; the next claim in 90 - 0 = 90 s.
+    await seed.conn.execute(
+        """INSERT INTO connector_rate_limit (installed_pack_id, rate_key, work_type, limit_n, period_s,
+             burst, tat) VALUES (%s, 'acct:1', 'sync', 10, 200, 4, clock_timestamp() + interval '40 s'),
+                                (%s, 'acct:2', 'sync', 1, 60, 1, clock_timestamp() + interval '90 s'),
+                                (%s, 'crm', 'sync', 5, 1, 1, now())""",
+        (pack, pack, other),
+    )
+    response = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
+    rows = {(r.installed_pack_id, r.key): r for r in response.rate_limits}
+    assert list(rows) == [(pack, "acct:1"), (pack, "acct:2"), (other, "crm")]
+    a1 = rows[(pack, "acct:1")]
+    assert (a1.pack_name, a1.work_type, a1.limit, a1.burst) == ("shop", "sync", 10, 4)
+    assert a1.period.ToTimedelta().total_seconds() == 200.0
+    assert a1.budget == pytest.approx(2.0, abs=0.1)
+    assert a1.next_claim_in.ToTimedelta().total_seconds() == 0
+    assert (a1.waiting, a1.in_flight) == (3, 1)
+    a2 = rows[(pack, "acct:2")]
+    assert a2.budget == 0 and 85 < a2.next_claim_in.ToTimedelta().total_seconds() <= 90
+    assert (a2.waiting, a2.in_flight) == (0, 0)
+    assert not response.rate_limits_truncated
+    only = await admin.stub.GetQueueStats(
+        pb.GetQueueStatsRequest(installed_pack_id=other), metadata=Admin.md(VIEW)
+    )
+    assert [r.key for r in only.rate_limits] == ["crm"]
+    await seed.conn.execute(
+        """INSERT INTO connector_rate_limit (installed_pack_id, rate_key, work_type, limit_n, period_s, burst)
+           SELECT %s, 'many:' || i, 'sync', 1, 1, 1 FROM generate_series(1, 200) i""",
+        (pack,),
+    )
+    full = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
+    assert len(full.rate_limits) == 200 and full.rate_limits_truncated
+
+
+async def test_queue_stats_per_concurrency_key(admin: Admin, seed: Seed) -> None:
+    """Each concurrency key with its limit, the slots its row counts, and its items due, parked
+    (``run_after = '9999-01-01 00:00:00+00'``) and in flight."""
+    pack = await seed.pack(routes={"orders": ["sync"]})
+    due = [await seed.item(pack, state="pending") for _ in range(2)]
+    parked = [await seed.item(pack, state="pending") for _ in range(3)]
+    busy = await seed.item(pack, state="processing")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET concurrency_key = 'acct:1' WHERE work_id = ANY(%s)",
+        ([*due, *parked, busy],),
+    )
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = '9999-01-01 00:00:00+00' WHERE work_id = ANY(%s)",
+        (parked,),
+    )
+    await seed.conn.execute(
+        """INSERT INTO connector_concurrency_limit (installed_pack_id, concurrency_key, work_type,
+             max_in_flight, in_flight) VALUES (%s, 'acct:1', 'sync', 3, 1), (%s, 'acct:2', 'sync', 1, 0)""",
+        (pack, pack),
+    )
+    response = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
+    rows = {c.key: c for c in response.concurrency}
+    assert list(rows) == ["acct:1", "acct:2"] and not response.concurrency_truncated
+    c1 = rows["acct:1"]
+    assert (c1.pack_name, c1.work_type, c1.limit, c1.slots_taken) == ("shop", "sync", 3, 1)
+    assert (c1.waiting, c1.parked, c1.in_flight) == (2, 3, 1)
+    c2 = rows["acct:2"]
+    assert (c2.limit, c2.slots_taken, c2.waiting, c2.parked, c2.in_flight) == (1, 0, 0, 0, 0)
+
+
 async def test_queue_stats(admin: Admin, seed: Seed) -> None:
     pack = await seed.pack(routes={"orders": ["sync", "bulk"]})
     other = await seed.pack("crm")

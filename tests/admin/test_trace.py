@@ -312,3 +312,34 @@ async def test_paused_and_cancelled_items_say_so(admin: Admin, seed: Seed) -> No
         pb.FindDeliveriesRequest(work_item_state="cancelled"), metadata=Admin.md(VIEW)
     )
     assert [w.work_id for d in found.deliveries for w in d.work_items] == [to_cancel]
+
+
+async def test_rate_and_concurrency_limited_items_say_so(admin: Admin, seed: Seed) -> None:
+    """A pending item deferred for its rate-limit budget, and one parked for a concurrency slot,
+    each name their key. Controls: the same items without their keys read as scheduled (a delay), so
+    neither reason is answered from ``run_after`` alone."""
+    pack = await seed.pack("shop", routes={"orders": ["sync"]})
+    await seed.process("work_item")
+    deferred = await seed.item(pack, state="pending")
+    parked = await seed.item(pack, state="pending")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET rate_key = 'crm:A1', run_after = now() + interval '30 s'"
+        " WHERE work_id = %s",
+        (deferred,),
+    )
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET concurrency_key = 'crm:B2', run_after = '9999-01-01 00:00:00+00'"
+        " WHERE work_id = %s",
+        (parked,),
+    )
+    wait = (await _item_trace(admin, deferred)).wait
+    assert wait.reason == pb.WAIT_REASON_RATE_LIMITED and "'crm:A1'" in wait.detail, wait
+    assert wait.HasField("until")
+    wait = (await _item_trace(admin, parked)).wait
+    assert wait.reason == pb.WAIT_REASON_CONCURRENCY_LIMITED and "'crm:B2'" in wait.detail, wait
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET rate_key = NULL, concurrency_key = NULL WHERE work_id = ANY(%s)",
+        ([deferred, parked],),
+    )
+    assert (await _item_trace(admin, deferred)).wait.reason == pb.WAIT_REASON_SCHEDULED
+    assert (await _item_trace(admin, parked)).wait.reason == pb.WAIT_REASON_SCHEDULED

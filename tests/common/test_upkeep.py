@@ -215,7 +215,8 @@ async def test_analyze_remakes_a_claim_plan_made_on_an_empty_table(
         with db.transaction(force_rollback=True):
             plan = [r[0] for r in db.execute(explain).fetchall()]
         # The update's own scan is the last scan of connector_work_item in the plan.
-        scans = [ln.strip() for ln in plan if re.search(r"Scan.* on connector_work_item w\b", ln)]
+        # (The candidate read is ``w``, the claim's update ``w_N`` in the plan.)
+        scans = [ln.strip() for ln in plan if re.search(r"Scan.* on connector_work_item w(_\d+)?\b", ln)]
         assert scans, plan
         return scans[-1]
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from connector.common.packs import Manifest, sha256_hex
+from connector.common.store.flow import CONCURRENCY_DECLARE, RATE_LIMIT_DECLARE
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 
 _PACK_SEQ = 0
@@ -136,24 +137,58 @@ def seed_items(
     run_after_s: float = 0.0,
     body: bytes = b'{"n": 1}',
     labels: Sequence[str | None] | None = None,
+    rate_keys: Sequence[str | None] | None = None,
+    rate_limit: tuple[int, float, int] = (1, 1.0, 1),
+    concurrency_keys: Sequence[str | None] | None = None,
+    concurrency: int = 1,
 ) -> list[int]:
     """Insert ``n`` receipts, events and WorkItems in delivery order; returns the work ids.
 
     ``source_lanes`` / ``target_lanes`` give each item's lane key (None: no lane); ``labels`` are
-    stored in the event's ``source_object_id`` (tests use them to check an order without lanes)."""
+    stored in the event's ``source_object_id`` (tests use them to check an order without lanes).
+    ``rate_keys`` give each item's rate-limit key (None: unlimited); their key rows are declared with
+    ``rate_limit`` = (limit, period_s, burst), as the materializer does (``flow.RATE_LIMIT_DECLARE``);
+    ``concurrency_keys`` likewise, each key with at most ``concurrency`` in flight."""
     if n == 0:
         return []
     src = list(source_lanes) if source_lanes is not None else [None] * n
     tgt = list(target_lanes) if target_lanes is not None else [None] * n
     lab = list(labels) if labels is not None else [None] * n
-    assert len(src) == len(tgt) == len(lab) == n
+    rk = list(rate_keys) if rate_keys is not None else [None] * n
+    ck = list(concurrency_keys) if concurrency_keys is not None else [None] * n
+    assert len(src) == len(tgt) == len(lab) == len(rk) == len(ck) == n
+    slot_keys = sorted({k for k in ck if k is not None})
+    if slot_keys:
+        conn.execute(
+            CONCURRENCY_DECLARE,
+            {
+                "packs": [pack_id] * len(slot_keys),
+                "keys": slot_keys,
+                "work_types": [work_type] * len(slot_keys),
+                "limits": [concurrency] * len(slot_keys),
+            },
+        )
+    keys = sorted({k for k in rk if k is not None})
+    if keys:
+        conn.execute(
+            RATE_LIMIT_DECLARE,
+            {
+                "packs": [pack_id] * len(keys),
+                "keys": keys,
+                "work_types": [work_type] * len(keys),
+                "limits": [rate_limit[0]] * len(keys),
+                "periods": [float(rate_limit[1])] * len(keys),
+                "bursts": [rate_limit[2]] * len(keys),
+            },
+        )
     global _PACK_SEQ
     _PACK_SEQ += 1
     rows = conn.execute(
         """
         WITH seq AS (
-          SELECT i, s, t, l FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[])
-            WITH ORDINALITY AS x(s, t, l, i)
+          SELECT i, s, t, l, k, c FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[],
+                                              %(rk)s::text[], %(ck)s::text[])
+            WITH ORDINALITY AS x(s, t, l, k, c, i)
         ), receipts AS (
           INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
             content_type, received_at, payload_sha256, body, verification, router_status)
@@ -171,10 +206,11 @@ def seed_items(
         )
         INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type, queue_class,
           state, run_after, max_attempts, delivery_seq, source_lane_key, target_mutation_lane_key,
-          dead_blocks_lane)
+          dead_blocks_lane, rate_key, concurrency_key)
         SELECT e.event_id, %(pack)s, %(gen)s, %(wt)s, %(qc)s,
                CASE WHEN seq.s IS NULL AND seq.t IS NULL THEN 'pending' ELSE 'blocked' END,
-               now() + make_interval(secs => %(ra)s), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s
+               now() + make_interval(secs => %(ra)s), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s,
+               seq.k, seq.c
         FROM events e JOIN seq ON e.idempotency_key = %(tag)s || ':' || seq.i
         ORDER BY seq.i
         RETURNING work_id
@@ -183,6 +219,8 @@ def seed_items(
             "src": src,
             "tgt": tgt,
             "lab": lab,
+            "rk": rk,
+            "ck": ck,
             "tag": f"{pack_id}:{work_type}:{_PACK_SEQ}:{id(conn)}",
             "body": body,
             "pack": pack_id,

@@ -21,7 +21,7 @@ from connector.common import testdb
 from connector.common.store import work_items
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from tests.executor import seed
-from tests.plans import assert_update_reads_by_key, positional, prepared_explain
+from tests.plans import assert_update_reads_by_key, positional, prepared_explain, subplan
 
 pytestmark = pytest.mark.slow
 
@@ -320,6 +320,11 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
         nodes = prepared_explain(db, "claim", work_items.WORK_ITEM_CLAIM_BATCH, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
+        claimed = subplan(nodes(), "CTE claimed")
         assert_update_reads_by_key(
-            nodes(), relation="connector_work_item", alias="w", index="pk_connector_work_item", rows=64
+            claimed,
+            relation="connector_work_item",
+            alias=claimed[0]["Alias"],
+            index="pk_connector_work_item",
+            rows=64,
         )

@@ -143,3 +143,34 @@ def test_documented_examples_are_valid() -> None:
     for path in files:
         parsed = parse_manifest(path.read_text())
         assert parsed.routes, path
+
+
+@pytest.mark.parametrize(
+    ("rate", "message"),
+    [
+        ({"limit": 0, "period_s": 1}, "greater than or equal to 1"),
+        ({"limit": 5, "period_s": 0}, "greater than 0"),
+        ({"limit": 5, "period_s": 1, "burst": 6}, "burst must be <= limit"),
+        ({"limit": 5, "period_s": 1, "key": "{/acct"}, "unbalanced brace"),
+        ({"limit": 5, "period_s": 1, "key": "{header:X-Acct}"}, "rate_limit.key cannot use headers"),
+        ({"limit": 5, "period_s": 1, "key": "{target_lane_key}"}, "{target_lane_key} is not extracted"),
+        ({"limit": 5, "period_s": 1, "key": "{nope}"}, "{nope} is not a known field"),
+        ({"per": 5}, "Field required"),
+    ],
+)
+def test_rate_limits_are_validated(rate: dict, message: str) -> None:
+    errors = _errors(manifest(work_types={"sync": work_type(rate_limit=rate)}))
+    assert any(message in e for e in errors), errors
+    # The same rules on a route's override.
+    doc = manifest()
+    doc["routes"][0]["fan_out"] = [{"work_type": "sync", "rate_limit": rate}]
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+
+
+def test_rate_limit_keys_may_use_extracted_fields_and_the_work_type() -> None:
+    doc = manifest(
+        work_types={"sync": work_type(rate_limit={"limit": 5, "period_s": 1, "key": "{work_type}:{/acct}"})}
+    )
+    m = parse_manifest(doc)
+    assert m.work_types["sync"].rate_limit is not None
+    assert m.work_types["sync"].rate_limit.key == "{work_type}:{/acct}"

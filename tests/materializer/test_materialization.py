@@ -138,3 +138,32 @@ def test_legacy_owned_generation_gets_no_work_items() -> None:
     pack, route = _route(manifest(), claim_path="legacy_event", phase="legacy_active")
     plan = plan_receipt(_receipt({"type": "t", "data": {"id": 1}}), pack, route, compile_route(route))
     assert isinstance(plan, EventDraft) and plan.legacy_owned and plan.work == ()
+
+
+def test_rate_limit_key_default_template_override_and_missing_parts() -> None:
+    """The default key is the work type (one budget for it); a template over extracted values
+    makes one key per value; a route's fan-out entry replaces the work type's limit; a key that
+    cannot be formed fails closed like a lane key (no payload text)."""
+    rate = {"limit": 10, "period_s": 1.0}
+    plan = _plan(
+        manifest(work_types={"sync": work_type(rate_limit=rate)}), {"type": "t", "data": {"id": "7"}}
+    )
+    assert isinstance(plan, EventDraft)
+    assert plan.work[0].rate_key == "sync" and plan.work[0].rate_limit is not None
+    assert plan.work[0].rate_limit.limit == 10 and plan.work[0].rate_limit.burst == 1
+    keyed = {**rate, "key": "acct:{/acct}"}
+    doc = manifest(work_types={"sync": work_type(rate_limit=keyed)})
+    plan = _plan(doc, {"type": "t", "data": {"id": "7"}, "acct": "A1"})
+    assert isinstance(plan, EventDraft) and plan.work[0].rate_key == "acct:A1"
+    plan = _plan(doc, {"type": "t", "data": {"id": "7"}, "nope": "SECRET"})
+    assert isinstance(plan, Failure) and plan.error_class == REQUIRED_MISSING
+    assert "rate limit key" in plan.summary and "SECRET" not in plan.summary
+    doc = manifest(work_types={"sync": work_type(rate_limit=keyed)})
+    doc["routes"][0]["fan_out"] = [
+        {"work_type": "sync", "rate_limit": {"limit": 3, "period_s": 60, "burst": 2}}
+    ]
+    plan = _plan(doc, {"type": "t", "data": {"id": "7"}})
+    assert isinstance(plan, EventDraft) and plan.work[0].rate_key == "sync"
+    assert plan.work[0].rate_limit is not None and plan.work[0].rate_limit.limit == 3
+    plan = _plan(manifest(), {"type": "t", "data": {"id": "7"}})
+    assert isinstance(plan, EventDraft) and plan.work[0].rate_key is None

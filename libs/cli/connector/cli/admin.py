@@ -393,6 +393,55 @@ def stats(client: Client, args: argparse.Namespace) -> int:
                 f"paused: {p.pack_name} ({p.installed_pack_id}) {scope} by {p.actor} since "
                 f"{when(p.pause_time, p.HasField('pause_time'))}: {p.reason}"
             )
+        if response.rate_limits:
+            print()
+            table(
+                ["pack", "work_type", "rate_key", "limit", "budget", "next_claim_in", "waiting", "in_flight"],
+                [
+                    (
+                        f"{r.pack_name} ({r.installed_pack_id})",
+                        r.work_type,
+                        r.key,
+                        f"{r.limit}/{r.period.ToTimedelta().total_seconds():g}s burst {r.burst}",
+                        f"{r.budget:.2f}",
+                        f"{r.next_claim_in.ToTimedelta().total_seconds():.3f}s",
+                        r.waiting,
+                        r.in_flight,
+                    )
+                    for r in response.rate_limits
+                ],
+            )
+            if response.rate_limits_truncated:
+                print(f"(first {len(response.rate_limits)} rate-limit keys shown)")
+        if response.concurrency:
+            print()
+            table(
+                [
+                    "pack",
+                    "work_type",
+                    "concurrency_key",
+                    "limit",
+                    "slots_taken",
+                    "waiting",
+                    "parked",
+                    "in_flight",
+                ],
+                [
+                    (
+                        f"{c.pack_name} ({c.installed_pack_id})",
+                        c.work_type,
+                        c.key,
+                        c.limit,
+                        c.slots_taken,
+                        c.waiting,
+                        c.parked,
+                        c.in_flight,
+                    )
+                    for c in response.concurrency
+                ],
+            )
+            if response.concurrency_truncated:
+                print(f"(first {len(response.concurrency)} concurrency keys shown)")
 
     _emit(args, response, render)
     return 0

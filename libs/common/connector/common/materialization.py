@@ -46,10 +46,13 @@ from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import (
     DEFAULT_SOURCE_LANE_KEY,
     HEADER_FIELDS,
+    ConcurrencyLimit,
     DelayPolicy,
+    RateLimit,
     canonical_json,
 )
 from connector.common.store import events
+from connector.common.store.flow import RateKey, SlotKey, concurrency_declare, rate_limit_declare
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
 from connector.common.store.work_items import WorkRow, work_item_insert_batch, work_notify
@@ -98,6 +101,12 @@ class WorkDraft:
     run_after: datetime | None = None
     #: How ``run_after`` was chosen (``SCHEDULE_*``); ``None`` without a delay policy.
     schedule: str | None = None
+    #: Rate-limit key and its limit (docs/adr/011-rate-limits.md); None: unlimited.
+    rate_key: str | None = None
+    rate_limit: RateLimit | None = None
+    #: Concurrency key and its limit; None: unlimited.
+    concurrency_key: str | None = None
+    concurrency: ConcurrencyLimit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +177,10 @@ class WorkSpec:
     target_serialization: bool
     dead_blocks_lane: bool
     delay: DelayPolicy | None = None
+    rate_key: Getter | None = None
+    rate_limit: RateLimit | None = None
+    concurrency_key: Getter | None = None
+    concurrency: ConcurrencyLimit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +218,12 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
         template = (lanes.source_lane_key or DEFAULT_SOURCE_LANE_KEY) if lanes.source_fifo else None
         if template is not None and template_reads_body(template):
             reads_body = True
+        rate = fan.rate_limit or wt.rate_limit
+        if rate is not None and template_reads_body(rate.key):
+            reads_body = True
+        conc = fan.concurrency or wt.concurrency
+        if conc is not None and template_reads_body(conc.key):
+            reads_body = True
         work.append(
             WorkSpec(
                 work_type=fan.work_type,
@@ -216,6 +235,10 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 target_serialization=lanes.target_serialization,
                 dead_blocks_lane=lanes.dead_head == "block",
                 delay=fan.delay or wt.delay,
+                rate_key=compile_template(rate.key, bounded=False) if rate is not None else None,
+                rate_limit=rate,
+                concurrency_key=compile_template(conc.key, bounded=False) if conc is not None else None,
+                concurrency=conc,
             )
         )
     return CompiledRoute(
@@ -309,6 +332,18 @@ def plan_receipt(
                 if spec.delay is not None
                 else (None, None)
             )
+            rate_key: str | None = None
+            if spec.rate_key is not None:
+                ctx.work_type = spec.work_type
+                rate_key = spec.rate_key(ctx)
+                if (failure := _lane_key_failure(receipt, spec, "rate", rate_key)) is not None:
+                    return failure
+            concurrency_key: str | None = None
+            if spec.concurrency_key is not None:
+                ctx.work_type = spec.work_type
+                concurrency_key = spec.concurrency_key(ctx)
+                if (failure := _lane_key_failure(receipt, spec, "concurrency", concurrency_key)) is not None:
+                    return failure
             work.append(
                 WorkDraft(
                     work_type=spec.work_type,
@@ -320,6 +355,10 @@ def plan_receipt(
                     dead_blocks_lane=spec.dead_blocks_lane,
                     run_after=run_after,
                     schedule=schedule,
+                    rate_key=rate_key,
+                    rate_limit=spec.rate_limit if rate_key is not None else None,
+                    concurrency_key=concurrency_key,
+                    concurrency=spec.concurrency if concurrency_key is not None else None,
                 )
             )
     return EventDraft(
@@ -372,11 +411,20 @@ def _lane_key_failure(receipt: ReceiptRow, spec: WorkSpec, lane: str, key: str |
         if lane == "source":
             refs = [r for r in references(spec.source_lane_template or "") if r != "work_type"]
             needs = f"source lane key needs {refs}"
+        elif lane == "rate":
+            template = spec.rate_limit.key if spec.rate_limit is not None else ""
+            refs = [r for r in references(template) if r != "work_type"]
+            needs = f"rate limit key needs {refs}"
+        elif lane == "concurrency":
+            template = spec.concurrency.key if spec.concurrency is not None else ""
+            refs = [r for r in references(template) if r != "work_type"]
+            needs = f"concurrency key needs {refs}"
         else:
             needs = "target serialization needs target_lane_key"
         return Failure(receipt, REQUIRED_MISSING, f"work type {spec.work_type!r}: {needs}")
     if len(key.encode()) > MAX_LANE_KEY_BYTES:
-        return Failure(receipt, PARSE_ERROR, f"work type {spec.work_type!r}: {lane} lane key too long")
+        what = {"rate": "rate limit key", "concurrency": "concurrency key"}.get(lane, f"{lane} lane key")
+        return Failure(receipt, PARSE_ERROR, f"work type {spec.work_type!r}: {what} too long")
     return None
 
 
@@ -442,6 +490,12 @@ def work_row(
         dead_blocks_lane=w.dead_blocks_lane,
         traceparent=traceparent,
         run_after=w.run_after,
+        rate=None
+        if w.rate_key is None or (r := w.rate_limit) is None
+        else RateKey(installed_pack_id, w.rate_key, w.work_type, r.limit, r.period_s, r.burst),
+        slot=None
+        if w.concurrency_key is None or (c := w.concurrency) is None
+        else SlotKey(installed_pack_id, w.concurrency_key, w.work_type, c.limit),
     )
 
 
@@ -520,6 +574,12 @@ async def materialize(
     demote_lanes, inverted = await lane_overtaken(conn, first_seq) if first_seq else (0, 0)
     if drafts:
         await events.event_insert_batch(conn, event_rows(drafts, event_ids))
+    rate_keys = [w.rate for w in rows if w.rate is not None]
+    if rate_keys:
+        await rate_limit_declare(conn, rate_keys)
+    slot_keys = [w.slot for w in rows if w.slot is not None]
+    if slot_keys:
+        await concurrency_declare(conn, slot_keys)
     work_items = await work_item_insert_batch(conn, rows)
     demoted = 0
     if locked:

@@ -162,6 +162,59 @@ class DelayPolicy(_Model):
         return self
 
 
+#: Default rate-limit key template (``RateLimit.key``): one budget for the whole work type.
+DEFAULT_RATE_KEY = "{work_type}"
+
+
+class RateLimit(_Model):
+    """At most ``limit`` claims per ``period_s`` seconds per key, across every executor process
+    (docs/adr/011-rate-limits.md). The budget is spent when an item is claimed (an attempt that later
+    fails, is retried or is fenced off still spent it); an item whose key has no budget is not
+    claimed: it waits in the queue without burning an attempt. ``burst`` claims may go at once; in
+    any window of ``W`` seconds a key gets at most ``burst + W * limit / period_s`` claims."""
+
+    limit: int = Field(ge=1, le=1_000_000)
+    period_s: float = Field(gt=0, le=86_400)
+    burst: int = Field(default=1, ge=1, le=1_000_000)
+    #: Key template over extracted fields and ``{work_type}``; a constant key is the whole work type
+    #: (keys are per pack: work types whose keys render equal share one budget).
+    key: str = DEFAULT_RATE_KEY
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        problems = template_syntax_errors(v)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return v
+
+    @model_validator(mode="after")
+    def _burst(self) -> RateLimit:
+        if self.burst > self.limit:
+            raise ValueError("burst must be <= limit")
+        return self
+
+
+class ConcurrencyLimit(_Model):
+    """At most ``limit`` WorkItems of a key in flight at once, across every executor process
+    (docs/adr/011-rate-limits.md). A separate mechanism from the target mutation lane (one in flight
+    per target, in delivery order): this one promises no order. An item whose key is at its limit
+    is not claimed (no attempt) and waits until a member of its key finishes; an expired lease
+    gives its slot back when it is reclaimed, exactly once."""
+
+    limit: int = Field(ge=1, le=100_000)
+    #: Key template over extracted fields and ``{work_type}``; a constant key is the whole work type.
+    key: str = DEFAULT_RATE_KEY
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        problems = template_syntax_errors(v)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return v
+
+
 class HandlerSpec(_Model):
     kind: Literal["python", "grpc", "http"]
     #: python: ``module:function``; grpc: ``host:port``; http: URL.
@@ -178,6 +231,10 @@ class WorkTypeSpec(_Model):
     lanes: LanePolicy = LanePolicy()
     #: When its items may run (none: as soon as they are materialized).
     delay: DelayPolicy | None = None
+    #: Claims per period per key across all executors (none: unlimited).
+    rate_limit: RateLimit | None = None
+    #: In-flight items per key across all executors (none: unlimited).
+    concurrency: ConcurrencyLimit | None = None
 
 
 class FanOut(_Model):
@@ -186,6 +243,10 @@ class FanOut(_Model):
     lanes: LanePolicy | None = None
     #: Per-route override of the work type's delay (replaces it as a whole).
     delay: DelayPolicy | None = None
+    #: Per-route override of the work type's rate limit (replaces it as a whole).
+    rate_limit: RateLimit | None = None
+    #: Per-route override of the work type's concurrency limit (replaces it as a whole).
+    concurrency: ConcurrencyLimit | None = None
 
 
 class ResponseSpec(_Model):
@@ -365,6 +426,14 @@ def reference_errors(data: Mapping[str, Any]) -> list[str]:
                 delay = _as_dict(work_types[wt_name]).get("delay")
             if _as_dict(delay).get("run_after_field") is True and "run_after" not in extract:
                 problems.append(f"{flabel}: delay.run_after_field needs extract.run_after")
+            rate = fan.get("rate_limit")
+            if rate is None:
+                rate = _as_dict(work_types[wt_name]).get("rate_limit")
+            problems.extend(_key_errors(flabel, "rate_limit", _as_dict(rate), extract))
+            conc = fan.get("concurrency")
+            if conc is None:
+                conc = _as_dict(work_types[wt_name]).get("concurrency")
+            problems.extend(_key_errors(flabel, "concurrency", _as_dict(conc), extract))
     return problems
 
 
@@ -432,6 +501,22 @@ def _lane_errors(label: str, lanes: Mapping[str, Any], extract: Mapping[str, Any
                 f"{p} (source_lane_key {template!r})"
                 for p in _refs_errors(label, template, extract, ("work_type",))
             )
+    return problems
+
+
+def _key_errors(label: str, what: str, limit: Mapping[str, Any], extract: Mapping[str, Any]) -> list[str]:
+    """The key template of a ``rate_limit`` or ``concurrency`` declaration against the route."""
+    if not limit:
+        return []
+    template = limit.get("key") or DEFAULT_RATE_KEY
+    if not isinstance(template, str):
+        return []
+    problems: list[str] = []
+    if any(r.startswith("header:") for r in template_references(template)):
+        problems.append(f"{label}: {what}.key cannot use headers (not kept on the receipt)")
+    problems.extend(
+        f"{p} ({what}.key {template!r})" for p in _refs_errors(label, template, extract, ("work_type",))
+    )
     return problems
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Identity,
@@ -77,6 +78,9 @@ WORK_STATES = (
     "cancelled",  # discarded by an operator (CancelWorkItem) before it ran again; replayable
 )
 WORK_READY = ("pending", "retry")
+#: ``run_after`` of a WorkItem parked for a concurrency slot (docs/adr/011-rate-limits.md): a finite
+#: date (not ``'infinity'``, whose differences with ``now()`` are errors in due-time and age reads).
+PARKED = "'9999-01-01 00:00:00+00'"
 WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled")
 # What CancelWorkItem may discard: not claimed (no lease), not rollback-fenced, not already final.
 WORK_CANCELLABLE = ("pending", "blocked", "retry", "dead")
@@ -341,6 +345,14 @@ work_item = Table(
     Column("target_mutation_lane_key", Text, nullable=True),
     # Route lane policy snapshot: does a dead member keep holding its lanes?
     Column("dead_blocks_lane", Boolean, nullable=False, server_default=text("true")),
+    # Rate-limit key (docs/adr/011-rate-limits.md): the claim spends the budget of
+    # ``connector_rate_limit (installed_pack_id, rate_key)``; NULL when the work type has no limit.
+    Column("rate_key", Text, nullable=True),
+    # Concurrency key: while processing, the item holds one slot of
+    # ``connector_concurrency_limit (installed_pack_id, concurrency_key)``; NULL when unlimited. A
+    # ready item whose key had no free slot is *parked* (``run_after = PARKED``, a finite far date)
+    # until a member of its key gives a slot back (docs/adr/011-rate-limits.md).
+    Column("concurrency_key", Text, nullable=True),
     # W3C ``traceparent`` of the materializer span that created it, else the receipt's (the parent
     # of each handler attempt's span, docs/tracing.md); NULL while tracing is off.
     Column("traceparent", Text, nullable=True),
@@ -402,6 +414,33 @@ work_item = Table(
         "work_id",
         postgresql_where=text(f"target_mutation_lane_key IS NOT NULL AND {LANE_HOLDING_PREDICATE}"),
     ),
+    # Rate-limited items per key, waiting or in flight (stats per key; docs/adr/011-rate-limits.md).
+    # Unlimited items have no entry.
+    Index(
+        "ix_connector_work_item_rate_key",
+        "installed_pack_id",
+        "rate_key",
+        "state",
+        postgresql_where=text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"),
+    ),
+    # Concurrency-limited items per key, waiting or in flight (stats and the slot check).
+    Index(
+        "ix_connector_work_item_concurrency_key",
+        "installed_pack_id",
+        "concurrency_key",
+        "state",
+        postgresql_where=text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"),
+    ),
+    # Parked items per key, oldest first: the ones a released slot wakes.
+    Index(
+        "ix_connector_work_item_concurrency_parked",
+        "installed_pack_id",
+        "concurrency_key",
+        "work_id",
+        postgresql_where=text(
+            f"concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = {PARKED}"
+        ),
+    ),
     # Backstops only (DESIGN §8 trap 2): lane scheduling never relies on these raising.
     Index(
         "uq_connector_work_item_target_lane_processing",
@@ -444,6 +483,46 @@ work_item = Table(
         "state",
         postgresql_where=text("state <> 'succeeded'"),
     ),
+)
+
+
+# One row per (pack, rate-limit key): the key's limit, as the latest materialized declaration gave it,
+# and its GCRA state (docs/adr/011-rate-limits.md). The materializer creates it (and updates the limit
+# when a new declaration differs) in the transaction that inserts the key's WorkItems; the claim
+# statement advances ``tat`` (the theoretical arrival time) for the items it admits. A key may claim
+# at database time ``t`` while ``t >= tat - (burst - 1) * period_s / limit_n``.
+rate_limit = Table(
+    "connector_rate_limit",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("rate_key", Text, nullable=False),
+    Column("work_type", Text, nullable=False),
+    Column("limit_n", Integer, nullable=False),
+    Column("period_s", Float, nullable=False),
+    Column("burst", Integer, nullable=False),
+    _ts("tat", nullable=False, default_now=True),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "rate_key"),
+    CheckConstraint("limit_n >= 1 AND period_s > 0 AND burst >= 1 AND burst <= limit_n", name="limit"),
+)
+
+
+# One row per (pack, concurrency key): its limit (the latest materialized declaration's) and how many
+# of its WorkItems are processing. The claim statement adds the items it admits (never above
+# ``max_in_flight``); every transition out of ``processing`` (complete, retry, dead, release, reclaim)
+# subtracts its rows in the same transaction, and wakes that many parked items of the key.
+# ``flow.concurrency_check`` recounts it from the processing rows (it should find nothing to fix).
+concurrency_limit = Table(
+    "connector_concurrency_limit",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("concurrency_key", Text, nullable=False),
+    Column("work_type", Text, nullable=False),
+    Column("max_in_flight", Integer, nullable=False),
+    Column("in_flight", Integer, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "concurrency_key"),
+    CheckConstraint("max_in_flight >= 1 AND in_flight >= 0", name="slots"),
 )
 
 

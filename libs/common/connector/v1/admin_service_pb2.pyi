@@ -42,6 +42,8 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_PAUSED: _ClassVar[WaitReason]
     WAIT_REASON_CANCELLED: _ClassVar[WaitReason]
     WAIT_REASON_SCHEDULED: _ClassVar[WaitReason]
+    WAIT_REASON_RATE_LIMITED: _ClassVar[WaitReason]
+    WAIT_REASON_CONCURRENCY_LIMITED: _ClassVar[WaitReason]
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
@@ -64,6 +66,8 @@ WAIT_REASON_LEGACY_TERMINAL: WaitReason
 WAIT_REASON_PAUSED: WaitReason
 WAIT_REASON_CANCELLED: WaitReason
 WAIT_REASON_SCHEDULED: WaitReason
+WAIT_REASON_RATE_LIMITED: WaitReason
+WAIT_REASON_CONCURRENCY_LIMITED: WaitReason
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -250,7 +254,7 @@ class QueueStats(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses")
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses", "rate_limits", "rate_limits_truncated", "concurrency", "concurrency_truncated")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +262,10 @@ class GetQueueStatsResponse(_message.Message):
     RECEIPTS_ROUTING_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     PAUSES_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     receipts_unrouted: int
     oldest_unrouted_age: _duration_pb2.Duration
@@ -265,7 +273,59 @@ class GetQueueStatsResponse(_message.Message):
     receipts_routing: int
     receipts_failed: int
     pauses: _containers.RepeatedCompositeFieldContainer[Pause]
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ...) -> None: ...
+    rate_limits: _containers.RepeatedCompositeFieldContainer[RateLimitStats]
+    rate_limits_truncated: bool
+    concurrency: _containers.RepeatedCompositeFieldContainer[ConcurrencyStats]
+    concurrency_truncated: bool
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ...) -> None: ...
+
+class ConcurrencyStats(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "limit", "slots_taken", "waiting", "parked", "in_flight")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_TAKEN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    work_type: str
+    key: str
+    limit: int
+    slots_taken: int
+    waiting: int
+    parked: int
+    in_flight: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., work_type: _Optional[str] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., slots_taken: _Optional[int] = ..., waiting: _Optional[int] = ..., parked: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class RateLimitStats(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "limit", "period", "burst", "budget", "next_claim_in", "waiting", "in_flight")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CLAIM_IN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    work_type: str
+    key: str
+    limit: int
+    period: _duration_pb2.Duration
+    burst: int
+    budget: float
+    next_claim_in: _duration_pb2.Duration
+    waiting: int
+    in_flight: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., work_type: _Optional[str] = ..., key: _Optional[str] = ..., limit: _Optional[int] = ..., period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., burst: _Optional[int] = ..., budget: _Optional[float] = ..., next_claim_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class BlockedLane(_message.Message):
     __slots__ = ("installed_pack_id", "kind", "lane_key", "head", "waiting")

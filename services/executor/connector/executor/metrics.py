@@ -43,6 +43,13 @@ CLAIM_BATCH = Histogram(
 CLAIMED = Counter(
     "connector_executor_claimed_total", "Items claimed", ["pack", "queue_class"], registry=REGISTRY
 )
+RATE_LIMITED = Counter(
+    "connector_executor_rate_limited_total",
+    "Due candidates a claim left unclaimed because their rate-limit key had no budget (deferred to "
+    "their budget's time) or was held by another claim at that instant (docs/adr/011-rate-limits.md)",
+    ["pack", "queue_class"],
+    registry=REGISTRY,
+)
 FINALIZE_SECONDS = Histogram(
     "connector_executor_finalize_seconds",
     "Finalize flush latency",
@@ -124,6 +131,44 @@ OLDEST_READY_AGE = Gauge(
     "connector_executor_oldest_ready_age_seconds",
     "Age of the oldest due item",
     ["pack", "queue_class"],
+    registry=REGISTRY,
+)
+SLOT_WAKEUPS = Counter(
+    "connector_executor_concurrency_wakeups_total",
+    "Parked WorkItems made due again because a member of their concurrency key gave its slot back",
+    registry=REGISTRY,
+)
+CONCURRENCY_KEYS = Gauge(
+    "connector_executor_concurrency_keys",
+    "Concurrency keys per pack and work type; state: all, full (no free slot now)",
+    ["pack", "work_type", "state"],
+    registry=REGISTRY,
+)
+CONCURRENCY_ITEMS = Gauge(
+    "connector_executor_concurrency_items",
+    "WorkItems with a concurrency key per pack and work type; state: waiting (due), parked (waiting "
+    "for a slot), in_flight",
+    ["pack", "work_type", "state"],
+    registry=REGISTRY,
+)
+CONCURRENCY_REPAIRS = Counter(
+    "connector_executor_concurrency_repairs_total",
+    "Concurrency keys whose slot count disagreed with their processing WorkItems and was recounted "
+    "(healthy: zero), or whose parked items were woken by the check",
+    ["what"],
+    registry=REGISTRY,
+)
+RATE_LIMIT_KEYS = Gauge(
+    "connector_executor_rate_limit_keys",
+    "Rate-limit keys per pack and work type; state: all, exhausted (no budget now)",
+    ["pack", "work_type", "state"],
+    registry=REGISTRY,
+)
+RATE_LIMIT_ITEMS = Gauge(
+    "connector_executor_rate_limit_items",
+    "WorkItems with a rate-limit key per pack and work type; state: waiting (pending/retry: due or "
+    "deferred to their budget's time), in_flight",
+    ["pack", "work_type", "state"],
     registry=REGISTRY,
 )
 BLOCKED_LANES = Gauge(

@@ -56,7 +56,7 @@ here follows:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -64,8 +64,9 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS
+from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, PARKED
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
+from connector.common.store.flow import RateKey, SlotKey, slots_release
 from connector.common.store.lanes import (
     Lane,
     LaneKind,
@@ -113,20 +114,44 @@ class ClaimedRow(NamedTuple):
     target_mutation_lane_key: str | None
     #: The parent of the attempt's span (docs/tracing.md); NULL while tracing is off.
     traceparent: str | None
+    #: The concurrency key whose slot the item holds while processing (docs/adr/011-rate-limits.md).
+    concurrency_key: str | None
 
 
 CLAIM_COLUMNS = ClaimedRow._fields
 
+# Flow limits (docs/adr/011-rate-limits.md) are the only limit logic here; lanes are not (ADR 003).
+# Candidates with a key are ranked per key in due order; their key rows are locked ``FOR UPDATE SKIP
+# LOCKED`` (the statement never waits, so it cannot deadlock; a key another claim holds at that
+# instant is left alone this round). The lock returns the key row's newest version (EvalPlanQual),
+# so the budget read is never stale; the key rows are then updated through their primary key (both
+# columns ``= ANY``, so the generic plan probes the index too), which again lands on that newest
+# version. Not by tuple id: a version committed after the statement's snapshot is invisible to a
+# TID scan, and the update would be lost.
+#
+# * Concurrency: the r-th candidate of a key goes while ``r <= max_in_flight - in_flight``;
+#   ``in_flight`` grows by the items claimed. A candidate without a slot is *parked* (``run_after =
+#   '9999-01-01'``, no attempt): a finishing member of its key wakes it (``flow.slots_release``).
+# * Rate (GCRA), over the candidates concurrency let through: the r-th of a key goes when
+#   ``greatest(tat, now()) + (r - 1) * T <= now() + (burst - 1) * T`` (``T = period_s / limit_n``);
+#   ``tat`` advances by ``a * T`` for the ``a`` admitted. A candidate without budget is not claimed
+#   (no attempt): its ``run_after`` moves to the time its key's budget is expected for it.
+#
+# Either way a held-back candidate leaves the head of the ready order instead of filling the next
+# candidate window (DESIGN §8 trap 3). Items without keys pass straight through: with no limits
+# declared the key CTEs read no row. The statement returns the claimed rows and, per group, one row
+# ``(NULL, held back, pack, ms until the first deferred one is due, queue class)`` counting candidates
+# it did not claim, so the scheduler knows the group is not drained and when to look again.
 WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand AS (
-  SELECT c.work_id
+  SELECT c.work_id, c.rate_key, c.concurrency_key, c.run_after, g.pack, g.qc
   FROM unnest(%(packs)s::bigint[], %(queue_classes)s::text[], %(limits)s::int[]) AS g(pack, qc, n)
   CROSS JOIN LATERAL (
     SELECT ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack
                  AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])) AS gens) ag
   CROSS JOIN LATERAL (
-    SELECT w.work_id FROM connector_work_item w
+    SELECT w.work_id, w.rate_key, w.concurrency_key, w.run_after FROM connector_work_item w
     WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
       AND w.state IN ('pending', 'retry') AND w.run_after <= now()
       AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0
@@ -134,13 +159,93 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
     LIMIT g.n
     FOR UPDATE OF w SKIP LOCKED
   ) c
+), cranked AS (
+  SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after,
+         row_number() OVER (PARTITION BY c.pack, c.concurrency_key ORDER BY c.run_after, c.work_id) AS r
+  FROM cand c WHERE c.concurrency_key IS NOT NULL
+), slots AS (
+  SELECT s.installed_pack_id AS pack, s.concurrency_key, greatest(0, s.max_in_flight - s.in_flight) AS free
+  FROM (SELECT DISTINCT q.pack, q.concurrency_key FROM cranked q) d
+  CROSS JOIN LATERAL (
+    SELECT s.* FROM connector_concurrency_limit s
+    WHERE s.installed_pack_id = d.pack AND s.concurrency_key = d.concurrency_key
+    FOR UPDATE SKIP LOCKED
+  ) s
+), cverdict AS (
+  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, q.run_after,
+         s.free IS NOT NULL AS locked, q.r <= s.free AS ok
+  FROM cranked q LEFT JOIN slots s ON s.pack = q.pack AND s.concurrency_key = q.concurrency_key
+), ranked AS (
+  SELECT x.work_id, x.pack, x.qc, x.rate_key, x.concurrency_key,
+         row_number() OVER (PARTITION BY x.pack, x.rate_key ORDER BY x.run_after, x.work_id) AS r
+  FROM (SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after
+        FROM cand c WHERE c.rate_key IS NOT NULL AND c.concurrency_key IS NULL
+        UNION ALL
+        SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.run_after
+        FROM cverdict v WHERE v.rate_key IS NOT NULL AND v.ok) x
+), budget AS (
+  SELECT k.installed_pack_id AS pack, k.rate_key, greatest(k.tat, now()) AS base,
+         make_interval(secs => k.period_s / k.limit_n) AS t, k.burst - 1 AS slack
+  FROM (SELECT DISTINCT q.pack, q.rate_key FROM ranked q) d
+  CROSS JOIN LATERAL (
+    SELECT k.* FROM connector_rate_limit k
+    WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
+    FOR UPDATE SKIP LOCKED
+  ) k
+), verdict AS (
+  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, b.base IS NOT NULL AS locked,
+         b.base + (q.r - 1) * b.t <= now() + b.slack * b.t AS ok,
+         b.base + (q.r - 1 - b.slack) * b.t AS due
+  FROM ranked q LEFT JOIN budget b ON b.pack = q.pack AND b.rate_key = q.rate_key
+), spent AS (
+  SELECT b.pack, b.rate_key, b.base + s.n * b.t AS tat
+  FROM (SELECT v.pack, v.rate_key, count(*) AS n FROM verdict v WHERE v.ok GROUP BY 1, 2) s
+  JOIN budget b ON b.pack = s.pack AND b.rate_key = s.rate_key
+), spend AS (
+  UPDATE connector_rate_limit k SET tat = x.tat
+  FROM spent x
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM spent x))
+    AND k.rate_key = ANY (ARRAY(SELECT x.rate_key FROM spent x))
+    AND k.installed_pack_id = x.pack AND k.rate_key = x.rate_key
+), admitted AS (
+  SELECT c.work_id, NULL::bigint AS pack, NULL::text AS concurrency_key
+  FROM cand c WHERE c.rate_key IS NULL AND c.concurrency_key IS NULL
+  UNION ALL
+  SELECT v.work_id, v.pack, v.concurrency_key FROM cverdict v WHERE v.ok AND v.rate_key IS NULL
+  UNION ALL
+  SELECT v.work_id, v.pack, v.concurrency_key FROM verdict v WHERE v.ok
+), taken AS (
+  SELECT a.pack, a.concurrency_key, count(*) AS n
+  FROM admitted a WHERE a.concurrency_key IS NOT NULL GROUP BY 1, 2
+), take AS (
+  UPDATE connector_concurrency_limit s SET in_flight = s.in_flight + x.n
+  FROM taken x
+  WHERE s.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM taken x))
+    AND s.concurrency_key = ANY (ARRAY(SELECT x.concurrency_key FROM taken x))
+    AND s.installed_pack_id = x.pack AND s.concurrency_key = x.concurrency_key
+), parked AS (
+  UPDATE connector_work_item p SET run_after = {PARKED}, updated_at = clock_timestamp()
+  WHERE p.work_id = ANY (ARRAY(SELECT v.work_id FROM cverdict v WHERE v.locked AND NOT v.ok))
+), deferred AS (
+  UPDATE connector_work_item d SET run_after = v.due, updated_at = clock_timestamp()
+  FROM verdict v
+  WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM verdict v WHERE v.locked AND NOT v.ok))
+    AND d.work_id = v.work_id AND v.locked AND NOT v.ok
+), claimed AS (
+  UPDATE connector_work_item w
+  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+  WHERE w.work_id = ANY (ARRAY(SELECT a.work_id FROM admitted a))
+  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
 )
-UPDATE connector_work_item w
-SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
-    lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
-    attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
-WHERE w.work_id = ANY (ARRAY(SELECT cand.work_id FROM cand))
-RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due FROM cverdict v WHERE v.ok IS NOT TRUE
+      UNION ALL SELECT v.pack, v.qc, v.due FROM verdict v WHERE v.ok IS NOT TRUE) h
+GROUP BY h.pack, h.qc
 """
 
 WORK_ITEM_RENEW_LEASE_BATCH = """
@@ -209,7 +314,8 @@ RETURNING w.work_id, w.state
 # Expired leases: a small set read from the processing index (slots x processes rows at most), in
 # its order (work_id): an index scan marks the entries of finished rows dead as it passes them.
 WORK_ITEM_RECLAIM_CANDIDATES = """
-SELECT w.work_id, w.lease_token, w.installed_pack_id, w.source_lane_key, w.target_mutation_lane_key
+SELECT w.work_id, w.lease_token, w.installed_pack_id, w.source_lane_key, w.target_mutation_lane_key,
+       w.concurrency_key
 FROM connector_work_item w
 WHERE w.state = 'processing' AND w.lease_until < now()
 ORDER BY w.work_id
@@ -319,8 +425,13 @@ async def work_item_claim_batch(
     *,
     owner: str,
     lease_s: float,
+    held_back: dict[tuple[int, str], int] | None = None,
+    due_in: dict[tuple[int, str], float] | None = None,
 ) -> list[tuple[Any, ...]]:
-    """Claim up to ``limits[i]`` due items of each group ``(packs[i], queue_classes[i])``."""
+    """Claim up to ``limits[i]`` due items of each group ``(packs[i], queue_classes[i])``. Candidates
+    a rate limit held back (deferred, or their key busy in another claim) are not returned; with
+    ``held_back`` given, their count per ``(pack, queue class)`` is added to it; with ``due_in``, the
+    seconds until the first candidate deferred for its rate limit is due, per group."""
     cur = await conn.execute(
         WORK_ITEM_CLAIM_BATCH,
         {
@@ -332,7 +443,20 @@ async def work_item_claim_batch(
         },
         prepare=True,
     )
-    return await cur.fetchall()
+    rows = await cur.fetchall()
+    if not rows or rows[-1][0] is not None:  # the held-back rows come last (UNION ALL)
+        return rows
+    claimed = []
+    for r in rows:
+        if r[0] is not None:
+            claimed.append(r)
+        else:
+            key = (int(r[2]), str(r[4]))
+            if held_back is not None:
+                held_back[key] = held_back.get(key, 0) + int(r[1])
+            if due_in is not None and r[3] is not None:
+                due_in[key] = max(0.0, int(r[3]) / 1000.0)
+    return claimed
 
 
 class ReadyGroup(NamedTuple):
@@ -483,6 +607,18 @@ class FinalizeResult:
     transitions: list[tuple[int, str]] = field(default_factory=list)
     fail_stale: int = 0
     promoted: int = 0
+    #: Parked items woken by the concurrency slots this flush gave back.
+    woken: int = 0
+
+
+def _released(slots: Mapping[int, tuple[int, str]], left: Iterable[int]) -> dict[tuple[int, str], int]:
+    """Slots given back: one per row that left ``processing`` (a stale row left nothing)."""
+    out: dict[tuple[int, str], int] = {}
+    for wid in left:
+        key = slots.get(wid)
+        if key is not None:
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _sorted_pairs(ids: list[int], tokens: list[int]) -> tuple[list[int], list[int]]:
@@ -512,23 +648,30 @@ async def work_item_finalize(
     lanes: Iterable[Lane] = (),
     *,
     notify_above: int = 0,
+    slots: Mapping[int, tuple[int, str]] | None = None,
 ) -> FinalizeResult:
-    """Apply one flush of finalizes. Without lanes: at most two autocommit statements. With lanes:
-    one transaction ``lane_lock_batch`` → fenced updates → ``lane_settle_batch``, plus a NOTIFY
-    when more lane members were promoted than ``notify_above`` (the caller's free capacity: what it
-    cannot claim itself right away, other claimers should look at)."""
+    """Apply one flush of finalizes. Without lanes or concurrency slots: at most two autocommit
+    statements. Otherwise one transaction: ``lane_lock_batch`` → fenced updates → the slots of the
+    rows that left ``processing`` given back (``slots``: work id → (pack, concurrency key); parked
+    items of those keys woken) → ``lane_settle_batch``, plus a NOTIFY when more lane members were
+    promoted or parked items woken than ``notify_above`` (the caller's free capacity: what it cannot
+    claim itself right away, other claimers should look at)."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
-    if not lane_list:
+    if not lane_list and not slots:
         await _finalize_fenced(conn, ids, tokens, fail, result)
         return result
     async with conn.transaction():
-        locked = await lane_lock_batch(conn, lane_list)
+        locked = await lane_lock_batch(conn, lane_list) if lane_list else []
         await _finalize_fenced(conn, ids, tokens, fail, result)
-        settled = await lane_settle_batch(conn, locked)
-        result.promoted = settled.promoted
-        if settled.promoted > notify_above:
+        if slots:
+            left = [*result.completed, *(wid for wid, _ in result.transitions)]
+            result.woken = await slots_release(conn, _released(slots, left))
+        if locked:
+            settled = await lane_settle_batch(conn, locked)
+            result.promoted = settled.promoted
+        if result.promoted + result.woken > notify_above:
             await work_notify(conn, "lanes")
     return result
 
@@ -561,6 +704,19 @@ async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Rec
         if r[4] is not None:
             lanes.add((int(r[2]), LaneKind.TARGET, str(r[4])))
     params = {"ids": [int(r[0]) for r in cands], "tokens": [int(r[1]) for r in cands], "packs": packs}
+    slots = {int(r[0]): (int(r[2]), str(r[5])) for r in cands if r[5] is not None}
+    if slots:
+        # A reclaimed item gives its concurrency slot back in the transaction that moves it out of
+        # processing: exactly once (the update re-checks state, token and expiry).
+        async with conn.transaction():
+            locked = await lane_lock_batch(conn, lanes) if lanes else []
+            cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=BY_ID_PREPARE)
+            rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
+            woken = await slots_release(conn, _released(slots, [r.work_id for r in rows]))
+            promoted = (await lane_settle_batch(conn, locked)).promoted if locked else 0
+            if rows or promoted or woken:
+                await work_notify(conn, "reclaim")
+        return rows
     if not lanes:
         cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=BY_ID_PREPARE)
         rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
@@ -635,7 +791,7 @@ WORK_ITEM_SELECT_COLUMNS = """
   w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
   w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
   w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
-  w.finished_at AS w_finished_at"""
+  w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1318,7 +1474,8 @@ WORK_ITEM_INSERT_COLUMNS = (
     ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
     ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
     ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
-    ("dead_blocks_lane", "bool"), ("traceparent", "text"),
+    ("dead_blocks_lane", "bool"), ("traceparent", "text"), ("rate_key", "text"),
+    ("concurrency_key", "text"),
 )  # fmt: skip
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
@@ -1355,6 +1512,12 @@ class WorkRow:
     traceparent: str | None = None
     #: Not runnable before this instant (a work type's delay, docs/packs.md); None: at once.
     run_after: datetime | None = None
+    #: Rate-limit key and limit (docs/adr/011-rate-limits.md); its row is declared in the same
+    #: transaction (``flow.rate_limit_declare``).
+    rate: RateKey | None = None
+    #: Concurrency key and limit; its row is declared in the same transaction
+    #: (``flow.concurrency_declare``).
+    slot: SlotKey | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -1381,6 +1544,8 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.target_lane_key,
             w.dead_blocks_lane,
             w.traceparent,
+            w.rate.rate_key if w.rate is not None else None,
+            w.slot.concurrency_key if w.slot is not None else None,
             w.run_after,
         )
         for w in rows

@@ -182,3 +182,35 @@ def pause(row: dict[str, Any] | None, pack_name: str) -> admin_service_pb2.Pause
         request_id=_text(row["request_id"]),
         pause_time=ts(row["paused_at"]),
     )
+
+
+def rate_limit(row: dict[str, Any]) -> admin_service_pb2.RateLimitStats:
+    """A ``store.flow.rate_limit_stats`` row as a RateLimitStats."""
+    return admin_service_pb2.RateLimitStats(
+        installed_pack_id=int(row["installed_pack_id"]),
+        pack_name=_text(row["name"]),
+        work_type=_text(row["work_type"]),
+        key=_text(row["rate_key"]),
+        limit=int(row["limit_n"]),
+        period=duration(timedelta(seconds=float(row["period_s"]))),
+        burst=int(row["burst"]),
+        budget=round(float(row["budget"]), 3),
+        next_claim_in=duration(timedelta(seconds=float(row["next_in_s"]))),
+        waiting=int(row["waiting"]),
+        in_flight=int(row["in_flight"]),
+    )
+
+
+def concurrency(row: dict[str, Any]) -> admin_service_pb2.ConcurrencyStats:
+    """A ``store.flow.concurrency_stats`` row as a ConcurrencyStats."""
+    return admin_service_pb2.ConcurrencyStats(
+        installed_pack_id=int(row["installed_pack_id"]),
+        pack_name=_text(row["name"]),
+        work_type=_text(row["work_type"]),
+        key=_text(row["concurrency_key"]),
+        limit=int(row["max_in_flight"]),
+        slots_taken=int(row["in_flight"]),
+        waiting=int(row["waiting"]),
+        parked=int(row["parked"]),
+        in_flight=int(row["processing"]),
+    )

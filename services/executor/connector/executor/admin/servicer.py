@@ -413,6 +413,10 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 )
             )
         response.pauses.extend(convert.pause(p, p["pack_name"]) for p in result.pauses)
+        response.rate_limits.extend(convert.rate_limit(r) for r in result.rate_limits)
+        response.rate_limits_truncated = result.rate_limits_truncated
+        response.concurrency.extend(convert.concurrency(r) for r in result.concurrency)
+        response.concurrency_truncated = result.concurrency_truncated
         return response
 
     async def ListBlockedLanes(

@@ -33,7 +33,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.schema import PAUSE_WHOLE_PACK
-from connector.common.store import authority, pauses, receipts, work_items
+from connector.common.store import authority, flow, pauses, receipts, work_items
 from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
 from connector.common.store.work_items import QUEUE_STATES
@@ -75,6 +75,17 @@ class QueueStats:
     receipts_failed: int
     active_claimants: int
     pauses: list[dict[str, Any]] = field(default_factory=list)
+    #: ``store.flow.rate_limit_stats`` rows (at most ``RATE_KEYS_SHOWN``) and whether more exist.
+    rate_limits: list[dict[str, Any]] = field(default_factory=list)
+    rate_limits_truncated: bool = False
+    #: ``store.flow.concurrency_stats`` rows (at most ``RATE_KEYS_SHOWN``) and whether more exist.
+    concurrency: list[dict[str, Any]] = field(default_factory=list)
+    concurrency_truncated: bool = False
+
+
+#: Rate-limit (and concurrency) keys GetQueueStats lists (the per-key counts are index reads of
+#: each key's items).
+RATE_KEYS_SHOWN = 200
 
 
 async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: float) -> QueueStats:
@@ -86,6 +97,8 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
     receipt_counts = await receipts.receipt_stats(conn, params)
     assert receipt_counts is not None
     paused = await pauses.pause_list(conn, pack)
+    rate_rows = await flow.rate_limit_stats(conn, pack, RATE_KEYS_SHOWN + 1)
+    slot_rows = await flow.concurrency_stats(conn, pack, RATE_KEYS_SHOWN + 1)
     paused_keys = {(int(p["installed_pack_id"]), str(p["queue_class"])) for p in paused}
     totals: dict[int, QueueRow] = {}
     for pack_id, row in packs.items():
@@ -145,6 +158,10 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
         receipts_failed=int(receipt_counts["failed"]),
         active_claimants=int(receipt_counts["active_claimants"]),
         pauses=paused,
+        rate_limits=rate_rows[:RATE_KEYS_SHOWN],
+        rate_limits_truncated=len(rate_rows) > RATE_KEYS_SHOWN,
+        concurrency=slot_rows[:RATE_KEYS_SHOWN],
+        concurrency_truncated=len(slot_rows) > RATE_KEYS_SHOWN,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from connector.common.store import authority, events, processes, receipts, work_items
@@ -27,6 +27,9 @@ from connector.executor.admin.auth import Principal
 from connector.executor.admin.errors import Reason, invalid_argument, not_found, permission_denied
 from connector.executor.admin.session import connection
 from connector.v1 import admin_service_pb2 as pb
+
+#: ``run_after`` of an item parked for a concurrency slot (``schema.PARKED``).
+PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 
 #: ``<scheme>:<key reference>`` as the ingress stores it (ingress/verify.py), e.g.
 #: ``hmac-sha256:env:SHOP_SECRET``; ``none`` without a key.
@@ -137,8 +140,8 @@ def why_not_running(
     (``store.pauses.pause_list``), for who paused and why.
 
     Order: terminal and fenced states first, then the lease, then the lanes, then what keeps a ready
-    item from its claim, in the claim's own order: claim path, pause, run_after, claimants. A new
-    reason (a budget) goes before ``run_after``, as the claim skips such work first.
+    item from its claim, in the claim's own order: claim path, pause, a concurrency slot (parked), a
+    rate-limit budget (deferred), run_after, claimants.
     """
     pauses = pauses or {}
     state = item["w_state"]
@@ -212,6 +215,24 @@ def why_not_running(
             f"{what} is paused{why}; claims skip it until connector admin resume",
         )
     run_after = item.get("w_run_after")
+    if run_after is not None and run_after >= PARKED_AT and item.get("w_concurrency_key") is not None:
+        return Wait(
+            pb.WAIT_REASON_CONCURRENCY_LIMITED,
+            f"parked: concurrency key {item['w_concurrency_key']!r} has all its slots in flight;"
+            " a finishing member wakes it (connector admin stats)",
+        )
+    if (
+        run_after is not None
+        and run_after > now
+        and state == "pending"
+        and item.get("w_rate_key") is not None
+    ):
+        return Wait(
+            pb.WAIT_REASON_RATE_LIMITED,
+            f"rate-limit key {item['w_rate_key']!r} has no budget before {_when(run_after)}"
+            " (connector admin stats)",
+            until=run_after,
+        )
     if run_after is not None and run_after > now:
         if state != "retry":  # pending with a future run_after: only a delay puts it there
             return Wait(

@@ -28,6 +28,10 @@ monotonic = time.monotonic
 class Claimer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # Groups whose candidates were deferred for their rate limit: when the first becomes due.
+        # Applied once the group has no due rows left (the scheduler then waits for that time
+        # instead of the next discovery).
+        self._due_hints: dict[tuple[int, str], float] = {}
 
     async def run(self) -> None:
         e = self.engine
@@ -116,8 +120,17 @@ class Claimer:
         qcs = [g.queue_class for g, _ in alloc]
         limits = [n for _, n in alloc]
         t0 = monotonic()
+        held_back: dict[tuple[int, str], int] = {}
+        due_in: dict[tuple[int, str], float] = {}
         rows = await work_items.work_item_claim_batch(
-            conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s
+            conn,
+            packs,
+            qcs,
+            limits,
+            owner=e.owner,
+            lease_s=e.cfg.lease_s,
+            held_back=held_back,
+            due_in=due_in,
         )
         dt = monotonic() - t0
         m.CLAIM_SECONDS.observe(dt)
@@ -126,9 +139,19 @@ class Claimer:
         e.stats["claims"] += 1
         e.stats["claimed"] += len(rows)
         deadline = t0 + e.cfg.lease_s  # the lease started no earlier than we sent the claim
+        if held_back:
+            # Rate-limited candidates are not claimed but the group is not drained: count them as
+            # yielded so the scheduler keeps asking (they moved to their budget's time, or their key
+            # was busy in another claim for an instant).
+            for (pack, qc), c in held_back.items():
+                m.RATE_LIMITED.labels(m.pack_label(pack), qc).inc(c)
+            e.stats["rate_limited"] += sum(held_back.values())
+            for key, s in due_in.items():  # the first deferred one: look again then
+                at = t0 + s
+                self._due_hints[key] = min(at, self._due_hints.get(key, at))
         if len(alloc) == 1:
             g, n = alloc[0]
-            e.scheduler.record(g, n, len(rows))
+            e.scheduler.record(g, n, len(rows) + held_back.get(g.key, 0))
             if rows:
                 m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
         else:
@@ -138,9 +161,15 @@ class Claimer:
                 got[k] = got.get(k, 0) + 1
             for g, n in alloc:
                 c = got.get(g.key, 0)
-                e.scheduler.record(g, n, c)
+                e.scheduler.record(g, n, c + held_back.get(g.key, 0))
                 if c:
                     m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
+        if self._due_hints:
+            groups = e.scheduler.groups
+            for key in list(self._due_hints):
+                g = groups.get(key)
+                if g is None or not g.ready:
+                    e.scheduler.note_due(key[0], key[1], self._due_hints.pop(key))
         if not rows:
             return
         registry = e.registry

@@ -121,6 +121,7 @@ class Engine:
             "reclaimed": 0,
             "abandoned": 0,
             "deadlocks": 0,
+            "rate_limited": 0,
         }
         self.claimer = Claimer(self)
         self.runner = Runner(self)

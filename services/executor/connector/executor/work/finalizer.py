@@ -41,7 +41,7 @@ FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fin
 class Pending:
     """Finalizes waiting for the next flush (plain items and lane items kept apart)."""
 
-    __slots__ = ("complete_ids", "complete_tokens", "fail", "items", "lanes")
+    __slots__ = ("complete_ids", "complete_tokens", "fail", "items", "lanes", "slots")
 
     def __init__(self) -> None:
         self.complete_ids: list[int] = []
@@ -49,6 +49,8 @@ class Pending:
         self.fail = work_items.FailBatch()
         self.items: list[InFlight] = []
         self.lanes: set[Lane] = set()
+        #: Concurrency slots the flush gives back: work id -> (pack, concurrency key).
+        self.slots: dict[int, tuple[int, str]] = {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -126,6 +128,8 @@ class Finalizer:
         s_key = f.source_lane_key
         t_key = f.target_mutation_lane_key
         if s_key is None and t_key is None:
+            if f.concurrency_key is not None:
+                self._pending.slots[f.work_id] = (f.installed_pack_id, f.concurrency_key)
             return self._pending
         chunks = self._lane_chunks
         if not chunks or len(chunks[-1]) >= LANE_FLUSH_MAX:
@@ -135,6 +139,8 @@ class Finalizer:
             p.lanes.add((f.installed_pack_id, LaneKind.SOURCE, s_key))
         if t_key is not None:
             p.lanes.add((f.installed_pack_id, LaneKind.TARGET, t_key))
+        if f.concurrency_key is not None:
+            p.slots[f.work_id] = (f.installed_pack_id, f.concurrency_key)
         return p
 
     def _take(self) -> Pending | None:
@@ -228,10 +234,11 @@ class Finalizer:
                 batch.fail,
                 batch.lanes,
                 notify_above=free if e.claiming else 0,
+                slots=batch.slots,
             )
         else:
             res = await work_items.work_item_finalize(
-                conn, batch.complete_ids, batch.complete_tokens, batch.fail
+                conn, batch.complete_ids, batch.complete_tokens, batch.fail, slots=batch.slots
             )
         m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
         m.FINALIZE_BATCH.observe(n)
@@ -244,6 +251,10 @@ class Finalizer:
         if res.promoted:
             m.LANE_PROMOTIONS.inc(res.promoted)
             e.scheduler.mark_ready({lane[0] for lane in batch.lanes})
+            e.wake.set()
+        if res.woken:  # parked items of released concurrency slots are due now
+            m.SLOT_WAKEUPS.inc(res.woken)
+            e.scheduler.mark_ready({slot[0] for slot in batch.slots.values()})
             e.wake.set()
         held = e.held
         hbp = e.held_by_pack

@@ -1,6 +1,9 @@
 """The reclaimer: every ``reclaim_interval_s`` (±20 % jitter) it moves expired leases of any process
 back to ``retry`` (``dead`` when attempts are exhausted) with ``work_item_reclaim_expired``, which
-re-checks state, token and expiry in the same statement, so any number of reclaimers is safe.
+re-checks state, token and expiry in the same statement, so any number of reclaimers is safe. A
+reclaimed item gives its concurrency slot back in the same transaction. Every
+``CHECK_EVERY`` rounds it also runs the concurrency-slot check (``flow.concurrency_check``: recount
+each key's slots from its processing rows, wake parked items with free slots; healthy: nothing).
 """
 
 from __future__ import annotations
@@ -10,16 +13,20 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from connector.common.store import work_items
+from connector.common.store import flow, work_items
 from connector.executor import metrics as m
 
 if TYPE_CHECKING:
     from connector.executor.work.engine import Engine
 
 
+CHECK_EVERY = 6  # reclaim rounds per concurrency-slot check (30 s at the default 5 s interval)
+
+
 class Reclaimer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._rounds = 0
 
     async def run(self) -> None:
         e = self.engine
@@ -28,6 +35,9 @@ class Reclaimer:
             await asyncio.sleep(interval * (0.8 + 0.4 * e.rnd.random()))
             try:
                 await self.reclaim_once()
+                self._rounds += 1
+                if self._rounds % CHECK_EVERY == 0:
+                    await self.check_slots()
             except asyncio.CancelledError:
                 raise
             except psycopg.errors.DeadlockDetected:
@@ -49,3 +59,15 @@ class Reclaimer:
             e.scheduler.mark_ready({r.installed_pack_id for r in rows})
             e.wake.set()
         return rows
+
+    async def check_slots(self) -> flow.SlotCheck:
+        e = self.engine
+        async with e.pool.connection() as conn:
+            res = await flow.concurrency_check(conn)
+        if res.recounted:
+            m.CONCURRENCY_REPAIRS.labels("recounted").inc(res.recounted)
+        if res.woken:
+            m.CONCURRENCY_REPAIRS.labels("woken").inc(res.woken)
+            e.scheduler.mark_ready()
+            e.wake.set()
+        return res

@@ -5,7 +5,9 @@ age comes from the ready index (one descent per group); blocked lanes counts lan
 hold their lanes while not runnable: dead heads whose route blocks on dead, and heads waiting for
 their retry time. Active claimants: registered ``work_item`` processes with a fresh heartbeat (within
 three heartbeats); stale processes: registered rows of any service whose heartbeat is older;
-paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been.
+paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been;
+rate-limit and concurrency keys and their items per (pack, work type) (``flow.rate_limit_sample``,
+``flow.concurrency_sample``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.common.store import pauses, work_items
+from connector.common.store import flow, pauses, work_items
 from connector.executor import metrics as m
 
 
@@ -35,6 +37,23 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
         label = m.pack_label(int(pause["installed_pack_id"]))
         m.PAUSED.labels(label, pause["queue_class"]).set(1)
         m.PAUSED_SECONDS.labels(label, pause["queue_class"]).set(float(pause["paused_for_s"]))
+    m.RATE_LIMIT_KEYS.clear()
+    m.RATE_LIMIT_ITEMS.clear()
+    for pack, wt, keys, exhausted, waiting, in_flight in await flow.rate_limit_sample(conn):
+        label = m.pack_label(pack)
+        m.RATE_LIMIT_KEYS.labels(label, wt, "all").set(keys)
+        m.RATE_LIMIT_KEYS.labels(label, wt, "exhausted").set(exhausted)
+        m.RATE_LIMIT_ITEMS.labels(label, wt, "waiting").set(waiting)
+        m.RATE_LIMIT_ITEMS.labels(label, wt, "in_flight").set(in_flight)
+    m.CONCURRENCY_KEYS.clear()
+    m.CONCURRENCY_ITEMS.clear()
+    for pack, wt, keys, full, waiting, parked, in_flight in await flow.concurrency_sample(conn):
+        label = m.pack_label(pack)
+        m.CONCURRENCY_KEYS.labels(label, wt, "all").set(keys)
+        m.CONCURRENCY_KEYS.labels(label, wt, "full").set(full)
+        m.CONCURRENCY_ITEMS.labels(label, wt, "waiting").set(waiting)
+        m.CONCURRENCY_ITEMS.labels(label, wt, "parked").set(parked)
+        m.CONCURRENCY_ITEMS.labels(label, wt, "in_flight").set(in_flight)
     m.BLOCKED_LANES.clear()
     for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)

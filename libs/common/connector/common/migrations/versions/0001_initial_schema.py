@@ -51,6 +51,16 @@ def upgrade() -> None:
     sa.CheckConstraint("phase IN ('legacy_active', 'quiescing', 'work_item_active', 'rollback_fenced')", name=op.f('ck_connector_claim_authority_phase')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'generation', name=op.f('pk_connector_claim_authority'))
     )
+    op.create_table('connector_concurrency_limit',
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('concurrency_key', sa.Text(), nullable=False),
+    sa.Column('work_type', sa.Text(), nullable=False),
+    sa.Column('max_in_flight', sa.Integer(), nullable=False),
+    sa.Column('in_flight', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint('max_in_flight >= 1 AND in_flight >= 0', name=op.f('ck_connector_concurrency_limit_slots')),
+    sa.PrimaryKeyConstraint('installed_pack_id', 'concurrency_key', name=op.f('pk_connector_concurrency_limit'))
+    )
     op.create_table('connector_cutover_receipt',
     sa.Column('cutover_receipt_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
     sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
@@ -126,6 +136,18 @@ def upgrade() -> None:
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.CheckConstraint("claim_capability IN ('work_item', 'legacy_event', 'none')", name=op.f('ck_connector_process_claim_capability')),
     sa.PrimaryKeyConstraint('process_id', name=op.f('pk_connector_process'))
+    )
+    op.create_table('connector_rate_limit',
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('rate_key', sa.Text(), nullable=False),
+    sa.Column('work_type', sa.Text(), nullable=False),
+    sa.Column('limit_n', sa.Integer(), nullable=False),
+    sa.Column('period_s', sa.Float(), nullable=False),
+    sa.Column('burst', sa.Integer(), nullable=False),
+    sa.Column('tat', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint('limit_n >= 1 AND period_s > 0 AND burst >= 1 AND burst <= limit_n', name=op.f('ck_connector_rate_limit_limit')),
+    sa.PrimaryKeyConstraint('installed_pack_id', 'rate_key', name=op.f('pk_connector_rate_limit'))
     )
     op.create_table('connector_rollback_fence',
     sa.Column('fence_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
@@ -258,6 +280,8 @@ def upgrade() -> None:
     sa.Column('source_lane_key', sa.Text(), nullable=True),
     sa.Column('target_mutation_lane_key', sa.Text(), nullable=True),
     sa.Column('dead_blocks_lane', sa.Boolean(), server_default=sa.text('true'), nullable=False),
+    sa.Column('rate_key', sa.Text(), nullable=True),
+    sa.Column('concurrency_key', sa.Text(), nullable=True),
     sa.Column('traceparent', sa.Text(), nullable=True),
     sa.Column('lease_owner', sa.Text(), nullable=True),
     sa.Column('lease_token', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
@@ -280,9 +304,12 @@ def upgrade() -> None:
     sa.UniqueConstraint('event_id', 'work_type', name=op.f('uq_connector_work_item_event_id_work_type'))
     )
     op.create_index('ix_connector_work_item_awaiting_legacy', 'connector_work_item', ['installed_pack_id', 'generation', 'work_id'], unique=False, postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
+    op.create_index('ix_connector_work_item_concurrency_key', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'state'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
+    op.create_index('ix_connector_work_item_concurrency_parked', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'work_id'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
     op.create_index('ix_connector_work_item_dead', 'connector_work_item', ['installed_pack_id', 'finished_at', 'work_id'], unique=False, postgresql_where=sa.text("state = 'dead'"))
     op.create_index('ix_connector_work_item_installed_pack_id_generation_state', 'connector_work_item', ['installed_pack_id', 'generation', 'state'], unique=False, postgresql_where=sa.text("state <> 'succeeded'"))
     op.create_index('ix_connector_work_item_processing', 'connector_work_item', ['work_id'], unique=False, postgresql_where=sa.text("state = 'processing'"))
+    op.create_index('ix_connector_work_item_rate_key', 'connector_work_item', ['installed_pack_id', 'rate_key', 'state'], unique=False, postgresql_where=sa.text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.create_index('ix_connector_work_item_ready', 'connector_work_item', ['installed_pack_id', 'queue_class', 'run_after', 'work_id'], unique=False, postgresql_where=sa.text("state IN ('pending', 'retry')"))
     op.create_index('ix_connector_work_item_source_lane', 'connector_work_item', ['installed_pack_id', 'source_lane_key', 'delivery_seq', 'work_id'], unique=False, postgresql_where=sa.text("source_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
     op.create_index('ix_connector_work_item_target_lane', 'connector_work_item', ['installed_pack_id', 'target_mutation_lane_key', 'delivery_seq', 'work_id'], unique=False, postgresql_where=sa.text("target_mutation_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
@@ -303,9 +330,12 @@ def downgrade() -> None:
     op.drop_index('ix_connector_work_item_target_lane', table_name='connector_work_item', postgresql_where=sa.text("target_mutation_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
     op.drop_index('ix_connector_work_item_source_lane', table_name='connector_work_item', postgresql_where=sa.text("source_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
     op.drop_index('ix_connector_work_item_ready', table_name='connector_work_item', postgresql_where=sa.text("state IN ('pending', 'retry')"))
+    op.drop_index('ix_connector_work_item_rate_key', table_name='connector_work_item', postgresql_where=sa.text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.drop_index('ix_connector_work_item_processing', table_name='connector_work_item', postgresql_where=sa.text("state = 'processing'"))
     op.drop_index('ix_connector_work_item_installed_pack_id_generation_state', table_name='connector_work_item', postgresql_where=sa.text("state <> 'succeeded'"))
     op.drop_index('ix_connector_work_item_dead', table_name='connector_work_item', postgresql_where=sa.text("state = 'dead'"))
+    op.drop_index('ix_connector_work_item_concurrency_parked', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
+    op.drop_index('ix_connector_work_item_concurrency_key', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.drop_index('ix_connector_work_item_awaiting_legacy', table_name='connector_work_item', postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
     op.drop_table('connector_work_item')
     op.drop_index('ix_connector_route_namespace_route_key', table_name='connector_route')
@@ -323,6 +353,7 @@ def downgrade() -> None:
     op.drop_table('connector_scheduler_lease')
     op.drop_index('ix_connector_rollback_fence_open', table_name='connector_rollback_fence', postgresql_where=sa.text("status = 'open'"))
     op.drop_table('connector_rollback_fence')
+    op.drop_table('connector_rate_limit')
     op.drop_table('connector_process')
     op.drop_table('connector_installed_pack')
     op.drop_index('ix_connector_ingress_receipt_routing', table_name='connector_ingress_receipt', postgresql_where=sa.text("router_status = 'routing'"))
@@ -331,6 +362,7 @@ def downgrade() -> None:
     op.drop_table('connector_ingress_receipt')
     op.drop_index('ix_connector_cutover_receipt_installed_pack_id_generation', table_name='connector_cutover_receipt')
     op.drop_table('connector_cutover_receipt')
+    op.drop_table('connector_concurrency_limit')
     op.drop_table('connector_claim_authority')
     op.drop_table('connector_admin_request')
     # ### end Alembic commands ###

@@ -1,0 +1,377 @@
+"""Flow control: the rate-limit key rows ``connector_rate_limit`` (docs/adr/011-rate-limits.md).
+
+The claim statement (``work_items.WORK_ITEM_CLAIM_BATCH``) spends a key's budget; here are the other
+statements on the key rows: the materializer's declaration of the keys of the WorkItems it inserts
+(in the same transaction, so a limited WorkItem is never claimable before its key row exists) and
+the reads of the sampler and the admin API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from connector.common.schema import PARKED
+
+Conn = AsyncConnection[Any]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class RateKey:
+    """A rate-limit key as a WorkItem declares it (the latest declaration sets the limit)."""
+
+    installed_pack_id: int
+    rate_key: str
+    work_type: str
+    limit_n: int
+    period_s: float
+    burst: int
+
+
+# Keys sorted by (pack, key). New keys are inserted with their budget full (``tat`` now, so
+# ``burst`` claims may go at once); a key whose declared limit changed gets the new limit, keeping
+# its ``tat``. Only rows whose limit differs are updated, so an unchanged key is not locked (the
+# claim's ``SKIP LOCKED`` would otherwise skip it while this transaction runs).
+RATE_LIMIT_DECLARE = """
+WITH d AS (
+  SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[],
+                       %(periods)s::float8[], %(bursts)s::int[])
+    AS d(pack, rate_key, work_type, limit_n, period_s, burst)
+), ins AS (
+  INSERT INTO connector_rate_limit (installed_pack_id, rate_key, work_type, limit_n, period_s, burst)
+  SELECT pack, rate_key, work_type, limit_n, period_s, burst FROM d ORDER BY pack, rate_key
+  ON CONFLICT (installed_pack_id, rate_key) DO NOTHING
+  RETURNING 1
+)
+UPDATE connector_rate_limit k
+SET work_type = d.work_type, limit_n = d.limit_n, period_s = d.period_s, burst = d.burst
+FROM d
+WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
+  AND (k.limit_n, k.period_s, k.burst, k.work_type)
+      IS DISTINCT FROM (d.limit_n, d.period_s, d.burst, d.work_type)
+"""
+
+
+async def rate_limit_declare(conn: Conn, keys: Sequence[RateKey]) -> None:
+    """Create (or re-declare) the rate-limit keys of WorkItems being inserted, in the caller's
+    transaction. ``keys``: one per (pack, key)."""
+    if not keys:
+        return
+    uniq = sorted({(k.installed_pack_id, k.rate_key): k for k in keys}.values())
+    await conn.execute(
+        RATE_LIMIT_DECLARE,
+        {
+            "packs": [k.installed_pack_id for k in uniq],
+            "keys": [k.rate_key for k in uniq],
+            "work_types": [k.work_type for k in uniq],
+            "limits": [k.limit_n for k in uniq],
+            "periods": [float(k.period_s) for k in uniq],
+            "bursts": [k.burst for k in uniq],
+        },
+        prepare=True,
+    )
+
+
+# Per key of a pack (or of every pack): the limit, the budget left now (claims that may go at once),
+# when the next claim may go, and its WorkItems waiting (due or deferred to their budget's time) and
+# in flight. Bounded by ``limit``; keys with waiting items first. The counts are index reads of the
+# ready and processing partial indexes filtered by key (a key's backlog, not the table).
+RATE_LIMIT_STATS = """
+SELECT k.installed_pack_id, p.name, k.work_type, k.rate_key, k.limit_n, k.period_s, k.burst,
+       greatest(0, least(k.burst::float8,
+         k.burst - extract(epoch FROM k.tat - now()) / (k.period_s / k.limit_n)))::float8 AS budget,
+       greatest(0, extract(epoch FROM k.tat - now())
+         - (k.burst - 1) * k.period_s / k.limit_n)::float8 AS next_in_s,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
+          AND w.state IN ('pending', 'retry')) AS waiting,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
+          AND w.state = 'processing') AS in_flight
+FROM connector_rate_limit k JOIN connector_installed_pack p ON p.installed_pack_id = k.installed_pack_id
+WHERE (%(pack)s::bigint IS NULL OR k.installed_pack_id = %(pack)s::bigint)
+ORDER BY k.installed_pack_id, k.rate_key
+LIMIT %(limit)s
+"""
+
+
+async def rate_limit_stats(conn: Conn, pack: int | None, limit: int = 1000) -> list[dict[str, Any]]:
+    cur = await conn.execute(RATE_LIMIT_STATS, {"pack": pack, "limit": limit})
+    cols = [d.name for d in cur.description or ()]
+    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+
+
+# The sampler's gauges per (pack, work type): keys, keys without budget now, and their WorkItems
+# waiting and in flight (bounded labels: never the key). A scan of the key rows (one per key) and an
+# index read of the limited WorkItems (``ix_connector_work_item_rate_key``); never the claim loop.
+RATE_LIMIT_SAMPLE = """
+WITH k AS (
+  SELECT installed_pack_id, work_type, count(*) AS keys,
+         count(*) FILTER (WHERE tat - make_interval(secs => (burst - 1) * period_s / limit_n) > now())
+           AS exhausted
+  FROM connector_rate_limit GROUP BY 1, 2
+), w AS (
+  SELECT w.installed_pack_id, k.work_type,
+         count(*) FILTER (WHERE w.state IN ('pending', 'retry')) AS waiting,
+         count(*) FILTER (WHERE w.state = 'processing') AS in_flight
+  FROM connector_work_item w
+  JOIN connector_rate_limit k ON k.installed_pack_id = w.installed_pack_id AND k.rate_key = w.rate_key
+  WHERE w.rate_key IS NOT NULL AND w.state IN ('pending', 'retry', 'processing')
+  GROUP BY 1, 2
+)
+SELECT k.installed_pack_id, k.work_type, k.keys, k.exhausted, coalesce(w.waiting, 0),
+       coalesce(w.in_flight, 0)
+FROM k LEFT JOIN w ON w.installed_pack_id = k.installed_pack_id AND w.work_type = k.work_type
+"""
+
+
+async def rate_limit_sample(conn: Conn) -> list[tuple[int, str, int, int, int, int]]:
+    """``(pack, work type, keys, keys without budget, waiting, in flight)``."""
+    cur = await conn.execute(RATE_LIMIT_SAMPLE)
+    return [(int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in await cur.fetchall()]
+
+
+# --------------------------------------------------------------------------------------------------
+# Concurrency slots (``connector_concurrency_limit``)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SlotKey:
+    """A concurrency key as a WorkItem declares it (the latest declaration sets the limit)."""
+
+    installed_pack_id: int
+    concurrency_key: str
+    work_type: str
+    max_in_flight: int
+
+
+# Like RATE_LIMIT_DECLARE: new keys start with no slot taken; a changed limit applies at once (a
+# lower one lets the items in flight finish: nothing is taken back).
+CONCURRENCY_DECLARE = """
+WITH d AS (
+  SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[])
+    AS d(pack, concurrency_key, work_type, max_in_flight)
+), ins AS (
+  INSERT INTO connector_concurrency_limit (installed_pack_id, concurrency_key, work_type, max_in_flight)
+  SELECT pack, concurrency_key, work_type, max_in_flight FROM d ORDER BY pack, concurrency_key
+  ON CONFLICT (installed_pack_id, concurrency_key) DO NOTHING
+  RETURNING 1
+)
+UPDATE connector_concurrency_limit k
+SET work_type = d.work_type, max_in_flight = d.max_in_flight
+FROM d
+WHERE k.installed_pack_id = d.pack AND k.concurrency_key = d.concurrency_key
+  AND (k.max_in_flight, k.work_type) IS DISTINCT FROM (d.max_in_flight, d.work_type)
+"""
+
+
+async def concurrency_declare(conn: Conn, keys: Sequence[SlotKey]) -> None:
+    """Create (or re-declare) the concurrency keys of WorkItems being inserted (caller's
+    transaction). ``keys``: one per (pack, key)."""
+    if not keys:
+        return
+    uniq = sorted({(k.installed_pack_id, k.concurrency_key): k for k in keys}.values())
+    await conn.execute(
+        CONCURRENCY_DECLARE,
+        {
+            "packs": [k.installed_pack_id for k in uniq],
+            "keys": [k.concurrency_key for k in uniq],
+            "work_types": [k.work_type for k in uniq],
+            "limits": [k.max_in_flight for k in uniq],
+        },
+        prepare=True,
+    )
+
+
+# Give back ``n`` slots per key (the rows that just left ``processing`` in this transaction), the key
+# rows locked in (pack, key) order (finalizers and reclaimers never lock them in different orders;
+# the claim statement never waits for them). ``in_flight`` never goes below zero (a count the check
+# would then find too low).
+SLOTS_RELEASE = """
+WITH r AS (
+  SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(ns)s::int[]) AS r(pack, concurrency_key, n)
+), l AS (
+  SELECT k.installed_pack_id, k.concurrency_key FROM connector_concurrency_limit k
+  WHERE (k.installed_pack_id, k.concurrency_key) IN (SELECT r.pack, r.concurrency_key FROM r)
+  ORDER BY k.installed_pack_id, k.concurrency_key
+  FOR UPDATE
+)
+UPDATE connector_concurrency_limit k SET in_flight = greatest(0, k.in_flight - r.n)
+FROM l JOIN r ON r.pack = l.installed_pack_id AND r.concurrency_key = l.concurrency_key
+WHERE k.installed_pack_id = l.installed_pack_id AND k.concurrency_key = l.concurrency_key
+"""
+
+# Wake (make due) up to ``n`` parked items per key, oldest first, skipping rows another transaction
+# holds. A separate statement after SLOTS_RELEASE: it runs once the key rows are locked, so it sees
+# every item a claim parked before (the claim parks under the same key-row lock).
+SLOTS_WAKE = f"""
+UPDATE connector_work_item w SET run_after = now(), updated_at = clock_timestamp()
+WHERE w.work_id = ANY (ARRAY(
+  SELECT p.work_id
+  FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(ns)s::int[]) AS r(pack, concurrency_key, n)
+  CROSS JOIN LATERAL (
+    SELECT p.work_id FROM connector_work_item p
+    WHERE p.installed_pack_id = r.pack AND p.concurrency_key = r.concurrency_key
+      AND p.state IN ('pending', 'retry') AND p.run_after = {PARKED}
+    ORDER BY p.work_id LIMIT r.n
+    FOR UPDATE SKIP LOCKED) p))
+  AND w.state IN ('pending', 'retry') AND w.run_after = {PARKED}
+"""
+
+
+def _slot_arrays(released: Mapping[tuple[int, str], int]) -> dict[str, list[Any]]:
+    keys = sorted(k for k, n in released.items() if n > 0)
+    return {"packs": [k[0] for k in keys], "keys": [k[1] for k in keys], "ns": [released[k] for k in keys]}
+
+
+async def slots_release(conn: Conn, released: Mapping[tuple[int, str], int]) -> int:
+    """Give back ``released[(pack, key)]`` slots and wake as many parked items of each key, inside
+    the caller's transaction (the one that moved those rows out of ``processing``). Returns the
+    number of parked items woken."""
+    params = _slot_arrays(released)
+    if not params["packs"]:
+        return 0
+    await conn.execute(SLOTS_RELEASE, params, prepare=True)
+    cur = await conn.execute(SLOTS_WAKE, params, prepare=True)
+    return cur.rowcount
+
+
+# The check (ADR 011: the slot counts are a materialized fact, rebuildable from the rows), per page
+# of keys in one transaction: lock the keys (CONCURRENCY_CHECK_LOCK; claims skip them, finalizers
+# wait), then, in a second statement whose snapshot follows the locks (so it sees every claim and
+# finalize of those keys that committed before), recount ``in_flight`` from the processing rows and
+# wake as many parked items as there are free slots not already taken by due items. A healthy system
+# recounts nothing; the wake-up is what rescues parked items whose key lost its waker (e.g. a woken
+# item cancelled before it ran).
+CONCURRENCY_CHECK_LOCK = """
+SELECT k.installed_pack_id, k.concurrency_key FROM connector_concurrency_limit k
+WHERE (k.installed_pack_id, k.concurrency_key) > (%(after_pack)s::bigint, %(after_key)s::text)
+ORDER BY k.installed_pack_id, k.concurrency_key
+LIMIT %(limit)s
+FOR UPDATE
+"""
+
+CONCURRENCY_CHECK_FIX = f"""
+WITH c AS (
+  SELECT k.installed_pack_id, k.concurrency_key, k.max_in_flight, k.in_flight,
+    (SELECT count(*) FROM connector_work_item w WHERE w.installed_pack_id = k.installed_pack_id
+       AND w.concurrency_key = k.concurrency_key AND w.state = 'processing') AS processing,
+    (SELECT count(*) FROM connector_work_item w WHERE w.installed_pack_id = k.installed_pack_id
+       AND w.concurrency_key = k.concurrency_key AND w.state IN ('pending', 'retry')
+       AND w.run_after <> {PARKED}) AS due
+  FROM unnest(%(packs)s::bigint[], %(keys)s::text[]) AS l(pack, concurrency_key)
+  JOIN connector_concurrency_limit k ON k.installed_pack_id = l.pack AND k.concurrency_key = l.concurrency_key
+), fixed AS (
+  UPDATE connector_concurrency_limit k SET in_flight = c.processing
+  FROM c WHERE k.installed_pack_id = c.installed_pack_id AND k.concurrency_key = c.concurrency_key
+    AND k.in_flight <> c.processing
+  RETURNING 1
+), woken AS (
+  UPDATE connector_work_item w SET run_after = now(), updated_at = clock_timestamp()
+  WHERE w.work_id = ANY (ARRAY(
+    SELECT p.work_id FROM c CROSS JOIN LATERAL (
+      SELECT p.work_id FROM connector_work_item p
+      WHERE p.installed_pack_id = c.installed_pack_id AND p.concurrency_key = c.concurrency_key
+        AND p.state IN ('pending', 'retry') AND p.run_after = {PARKED}
+      ORDER BY p.work_id LIMIT greatest(0, c.max_in_flight - c.processing - c.due)
+      FOR UPDATE SKIP LOCKED) p))
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM fixed), (SELECT count(*) FROM woken)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCheck:
+    recounted: int  # keys whose in_flight disagreed with their processing rows (healthy: 0)
+    woken: int  # parked items woken because their key had free slots nobody was going to use
+    keys: int  # keys checked
+
+
+async def concurrency_check(conn: Conn, *, limit: int = 500) -> SlotCheck:
+    """Check every concurrency key, ``limit`` keys per transaction: recount its slots from the
+    processing rows and wake parked items that have free slots."""
+    recounted = woken = keys = 0
+    after: tuple[int, str] = (-1, "")
+    while True:
+        async with conn.transaction():
+            cur = await conn.execute(
+                CONCURRENCY_CHECK_LOCK, {"after_pack": after[0], "after_key": after[1], "limit": limit}
+            )
+            page = [(int(r[0]), str(r[1])) for r in await cur.fetchall()]
+            if page:
+                cur = await conn.execute(
+                    CONCURRENCY_CHECK_FIX, {"packs": [p[0] for p in page], "keys": [p[1] for p in page]}
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                recounted += int(row[0])
+                woken += int(row[1])
+        keys += len(page)
+        if len(page) < limit:
+            return SlotCheck(recounted, woken, keys)
+        after = page[-1]
+
+
+# The sampler's gauges per (pack, work type): concurrency keys, keys with no free slot, and their
+# items due, parked and in flight (bounded labels: never the key).
+CONCURRENCY_SAMPLE = f"""
+WITH k AS (
+  SELECT installed_pack_id, work_type, count(*) AS keys,
+         count(*) FILTER (WHERE in_flight >= max_in_flight) AS full_keys
+  FROM connector_concurrency_limit GROUP BY 1, 2
+), w AS (
+  SELECT w.installed_pack_id, k.work_type,
+         count(*) FILTER (WHERE w.state IN ('pending', 'retry') AND w.run_after <> {PARKED}) AS waiting,
+         count(*) FILTER (WHERE w.state IN ('pending', 'retry') AND w.run_after = {PARKED}) AS parked,
+         count(*) FILTER (WHERE w.state = 'processing') AS in_flight
+  FROM connector_work_item w
+  JOIN connector_concurrency_limit k
+    ON k.installed_pack_id = w.installed_pack_id AND k.concurrency_key = w.concurrency_key
+  WHERE w.concurrency_key IS NOT NULL AND w.state IN ('pending', 'retry', 'processing')
+  GROUP BY 1, 2
+)
+SELECT k.installed_pack_id, k.work_type, k.keys, k.full_keys, coalesce(w.waiting, 0),
+       coalesce(w.parked, 0), coalesce(w.in_flight, 0)
+FROM k LEFT JOIN w ON w.installed_pack_id = k.installed_pack_id AND w.work_type = k.work_type
+"""
+
+
+async def concurrency_sample(conn: Conn) -> list[tuple[int, str, int, int, int, int, int]]:
+    """``(pack, work type, keys, full keys, waiting, parked, in flight)``."""
+    cur = await conn.execute(CONCURRENCY_SAMPLE)
+    return [
+        (int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]))
+        for r in await cur.fetchall()
+    ]
+
+
+# Per concurrency key of a pack (or of every pack), bounded, in key order: limit, slots taken, and
+# its items waiting (due), parked and in flight.
+CONCURRENCY_STATS = f"""
+SELECT k.installed_pack_id, p.name, k.work_type, k.concurrency_key, k.max_in_flight, k.in_flight,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = k.installed_pack_id AND w.concurrency_key = k.concurrency_key
+          AND w.state IN ('pending', 'retry') AND w.run_after <> {PARKED}) AS waiting,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = k.installed_pack_id AND w.concurrency_key = k.concurrency_key
+          AND w.state IN ('pending', 'retry') AND w.run_after = {PARKED}) AS parked,
+       (SELECT count(*) FROM connector_work_item w
+        WHERE w.installed_pack_id = k.installed_pack_id AND w.concurrency_key = k.concurrency_key
+          AND w.state = 'processing') AS processing
+FROM connector_concurrency_limit k
+JOIN connector_installed_pack p ON p.installed_pack_id = k.installed_pack_id
+WHERE (%(pack)s::bigint IS NULL OR k.installed_pack_id = %(pack)s::bigint)
+ORDER BY k.installed_pack_id, k.concurrency_key
+LIMIT %(limit)s
+"""
+
+
+async def concurrency_stats(conn: Conn, pack: int | None, limit: int = 1000) -> list[dict[str, Any]]:
+    cur = await conn.execute(CONCURRENCY_STATS, {"pack": pack, "limit": limit})
+    cols = [d.name for d in cur.description or ()]
+    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]

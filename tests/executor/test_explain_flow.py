@@ -1,0 +1,193 @@
+"""EXPLAIN ANALYZE of the rate-limit statements (docs/adr/011-rate-limits.md) at 1M ready rows.
+
+Half the ready rows carry one of 20,000 rate-limit keys, a quarter one of 20,000 concurrency keys (a
+key row each; some of their members parked or processing). The claim statement must
+read the ready index for its window, find the window's key rows by primary key (one probe per
+distinct key, never the key table), update the deferred candidates and the key rows by key, and
+stay within a bounded number of buffers, with keys that bind (candidates deferred) and keys that
+do not. The materializer's key declaration and the per-key stats read are index probes too. Both
+plan-cache modes (DESIGN §8 trap 5). Control: the stats read without the per-key index scans the
+table (so the scan check can fail).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from connector.common import testdb
+from connector.common.store import flow, work_items
+from tests.executor import seed
+from tests.plans import plan_nodes, positional, subplan
+
+pytestmark = pytest.mark.slow
+
+READY = 1_000_000
+KEYS = 20_000
+CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+
+
+@pytest.fixture(scope="module")
+def big() -> Iterator[tuple[psycopg.Connection, int]]:
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
+        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
+        db.execute(
+            "ALTER TABLE connector_work_item DROP CONSTRAINT fk_connector_work_item_event_id_connector_event"
+        )
+        db.execute(
+            """INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type,
+                 queue_class, state, delivery_seq, run_after, rate_key, concurrency_key)
+               SELECT i, %s, 1, 'w', 'default', 'pending', i, now() - make_interval(secs => 60),
+                 CASE WHEN i %% 2 = 0 THEN 'k' || (i %% %s) END,
+                 CASE WHEN i %% 4 = 1 THEN 'c' || (i %% %s) END
+               FROM generate_series(1, %s) i""",
+            (pack, KEYS, KEYS, READY),
+        )
+        db.execute(
+            """INSERT INTO connector_rate_limit
+                 (installed_pack_id, rate_key, work_type, limit_n, period_s, burst)
+               SELECT %s, 'k' || i, 'w', 1000, 1, 1000 FROM generate_series(0, %s - 1) i""",
+            (pack, KEYS),
+        )
+        db.execute(
+            """INSERT INTO connector_concurrency_limit
+                 (installed_pack_id, concurrency_key, work_type, max_in_flight)
+               SELECT %s, 'c' || i, 'w', 1000 FROM generate_series(0, %s - 1) i""",
+            (pack, KEYS),
+        )
+        # Parked and processing members of the concurrency keys (what release, wake and the check
+        # read), at the end of the id range (outside the claim's window).
+        db.execute(
+            """UPDATE connector_work_item SET run_after = '9999-01-01 00:00:00+00'
+               WHERE concurrency_key IS NOT NULL AND work_id > %s - 40000""",
+            (READY,),
+        )
+        db.execute(
+            """UPDATE connector_work_item SET state = 'processing', lease_owner = 'x', lease_token = 1,
+                 lease_until = now() + interval '1 h'
+               WHERE concurrency_key IS NOT NULL AND work_id BETWEEN %s - 80000 AND %s - 40001""",
+            (READY, READY),
+        )
+        db.execute("VACUUM ANALYZE connector_work_item")
+        db.execute("VACUUM ANALYZE connector_rate_limit")
+        db.execute("VACUUM ANALYZE connector_concurrency_limit")
+        yield db, pack
+
+
+def _explain(
+    db: psycopg.Connection, query: str, params: dict[str, Any], mode: str, setup: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    body, order = positional(query)
+    db.execute(f"SET plan_cache_mode = {mode}")
+    try:
+        with db.transaction(force_rollback=True):
+            for statement in setup:
+                db.execute(statement)
+            db.execute(f"PREPARE q AS {body}")
+            args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+            call = sql.SQL("EXECUTE q({})").format(args) if order else sql.SQL("EXECUTE q")
+            row = db.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(call)).fetchone()
+    finally:
+        db.execute("DEALLOCATE ALL")
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return plan_nodes(plan[0]["Plan"])
+
+
+def _seq_scans(nodes: list[dict[str, Any]]) -> list[str]:
+    return [n.get("Relation Name", "?") for n in nodes if n["Node Type"] == "Seq Scan"]
+
+
+def _buffers(node: dict[str, Any]) -> int:
+    return int(node["Shared Hit Blocks"] + node.get("Shared Read Blocks", 0))
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("binding", [False, True])
+def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
+    db, pack = big
+    # Binding: every key's budget is spent for the next hour (its candidates are deferred) and every
+    # concurrency key is full (its candidates are parked).
+    setup = (
+        (
+            "UPDATE connector_rate_limit SET tat = now() + interval '1 hour'",
+            "UPDATE connector_concurrency_limit SET in_flight = max_in_flight",
+        )
+        if binding
+        else ()
+    )
+    nodes = _explain(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
+    assert len(ready) == 1 and ready[0]["Actual Rows"] == 64
+    for pk in ("pk_connector_rate_limit", "pk_connector_concurrency_limit"):
+        keys = [n for n in nodes if n.get("Index Name") == pk]
+        assert keys and all(n["Actual Rows"] <= 64 for n in keys), pk
+    claimed = subplan(nodes, "CTE claimed")
+    deferred = subplan(nodes, "CTE deferred")
+    parked = subplan(nodes, "CTE parked")
+    if binding:
+        # The window: 32 rate-limited (deferred), 16 concurrency-limited (parked), 16 unlimited.
+        assert claimed[0]["Actual Rows"] == 16
+        assert any(
+            n.get("Index Name") == "pk_connector_work_item" and n["Actual Rows"] == 32 for n in deferred
+        )
+        assert any(n.get("Index Name") == "pk_connector_work_item" and n["Actual Rows"] == 16 for n in parked)
+    else:
+        assert claimed[0]["Actual Rows"] == 64
+    assert _buffers(nodes[0]) < 6000  # the window's rows and their index entries, not the table
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_key_declaration_and_stats_probe_by_key(big, mode) -> None:
+    db, pack = big
+    keys = [f"k{i}" for i in range(0, 200, 2)] + ["new1", "new2"]
+    params = {
+        "packs": [pack] * len(keys),
+        "keys": sorted(keys),
+        "work_types": ["w"] * len(keys),
+        "limits": [1000] * len(keys),
+        "periods": [1.0] * len(keys),
+        "bursts": [1000] * len(keys),
+    }
+    nodes = _explain(db, flow.RATE_LIMIT_DECLARE, params, mode)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    assert _buffers(nodes[0]) < 2000
+    nodes = _explain(db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, mode)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    assert any(n.get("Index Name") == "ix_connector_work_item_rate_key" for n in nodes)
+    assert _buffers(nodes[0]) < 5000
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_slot_release_wake_check_and_stats_probe_by_key(big, mode) -> None:
+    db, pack = big
+    keys = sorted(f"c{i}" for i in range(1, 400, 4))
+    arrays = {"packs": [pack] * len(keys), "keys": keys}
+    for query, params, bound in (
+        (flow.SLOTS_RELEASE, {**arrays, "ns": [1] * len(keys)}, 3000),
+        (flow.SLOTS_WAKE, {**arrays, "ns": [1] * len(keys)}, 6000),
+        (flow.CONCURRENCY_CHECK_LOCK, {"after_pack": -1, "after_key": "", "limit": 100}, 2000),
+        (flow.CONCURRENCY_CHECK_FIX, arrays, 30_000),
+        (flow.CONCURRENCY_STATS, {"pack": pack, "limit": 50}, 10_000),
+        (work_items.WORK_ITEM_RECLAIM_CANDIDATES, {"limit": 500}, 3000),
+        (work_items.WORK_ITEM_READY_GROUPS, {}, 200),
+    ):
+        nodes = _explain(db, query, params, mode)
+        assert not _seq_scans(nodes), (query[:60], _seq_scans(nodes))
+        assert _buffers(nodes[0]) < bound, (query[:60], _buffers(nodes[0]))
+    nodes = _explain(db, flow.SLOTS_WAKE, {**arrays, "ns": [1] * len(keys)}, mode)
+    [probe] = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_concurrency_parked"]
+    assert probe["Actual Loops"] == len(keys) and probe["Actual Rows"] == 1  # one parked item per key
+
+
+def test_control_stats_without_the_key_index_scan_the_table(big) -> None:
+    db, pack = big
+    setup = ("DROP INDEX ix_connector_work_item_rate_key",)
+    nodes = _explain(db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, "force_custom_plan", setup)
+    assert _buffers(nodes[0]) > 20_000 or _seq_scans(nodes)

@@ -1,0 +1,212 @@
+"""Rate limits in the claim statement (docs/adr/011-rate-limits.md), against a real database: GCRA
+admission per key, deferral without an attempt, refill by the database clock, a key held by another
+claim, concurrent claimers across connections, and the held-back count the scheduler reads.
+
+The real-process proof (two executors x 16 workers, random keys, a control without the limit) is
+``tests/executor/test_rate_limit_processes.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+
+import psycopg
+import pytest
+
+from connector.common.store import work_items
+from tests.executor import seed
+
+WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
+
+
+async def _claim(adb, pack: int, n: int = 10, held: dict | None = None, owner: str = "me"):
+    return await work_items.work_item_claim_batch(
+        adb, [pack], ["default"], [n], owner=owner, lease_s=30.0, held_back=held
+    )
+
+
+def _state(db: psycopg.Connection, ids: list[int]) -> dict[int, tuple[str, int, float]]:
+    rows = db.execute(
+        """SELECT work_id, state, attempts, extract(epoch FROM run_after - now())::float8
+           FROM connector_work_item WHERE work_id = ANY(%s)""",
+        (ids,),
+    ).fetchall()
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+async def test_a_key_without_budget_is_not_claimed_and_burns_no_attempt(db, adb) -> None:
+    """Key ``a``: 2 per 10 s, burst 2 → the first claim takes two of its five items; the other three
+    stay ``pending`` with ``attempts = 0`` and move to the times their budget is expected (5 s
+    apart); unlimited items and another key's items in the same window are claimed."""
+    pack = seed.seed_pack(db, "p", WT)
+    a = seed.seed_items(db, pack, 5, rate_keys=["a"] * 5, rate_limit=(2, 10.0, 2))
+    b = seed.seed_items(db, pack, 1, rate_keys=["b"], rate_limit=(2, 10.0, 2))
+    free = seed.seed_items(db, pack, 3)
+    held: dict = {}
+    due_in: dict = {}
+    rows = await work_items.work_item_claim_batch(
+        adb, [pack], ["default"], [20], owner="me", lease_s=30.0, held_back=held, due_in=due_in
+    )
+    assert sorted(r[0] for r in rows) == sorted(a[:2] + b + free)
+    assert held == {(pack, "default"): 3}
+    assert 4.5 < due_in[(pack, "default")] <= 5.0  # when to look again: the first deferred one
+    st = _state(db, a[2:])
+    assert all(s == "pending" and att == 0 for s, att, _ in st.values())
+    # The r-th item of a key with burst 2 is due at tat - (burst - 1) * T + (r - 1) * T: 5, 10, 15 s.
+    due = sorted(d for _, _, d in st.values())
+    assert [round(d) for d in due] == [5, 10, 15], due
+    # Nothing is due now: a second claim takes nothing and touches nothing.
+    assert await _claim(adb, pack, 20) == []
+    tat = db.execute(
+        "SELECT extract(epoch FROM tat - now()) FROM connector_rate_limit WHERE rate_key = 'a'"
+    ).fetchone()
+    assert tat is not None and 9 < float(tat[0]) <= 10  # two spent: tat = now + 2 * 5 s
+
+
+async def test_budget_refills_by_the_database_clock(db, adb) -> None:
+    """1 per 0.3 s: each claim that finds budget takes exactly one item; the next is claimable once
+    the database clock has passed its due time (waits on that state, not on a sleep)."""
+    pack = seed.seed_pack(db, "p", WT)
+    ids = seed.seed_items(db, pack, 4, rate_keys=["k"] * 4, rate_limit=(1, 0.3, 1))
+    got: list[int] = []
+    claimed_at: list[float] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 4:
+        assert time.monotonic() < deadline, got
+        rows = await _claim(adb, pack, 10)
+        assert len(rows) <= 1
+        if rows:
+            got.append(rows[0][0])
+            (at,) = db.execute(
+                "SELECT extract(epoch FROM started_at) FROM connector_work_item WHERE work_id = %s",
+                (rows[0][0],),
+            ).fetchone()  # type: ignore[misc]
+            claimed_at.append(float(at))
+        else:
+            await asyncio.sleep(0.02)
+    assert sorted(got) == ids
+    gaps = [b - a for a, b in itertools.pairwise(claimed_at)]
+    # Database-clock spacing; started_at is the row update time, up to one statement after the
+    # admission time (now()), hence the tolerance.
+    assert all(g >= 0.3 - 0.1 for g in gaps), gaps
+
+
+async def test_a_key_locked_by_another_claim_is_skipped_not_waited_for(db, db_url, adb) -> None:
+    """The key rows are locked FOR UPDATE SKIP LOCKED: while another transaction holds key ``a``,
+    a claim returns at once with the other items, leaves ``a``'s items untouched (still due, no
+    attempt) and reports them held back."""
+    pack = seed.seed_pack(db, "p", WT)
+    a = seed.seed_items(db, pack, 2, rate_keys=["a"] * 2, rate_limit=(100, 1.0, 100))
+    free = seed.seed_items(db, pack, 2)
+    holder = await psycopg.AsyncConnection.connect(db_url)
+    try:
+        await holder.execute("SELECT 1 FROM connector_rate_limit WHERE rate_key = 'a' FOR UPDATE")
+        held: dict = {}
+        rows = await asyncio.wait_for(_claim(adb, pack, 10, held), 5)
+        assert sorted(r[0] for r in rows) == free
+        assert held == {(pack, "default"): 2}
+        assert all(s == "pending" and att == 0 and d <= 0 for s, att, d in _state(db, a).values())
+        await holder.rollback()
+        assert sorted(r[0] for r in await _claim(adb, pack, 10)) == a
+    finally:
+        await holder.close()
+
+
+async def test_concurrent_claimers_never_exceed_a_key_budget(db, db_url) -> None:
+    """Eight connections claim in a loop from 20 random keys with 3 per 0.5 s, burst 1 each. Over
+    the claims' database times, no key has more than ``burst + W * limit / period`` claims in any
+    window ``W`` = 0.5 s, i.e. 4. Control: the same check on the unlimited rows (same keys, no key
+    rows) finds windows far above 4, so it can fail."""
+    pack = seed.seed_pack(db, "p", WT)
+    rnd = random.Random(7)
+    keys = [f"k{rnd.randrange(20)}" for _ in range(600)]
+    seed.seed_items(db, pack, 600, rate_keys=keys, rate_limit=(3, 0.5, 1))
+    free = seed.seed_items(db, pack, 600, labels=keys)  # control: the same key spread, unlimited
+    conns = [await psycopg.AsyncConnection.connect(db_url, autocommit=True) for _ in range(8)]
+    stop = time.monotonic() + 2.5
+    try:
+
+        async def loop(c: psycopg.AsyncConnection) -> None:
+            while time.monotonic() < stop:
+                await _claim(c, pack, 16, owner=str(id(c)))
+
+        await asyncio.gather(*(loop(c) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    limited = db.execute(
+        """SELECT rate_key, extract(epoch FROM started_at)::float8 FROM connector_work_item
+           WHERE rate_key IS NOT NULL AND state = 'processing' ORDER BY 1, 2"""
+    ).fetchall()
+    control = db.execute(
+        """SELECT e.source_object_id, extract(epoch FROM w.started_at)::float8
+           FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
+           WHERE w.work_id = ANY(%s) AND w.state = 'processing' ORDER BY 1, 2""",
+        (free,),
+    ).fetchall()
+    assert len(limited) >= 20 * 3  # every key got budget more than once
+    assert max_in_window(limited, 0.5) <= 4
+    assert max_in_window(control, 0.5) > 4  # the check detects an unlimited key
+
+
+def max_in_window(rows: list[tuple[str, float]], window_s: float) -> int:
+    """The largest number of ``(key, time)`` rows of one key within any ``window_s`` (half-open)."""
+    best = 0
+    by_key: dict[str, list[float]] = {}
+    for k, t in rows:
+        by_key.setdefault(k, []).append(t)
+    for times in by_key.values():
+        times.sort()
+        j = 0
+        for i, t in enumerate(times):
+            while times[j] <= t - window_s:
+                j += 1
+            best = max(best, i - j + 1)
+    return best
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+async def test_declared_limit_changes_apply_and_keep_the_spent_budget(db, adb, burst: int) -> None:
+    """A re-declaration with another limit updates the key row and keeps its ``tat`` (what was
+    spent stays spent); an unchanged declaration does not lock or touch the row."""
+    from connector.common.store.flow import RateKey, rate_limit_declare
+
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 3, rate_keys=["a"] * 3, rate_limit=(3, 30.0, 3))
+    assert len(await _claim(adb, pack, 10)) == 3
+    before = db.execute("SELECT tat, xmin::text FROM connector_rate_limit").fetchone()
+    await rate_limit_declare(adb, [RateKey(pack, "a", "w", 3, 30.0, 3)])
+    assert db.execute("SELECT tat, xmin::text FROM connector_rate_limit").fetchone() == before
+    await rate_limit_declare(adb, [RateKey(pack, "a", "w", 5, 30.0, burst)])
+    row = db.execute("SELECT tat, limit_n, burst FROM connector_rate_limit").fetchone()
+    assert row is not None and before is not None
+    assert row[0] == before[0] and row[1] == 5 and row[2] == burst
+
+
+async def test_sampler_gauges_per_pack_and_work_type(db, adb) -> None:
+    """The sampler's rate-limit gauges are labelled by pack name and work type, never by key: keys,
+    keys without budget, waiting and in-flight items."""
+    from connector.executor import metrics as m
+    from connector.executor.work import stats_sampler
+
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 4, rate_keys=["a", "a", "b", "c"], rate_limit=(1, 60.0, 1))
+    assert len(await _claim(adb, pack, 10)) == 3  # one per key; a's second waits
+    await stats_sampler.sample_once(adb, 1.0)
+
+    def gauge(name: str, state: str) -> float | None:
+        return m.REGISTRY.get_sample_value(name, {"pack": "p", "work_type": "w", "state": state})
+
+    assert gauge("connector_executor_rate_limit_keys", "all") == 3
+    assert gauge("connector_executor_rate_limit_keys", "exhausted") == 3
+    assert gauge("connector_executor_rate_limit_items", "waiting") == 1
+    assert gauge("connector_executor_rate_limit_items", "in_flight") == 3
+    labels = {
+        tuple(sorted(s.labels))
+        for metric in m.REGISTRY.collect()
+        if metric.name.startswith("connector_executor_rate_limit")
+        for s in metric.samples
+    }
+    assert labels == {("pack", "state", "work_type")}
