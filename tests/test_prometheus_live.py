@@ -153,6 +153,14 @@ def test_every_rule_and_dashboard_query_evaluates_on_real_data(db_url: str, tmp_
                 "three successful scrapes of every target",
                 check=prom_alive,
             )
+            # every active work type's outcome series exist from the start, at zero (the executor's
+            # sampler starts them): the probe's "later" items only ever retry, so its dead series is
+            # there only because of that (a series born at its first increment shows increase()
+            # nothing, and the first dead letters after an executor start would never alert)
+            zero = (
+                'connector_executor_outcomes_total{pack="metrics-probe",work_type="later",state="dead"} == 0'
+            )
+            wait_for(lambda: prom.query(zero) != [], "the zero-started outcome series", check=prom_alive)
             stack.health_checks()
             stack.load(conn, n=20, refused=3)
             assert stack.post_path("stranger/path") == 404
@@ -173,6 +181,23 @@ def test_every_rule_and_dashboard_query_evaluates_on_real_data(db_url: str, tmp_
                     and _value(prom, "count_over_time(sum(connector_executor_outcomes_total)[1m:1s])") >= 2
                 ),
                 "Prometheus to hold the load's samples",
+                check=prom_alive,
+            )
+            # the probe's dead letters (one per load) are counted after their commit: wait until
+            # Prometheus holds every one the database has, not only the succeeded ones
+            dead_in_db = conn.execute(
+                "SELECT count(*) FROM connector_work_item w JOIN connector_installed_pack p"
+                " USING (installed_pack_id) WHERE p.name = 'metrics-probe' AND w.state = 'dead'"
+            ).fetchone()[0]
+            wait_for(
+                lambda: (
+                    _value(
+                        prom,
+                        'sum(connector_executor_outcomes_total{pack="metrics-probe",work_type="fail",state="dead"})',
+                    )
+                    >= dead_in_db
+                ),
+                "Prometheus to hold the probe's dead letters",
                 check=prom_alive,
             )
             wait_for(

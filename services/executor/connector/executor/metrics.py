@@ -256,5 +256,22 @@ def handler_seconds(pack: int, work_type: str) -> FastHistogramChild:
     return child
 
 
+#: The outcome series every known (pack, work type) exports from the start, at zero: Prometheus'
+#: ``increase()`` sees nothing of a counter series whose first sample already holds the count, so
+#: without them the first dead letters after an executor start (all within one scrape interval)
+#: would never fire ``ConnectorDeadLetters``.
+ZERO_OUTCOMES = ("succeeded", "retry", "dead")
+_zeroed: set[tuple[str, str]] = set()
+
+
+def outcomes_known(pack: int, work_type: str) -> None:
+    """Start the (pack, work type)'s outcome series at zero (once per label pair)."""
+    key = (pack_label(pack), work_type_label(work_type))
+    if key not in _zeroed and pack in PACK_NAMES:
+        _zeroed.add(key)
+        for state in ZERO_OUTCOMES:
+            OUTCOMES.labels(*key, state)
+
+
 def failure(pack: int, work_type: str, failure_class: str) -> None:
     FAILURES.labels(pack_label(pack), work_type_label(work_type), failure_class_label(failure_class)).inc()

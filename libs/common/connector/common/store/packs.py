@@ -59,6 +59,22 @@ GROUP BY p.installed_pack_id, g.manifest, a.claim_path, a.phase
 """
 
 
+# The work types of every pack's active generation (the executor's sampler starts each one's outcome
+# series at zero: a counter series born at its first increment shows Prometheus no increase).
+PACK_WORK_TYPES_ACTIVE = """
+SELECT p.installed_pack_id, wt.name
+FROM connector_installed_pack p
+JOIN connector_pack_generation g
+  ON g.installed_pack_id = p.installed_pack_id AND g.generation = p.active_generation
+CROSS JOIN LATERAL jsonb_object_keys(g.manifest -> 'work_types') AS wt(name)
+"""
+
+
+async def pack_work_types_active(conn: Conn) -> list[tuple[int, str]]:
+    cur = await conn.execute(PACK_WORK_TYPES_ACTIVE)
+    return [(int(r[0]), str(r[1])) for r in await cur.fetchall()]
+
+
 async def route_list_active(conn: Conn) -> list[dict[str, Any]]:
     return await fetch_dicts(conn, ROUTE_LIST_ACTIVE)
 
