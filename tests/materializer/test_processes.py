@@ -239,6 +239,14 @@ async def test_generation_switch_mid_stream(db_url: str, adb) -> None:
         for wave in range(20):
             await bulk_receipts_wave(adb, wave)
             if wave == 10:
+                # Generation 1 must have routed something before the switch (on a busy machine the
+                # materializer may not have started a batch yet); waves 0-10 may still be in flight.
+                async def some_routed() -> bool:
+                    return await _count(adb, "materialized") >= 100
+
+                await wait_until(
+                    some_routed, timeout=120, what="a first wave materialized under generation 1"
+                )
                 doc = manifest(work_types={"sync": work_type(), "audit": work_type()})
                 doc["routes"][0]["fan_out"] = [{"work_type": "sync"}, {"work_type": "audit"}]
                 await apply(adb, doc)
@@ -246,7 +254,7 @@ async def test_generation_switch_mid_stream(db_url: str, adb) -> None:
         async def all_done() -> bool:
             return await _count(adb, "materialized") == 20 * 100
 
-        await wait_until(all_done, timeout=30, what="every wave materialized")
+        await wait_until(all_done, timeout=120, what="every wave materialized")
     finally:
         await service.stop()
     per_generation = dict(
