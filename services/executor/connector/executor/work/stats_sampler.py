@@ -7,7 +7,8 @@ their retry time. Active claimants: registered ``work_item`` processes with a fr
 three heartbeats); stale processes: registered rows of any service whose heartbeat is older;
 paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been;
 rate-limit and concurrency keys and their items per (pack, work type) (``flow.rate_limit_sample``,
-``flow.concurrency_sample``).
+``flow.concurrency_sample``). The outcome counters of every active work type start at zero here
+(``metrics.outcomes_known``), so a first dead letter is an increase the alerts can see.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.common.store import flow, pauses, work_items
+from connector.common.store import flow, packs, pauses, work_items
 from connector.executor import metrics as m
 
 
 async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
     m.PACK_NAMES.update(await work_items.pack_names(conn))  # the pack label is the name
+    for pack, work_type in await packs.pack_work_types_active(conn):
+        m.outcomes_known(pack, work_type)
     depth = await work_items.work_item_queue_depth(conn)
     m.QUEUE_DEPTH.clear()
     for pack, qc, state, n in depth:
