@@ -51,6 +51,31 @@ def states(db: psycopg.Connection) -> dict[str, int]:
     return dict(db.execute("SELECT state, count(*) FROM connector_work_item GROUP BY 1").fetchall())
 
 
+def kill_9(
+    db: psycopg.Connection, proc: ExecutorProcess, what: str = "the killed process's sessions gone"
+) -> None:
+    """SIGKILL ``proc`` and wait until every database session it had is gone (a statement it sent
+    just before dying still completes on the server, so only then is its state final)."""
+    import psutil
+
+    ports = {
+        c.laddr.port
+        for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == db.info.port
+    }
+    proc.signal(signal.SIGKILL)
+    wait_for(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)", (list(ports),)
+            ).fetchone()[0]
+            == 0
+        ),
+        10,
+        what,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

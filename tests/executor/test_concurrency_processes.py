@@ -12,15 +12,13 @@ attempts of one key holding a slot; the control pack's keys go above 2, so the c
 from __future__ import annotations
 
 import random
-import signal
 from typing import Any
 
-import psutil
 import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import states, wait_for
+from tests.executor.helpers import kill_9, states, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -157,22 +155,7 @@ def test_kill_9_and_lease_expiry_give_each_slot_back_once(db, spawn) -> None:
     )
     b = spawn(extra_env=env)
     b.wait_registered(db)
-    ports = {
-        c.laddr.port
-        for c in psutil.Process(a.pid).net_connections(kind="tcp")
-        if c.raddr and c.raddr.port == db.info.port
-    }
-    a.signal(signal.SIGKILL)
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)", (list(ports),)
-            ).fetchone()[0]
-            == 0
-        ),
-        10,
-        "A's sessions gone",
-    )
+    kill_9(db, a, "A's sessions gone")
     orphans = {
         r[0]
         for r in db.execute(

@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import ExecutorProcess, states, wait_for
+from tests.executor.helpers import ExecutorProcess, kill_9, states, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -52,22 +51,7 @@ def _assert_each_once(db: psycopg.Connection, ids: list[int]) -> None:
 def _kill_and_snapshot(db: psycopg.Connection, proc: ExecutorProcess, process_id: str) -> dict[int, Any]:
     """SIGKILL ``proc``; once every database session it had is gone (a statement it sent just before
     dying still completes on the server), return its orphans: work id -> lease_until (database time)."""
-    ports = {
-        c.laddr.port
-        for c in psutil.Process(proc.pid).net_connections(kind="tcp")
-        if c.raddr and c.raddr.port == db.info.port
-    }
-    proc.signal(signal.SIGKILL)
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)", (list(ports),)
-            ).fetchone()[0]
-            == 0
-        ),
-        10,
-        "the killed process's sessions gone",
-    )
+    kill_9(db, proc)
     return dict(
         db.execute(
             "SELECT work_id, lease_until FROM connector_work_item "

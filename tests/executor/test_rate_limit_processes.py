@@ -14,15 +14,13 @@ check over the control pack's items (grouped by the same random keys) must fail,
 from __future__ import annotations
 
 import random
-import signal
 from typing import Any
 
-import psutil
 import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import states, wait_for
+from tests.executor.helpers import kill_9, states, wait_for
 from tests.executor.test_rate_limits import max_in_window
 
 pytestmark = pytest.mark.slow
@@ -151,22 +149,7 @@ def test_kill_9_and_lease_expiry_spend_budget_again_never_give_it_back(db, spawn
     )
     b = spawn(extra_env=env)
     b.wait_registered(db)
-    ports = {
-        c.laddr.port
-        for c in psutil.Process(a.pid).net_connections(kind="tcp")
-        if c.raddr and c.raddr.port == db.info.port
-    }
-    a.signal(signal.SIGKILL)
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY(%s)", (list(ports),)
-            ).fetchone()[0]
-            == 0
-        ),
-        10,
-        "A's sessions gone",
-    )
+    kill_9(db, a, "A's sessions gone")
     orphans = {
         r[0]
         for r in db.execute(
