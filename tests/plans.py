@@ -3,6 +3,7 @@ placeholders turned into one with ``$n`` for ``PREPARE``, and the nodes of a JSO
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -77,3 +78,25 @@ def assert_update_reads_by_key(
     for n in target:
         assert n["Index Name"] == index, n
         assert n["Actual Rows"] <= rows, n
+
+
+def explain_in_rollback(
+    db: Any, query: str, params: dict[str, Any], mode: str, setup: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """The plan nodes of ``query`` PREPAREd and EXECUTEd under ``plan_cache_mode = mode``, after the
+    ``setup`` statements, all in one rolled-back transaction (a sync connection)."""
+    body, order = positional(query)
+    db.execute(f"SET plan_cache_mode = {mode}")
+    try:
+        with db.transaction(force_rollback=True):
+            for statement in setup:
+                db.execute(statement)
+            db.execute(f"PREPARE q AS {body}")
+            args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+            call = sql.SQL("EXECUTE q({})").format(args) if order else sql.SQL("EXECUTE q")
+            row = db.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(call)).fetchone()
+    finally:
+        db.execute("DEALLOCATE ALL")
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return plan_nodes(plan[0]["Plan"])

@@ -11,18 +11,16 @@ generation is not in the ready index. Control: the claim statement as it was bef
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from connector.common import testdb
 from connector.common.store import pauses, work_items
 from tests.executor import seed
-from tests.plans import plan_nodes, positional, subplan
+from tests.plans import explain_in_rollback, subplan
 
 pytestmark = pytest.mark.slow
 
@@ -53,28 +51,6 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
         yield db, pack
 
 
-def _explain(
-    db: psycopg.Connection, query: str, params: dict[str, Any], mode: str, setup: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
-    """The plan nodes of ``query`` PREPAREd and EXECUTEd under ``mode``, after ``setup`` statements,
-    all in a rolled-back transaction."""
-    body, order = positional(query)
-    db.execute(f"SET plan_cache_mode = {mode}")
-    try:
-        with db.transaction(force_rollback=True):
-            for statement in setup:
-                db.execute(statement)
-            db.execute(f"PREPARE q AS {body}")
-            args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
-            call = sql.SQL("EXECUTE q({})").format(args) if order else sql.SQL("EXECUTE q")
-            row = db.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(call)).fetchone()
-    finally:
-        db.execute("DEALLOCATE ALL")
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return plan_nodes(plan[0]["Plan"])
-
-
 def _ready_scans(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
 
@@ -96,7 +72,7 @@ def _pause(pack: int, classes: str) -> tuple[str, ...]:
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_claim_costs_the_same_when_nothing_is_paused(big, mode) -> None:
     db, pack = big
-    nodes = _explain(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode)
+    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode)
     _no_seq_scan(nodes)
     # The claimed rows (the statement's rate-limit part adds a "held back" row per group only when
     # a candidate had a rate-limit key: none here).
@@ -111,7 +87,7 @@ def test_claim_costs_the_same_when_nothing_is_paused(big, mode) -> None:
 @pytest.mark.parametrize("paused", ["{*}", "{default}"])
 def test_a_paused_group_stops_before_its_index_scan(big, mode, paused) -> None:
     db, pack = big
-    nodes = _explain(
+    nodes = explain_in_rollback(
         db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, _pause(pack, paused)
     )
     _no_seq_scan(nodes)
@@ -125,7 +101,7 @@ def test_a_paused_group_stops_before_its_index_scan(big, mode, paused) -> None:
 def test_a_paused_class_beside_a_running_one(big, mode) -> None:
     db, pack = big
     params = {**CLAIM, "packs": [pack, pack], "queue_classes": ["default", "slow"], "limits": [32, 32]}
-    nodes = _explain(db, work_items.WORK_ITEM_CLAIM_BATCH, params, mode, _pause(pack, "{slow}"))
+    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, params, mode, _pause(pack, "{slow}"))
     _no_seq_scan(nodes)
     assert nodes[0]["Actual Rows"] == 32  # the default class only
     [scan] = _ready_scans(nodes)
@@ -135,7 +111,9 @@ def test_a_paused_class_beside_a_running_one(big, mode) -> None:
 def test_control_the_ungated_claim_walks_the_paused_group(big) -> None:
     """Control: without the one-time gate the paused group's scan reads every ready row."""
     db, pack = big
-    nodes = _explain(db, _UNGATED, {**CLAIM, "packs": [pack]}, "force_custom_plan", _pause(pack, "{*}"))
+    nodes = explain_in_rollback(
+        db, _UNGATED, {**CLAIM, "packs": [pack]}, "force_custom_plan", _pause(pack, "{*}")
+    )
     [scan] = _ready_scans(nodes)
     assert scan["Actual Loops"] == 1 and scan.get("Rows Removed by Filter", 0) > 0.8 * READY * 0.9
     assert nodes[0]["Shared Hit Blocks"] + nodes[0].get("Shared Read Blocks", 0) > 1000
@@ -148,7 +126,7 @@ def test_ready_groups_and_cancel_statements_use_their_indexes(big, mode) -> None
         "INSERT INTO connector_pause (installed_pack_id, queue_class, actor, reason)"
         f" VALUES ({pack}, 'slow', 'a', 'r')",
     )
-    nodes = _explain(db, work_items.WORK_ITEM_READY_GROUPS, {}, mode, setup)
+    nodes = explain_in_rollback(db, work_items.WORK_ITEM_READY_GROUPS, {}, mode, setup)
     _no_seq_scan(nodes)
     assert _ready_scans(nodes)
     assert nodes[0]["Shared Hit Blocks"] + nodes[0].get("Shared Read Blocks", 0) < 200
@@ -157,8 +135,8 @@ def test_ready_groups_and_cancel_statements_use_their_indexes(big, mode) -> None
         (work_items.WORK_ITEM_CANCEL_CANDIDATE, {"id": work_id}),
         (work_items.WORK_ITEM_CANCEL, {"id": work_id, "token": 0, "summary": "s"}),
     ):
-        nodes = _explain(db, query, params, mode)
+        nodes = explain_in_rollback(db, query, params, mode)
         _no_seq_scan(nodes)
         assert any(n.get("Index Name") == "pk_connector_work_item" for n in nodes), nodes
-    nodes = _explain(db, pauses.PAUSE_LIST.format(where="true"), {}, mode)
+    nodes = explain_in_rollback(db, pauses.PAUSE_LIST.format(where="true"), {}, mode)
     assert not [n for n in nodes if n.get("Relation Name") == "connector_work_item"]

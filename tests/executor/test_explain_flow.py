@@ -12,18 +12,16 @@ table (so the scan check can fail).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from connector.common import testdb
 from connector.common.store import flow, work_items
 from tests.executor import seed
-from tests.plans import plan_nodes, positional, subplan
+from tests.plans import explain_in_rollback, subplan
 
 pytestmark = pytest.mark.slow
 
@@ -79,26 +77,6 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
         yield db, pack
 
 
-def _explain(
-    db: psycopg.Connection, query: str, params: dict[str, Any], mode: str, setup: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
-    body, order = positional(query)
-    db.execute(f"SET plan_cache_mode = {mode}")
-    try:
-        with db.transaction(force_rollback=True):
-            for statement in setup:
-                db.execute(statement)
-            db.execute(f"PREPARE q AS {body}")
-            args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
-            call = sql.SQL("EXECUTE q({})").format(args) if order else sql.SQL("EXECUTE q")
-            row = db.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}").format(call)).fetchone()
-    finally:
-        db.execute("DEALLOCATE ALL")
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return plan_nodes(plan[0]["Plan"])
-
-
 def _seq_scans(nodes: list[dict[str, Any]]) -> list[str]:
     return [n.get("Relation Name", "?") for n in nodes if n["Node Type"] == "Seq Scan"]
 
@@ -121,7 +99,7 @@ def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
         if binding
         else ()
     )
-    nodes = _explain(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
     assert not _seq_scans(nodes), _seq_scans(nodes)
     ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
     assert len(ready) == 1 and ready[0]["Actual Rows"] == 64
@@ -155,10 +133,10 @@ def test_key_declaration_and_stats_probe_by_key(big, mode) -> None:
         "periods": [1.0] * len(keys),
         "bursts": [1000] * len(keys),
     }
-    nodes = _explain(db, flow.RATE_LIMIT_DECLARE, params, mode)
+    nodes = explain_in_rollback(db, flow.RATE_LIMIT_DECLARE, params, mode)
     assert not _seq_scans(nodes), _seq_scans(nodes)
     assert _buffers(nodes[0]) < 2000
-    nodes = _explain(db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, mode)
+    nodes = explain_in_rollback(db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, mode)
     assert not _seq_scans(nodes), _seq_scans(nodes)
     assert any(n.get("Index Name") == "ix_connector_work_item_rate_key" for n in nodes)
     assert _buffers(nodes[0]) < 5000
@@ -178,10 +156,10 @@ def test_slot_release_wake_check_and_stats_probe_by_key(big, mode) -> None:
         (work_items.WORK_ITEM_RECLAIM_CANDIDATES, {"limit": 500}, 3000),
         (work_items.WORK_ITEM_READY_GROUPS, {}, 200),
     ):
-        nodes = _explain(db, query, params, mode)
+        nodes = explain_in_rollback(db, query, params, mode)
         assert not _seq_scans(nodes), (query[:60], _seq_scans(nodes))
         assert _buffers(nodes[0]) < bound, (query[:60], _buffers(nodes[0]))
-    nodes = _explain(db, flow.SLOTS_WAKE, {**arrays, "ns": [1] * len(keys)}, mode)
+    nodes = explain_in_rollback(db, flow.SLOTS_WAKE, {**arrays, "ns": [1] * len(keys)}, mode)
     [probe] = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_concurrency_parked"]
     assert probe["Actual Loops"] == len(keys) and probe["Actual Rows"] == 1  # one parked item per key
 
@@ -189,5 +167,7 @@ def test_slot_release_wake_check_and_stats_probe_by_key(big, mode) -> None:
 def test_control_stats_without_the_key_index_scan_the_table(big) -> None:
     db, pack = big
     setup = ("DROP INDEX ix_connector_work_item_rate_key",)
-    nodes = _explain(db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, "force_custom_plan", setup)
+    nodes = explain_in_rollback(
+        db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, "force_custom_plan", setup
+    )
     assert _buffers(nodes[0]) > 20_000 or _seq_scans(nodes)
