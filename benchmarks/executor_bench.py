@@ -277,8 +277,8 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
         for _ in range(claims_n):
             for i, conn in enumerate(conns):
                 t0 = time.perf_counter()
-                rows = await claims.work_item_claim_batch(
-                    conn, [packs[i]], ["default"], [64], owner="bench", lease_s=60
+                rows = await claims.work_item_claim_plain_batch(
+                    conn, [packs[i]], ["default"], [64], owner="bench", lease_s=60, keyed={}
                 )
                 samples[i].append(time.perf_counter() - t0)
                 assert len(rows) == 64
@@ -288,7 +288,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
             # load-independent form of "claim cost does not grow with backlog depth".
             async with conn.transaction(force_rollback=True):
                 cur = await conn.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claims.WORK_ITEM_CLAIM_BATCH,
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claims.WORK_ITEM_CLAIM_PLAIN_BATCH,
                     {
                         "packs": [packs[i]],
                         "queue_classes": ["default"],

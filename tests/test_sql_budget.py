@@ -34,7 +34,8 @@ from benchmarks.sql_budget import BudgetCluster, Scenario  # noqa: E402
 pytestmark = pytest.mark.slow
 
 STORE = "connector.common.store."
-CLAIM = STORE + "work_items.WORK_ITEM_CLAIM_BATCH"
+#: The claim statements: the plain one (no flow keys, what these scenarios send) and the flow one.
+CLAIMS = (STORE + "work_items.WORK_ITEM_CLAIM_PLAIN_BATCH", STORE + "work_items.WORK_ITEM_CLAIM_BATCH")
 ROUTED = STORE + "receipts.RECEIPT_MARK_MATERIALIZED_BATCH"
 
 #: Hot-loop statements per delivery, per stage, at this load (fan out to 2 WorkItems, one in a
@@ -140,7 +141,7 @@ def violations(rep: dict[str, Any]) -> list[str]:
     if routing_claims > per_batch * routed + per_s * rep["span_s"]:
         out.append(f"materializer: {routing_claims} routing claims for {routed} routed batches "
                    f"(> {per_batch:g} per batch + {per_s:g}/s)")  # fmt: skip
-    claims = _calls(rep, CLAIM, "executor")
+    claims = sum(_calls(rep, c, "executor") for c in CLAIMS)
     for family, (prefixes, per_batch, per_s) in PER_CLAIM_BATCH.items():
         for r in rep["statements"]:
             if r["process"] != "executor" or not r["toplevel"] or not r["name"].startswith(prefixes):
@@ -170,8 +171,8 @@ def test_the_load_ran_every_stage_and_the_background(normal: dict[str, Any]) -> 
     """Preconditions of the other checks: every delivery accepted, the batches large enough to tell
     per item from per batch, and each background job seen in the window."""
     assert normal["deliveries"] >= 1500 and set(normal["statuses"]) == {"200"}, normal["statuses"]
-    claimed = sum(r["rows"] for r in normal["statements"] if r["name"] == CLAIM)
-    claims = _calls(normal, CLAIM, "executor")
+    claimed = sum(r["rows"] for r in normal["statements"] if r["name"] in CLAIMS)
+    claims = sum(_calls(normal, c, "executor") for c in CLAIMS)
     assert claims > 0 and claimed / claims >= MIN_CLAIM_BATCH, (claimed, claims)
     seen = {r["name"].split(".")[-1] for r in normal["statements"]}
     for job in ("PROCESS_HEARTBEAT", "_TABLE_STATE", "RECEIPT_CHUNK_CLASSIFY", "RECEIPT_DELETE_RETIRED",

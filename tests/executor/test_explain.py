@@ -132,6 +132,19 @@ def test_hot_path_plans(db, backlog, mode) -> None:
             False,
         ),
         (
+            "claim_plain",
+            work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
+            {
+                "packs": [b["pack"]],
+                "queue_classes": ["default"],
+                "limits": [64],
+                "owner": "o",
+                "lease_s": 30.0,
+            },
+            {"ix_connector_work_item_ready", "pk_connector_work_item"},
+            False,
+        ),
+        (
             "renew",
             work_items.WORK_ITEM_RENEW_LEASE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"], "lease_s": 30.0},
@@ -186,7 +199,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
     for name, query, params, must_use, event_ok in cases:
         plan = _explain(db, name, query, params, mode)
         _check(plan, must_use, event_ok=event_ok)
-        if name == "claim":
+        if name in ("claim", "claim_plain"):
             hits = sum(int(x) for x in re.findall(r"shared hit=(\d+)", plan.splitlines()[1]))
             assert "rows=64" in plan.splitlines()[0] and hits < 3000, plan
 
@@ -299,7 +312,10 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
                 assert hits <= 8 * n, f"{name}: {line} read {hits} buffers for {n} ids:\n{plan}"
 
 
-def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
+@pytest.mark.parametrize(
+    "claim", [work_items.WORK_ITEM_CLAIM_PLAIN_BATCH, work_items.WORK_ITEM_CLAIM_BATCH], ids=["plain", "flow"]
+)
+def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
     """The claim's generic plan is made with statistics taken at an idle moment (no ready rows:
     everything finished), then a backlog of 30,000 ready items builds up. The update must still find
     its rows by primary key; with a state re-check in it, the planner drove it from the ready index
@@ -317,7 +333,7 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows() -> None:
             "owner": "o",
             "lease_s": 30.0,
         }
-        nodes = prepared_explain(db, "claim", work_items.WORK_ITEM_CLAIM_BATCH, params)
+        nodes = prepared_explain(db, "claim", claim, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
         claimed = subplan(nodes(), "CTE claimed")

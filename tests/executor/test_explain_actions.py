@@ -30,6 +30,10 @@ _GATE = "\n      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0"
 # The claim statement without the one-time gate (the control).
 _UNGATED = work_items.WORK_ITEM_CLAIM_BATCH.replace(_GATE, "\n      AND w.generation = ANY (ag.gens)")
 assert _UNGATED != work_items.WORK_ITEM_CLAIM_BATCH
+# Both claim statements: the plain one (no flow keys) and the flow one share the candidate read.
+STATEMENTS = pytest.mark.parametrize(
+    "claim", [work_items.WORK_ITEM_CLAIM_PLAIN_BATCH, work_items.WORK_ITEM_CLAIM_BATCH], ids=["plain", "flow"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +74,10 @@ def _pause(pack: int, classes: str) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-def test_claim_costs_the_same_when_nothing_is_paused(big, mode) -> None:
+@STATEMENTS
+def test_claim_costs_the_same_when_nothing_is_paused(big, claim, mode) -> None:
     db, pack = big
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode)
+    nodes = explain_in_rollback(db, claim, {**CLAIM, "packs": [pack]}, mode)
     _no_seq_scan(nodes)
     # The claimed rows (the statement's rate-limit part adds a "held back" row per group only when
     # a candidate had a rate-limit key: none here).
@@ -85,11 +90,10 @@ def test_claim_costs_the_same_when_nothing_is_paused(big, mode) -> None:
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("paused", ["{*}", "{default}"])
-def test_a_paused_group_stops_before_its_index_scan(big, mode, paused) -> None:
+@STATEMENTS
+def test_a_paused_group_stops_before_its_index_scan(big, claim, mode, paused) -> None:
     db, pack = big
-    nodes = explain_in_rollback(
-        db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, _pause(pack, paused)
-    )
+    nodes = explain_in_rollback(db, claim, {**CLAIM, "packs": [pack]}, mode, _pause(pack, paused))
     _no_seq_scan(nodes)
     assert nodes[0]["Actual Rows"] == 0
     [scan] = _ready_scans(nodes)
@@ -98,10 +102,11 @@ def test_a_paused_group_stops_before_its_index_scan(big, mode, paused) -> None:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-def test_a_paused_class_beside_a_running_one(big, mode) -> None:
+@STATEMENTS
+def test_a_paused_class_beside_a_running_one(big, claim, mode) -> None:
     db, pack = big
     params = {**CLAIM, "packs": [pack, pack], "queue_classes": ["default", "slow"], "limits": [32, 32]}
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, params, mode, _pause(pack, "{slow}"))
+    nodes = explain_in_rollback(db, claim, params, mode, _pause(pack, "{slow}"))
     _no_seq_scan(nodes)
     assert nodes[0]["Actual Rows"] == 32  # the default class only
     [scan] = _ready_scans(nodes)

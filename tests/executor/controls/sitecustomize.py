@@ -3,7 +3,7 @@
 Put this directory first on ``PYTHONPATH`` of a child process (``connector executor``):
 
 * ``CONNECTOR_TEST_IGNORE_PAUSE=1``: the claim statement admits the generations of paused packs (the
-  pause filter removed from ``WORK_ITEM_CLAIM_BATCH``) and discovery reports no group as paused —
+  pause filter removed from both claim statements) and discovery reports no group as paused —
   what a claim path without the pause check would do;
 * ``CONNECTOR_TEST_UNFENCED_CANCEL=1``: the admin API's cancel statement without its fence (no lease
   token, no state condition), and half a second between the call's checks and that statement, so
@@ -21,8 +21,10 @@ if os.environ.get("CONNECTOR_TEST_IGNORE_PAUSE") == "1":
     from connector.common.store import work_items as _w
 
     _FILTER = "\n                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])"
-    assert _FILTER in _w.WORK_ITEM_CLAIM_BATCH, "the claim statement changed: update the control"
-    _w.WORK_ITEM_CLAIM_BATCH = _w.WORK_ITEM_CLAIM_BATCH.replace(_FILTER, "")
+    for _name in ("WORK_ITEM_CLAIM_BATCH", "WORK_ITEM_CLAIM_PLAIN_BATCH"):
+        _q = getattr(_w, _name)
+        assert _FILTER in _q, f"{_name} changed: update the control"
+        setattr(_w, _name, _q.replace(_FILTER, ""))
     _w.WORK_ITEM_READY_GROUPS = _w.WORK_ITEM_READY_GROUPS.replace(
         "EXISTS (SELECT 1 FROM connector_pause p", "false AND EXISTS (SELECT 1 FROM connector_pause p"
     )

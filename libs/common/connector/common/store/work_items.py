@@ -120,6 +120,57 @@ class ClaimedRow(NamedTuple):
 
 CLAIM_COLUMNS = ClaimedRow._fields
 
+
+def _candidates(out: str, inner: str) -> str:
+    """The candidate read both claim statements share: per group ``(pack, qc, n)`` of the parameters, up
+    to ``n`` due rows of an admitted (WorkItem-owned, not paused) generation from the ready index in
+    claim order, locked ``SKIP LOCKED``. ``out`` / ``inner``: the extra columns it returns (``c.``) and
+    reads (``w.``). Columns ``work_id, pack, qc`` always come first."""
+    return f"""
+  SELECT c.work_id, g.pack, g.qc, {out}
+  FROM unnest(%(packs)s::bigint[], %(queue_classes)s::text[], %(limits)s::int[]) AS g(pack, qc, n)
+  CROSS JOIN LATERAL (
+    SELECT ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack
+                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])) AS gens) ag
+  CROSS JOIN LATERAL (
+    SELECT w.work_id, {inner} FROM connector_work_item w
+    WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
+      AND w.state IN ('pending', 'retry') AND w.run_after <= now()
+      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0
+    ORDER BY w.run_after, w.work_id
+    LIMIT g.n
+    FOR UPDATE OF w SKIP LOCKED
+  ) c"""
+
+
+#: A candidate the plain claim statement must leave to the flow statement: it carries a flow key.
+FLOW_KEYED = "(w.rate_key IS NOT NULL OR w.concurrency_key IS NOT NULL)"
+
+#: The marker (in the ``work_type`` position) of the plain statement's row counting keyed candidates.
+KEYED_MARKER = "keyed"
+
+#: The plain claim: the statement of a batch whose groups carry no flow keys (an unlimited pack pays
+#: nothing for the flow CTEs). It never claims a keyed candidate: per group, one row ``(NULL, count,
+#: pack, NULL, queue class, 'keyed', ...)`` counts the keyed candidates it left (locked for an instant,
+#: untouched), and the claimer sends that group's next batches through ``WORK_ITEM_CLAIM_BATCH``. So a
+#: limit holds whichever statement a process sends (a process that has not yet seen a key is safe).
+WORK_ITEM_CLAIM_PLAIN_BATCH = f"""
+WITH auth AS MATERIALIZED ({_AUTHORITY}
+), cand AS ({_candidates("c.keyed", FLOW_KEYED + " AS keyed")}
+), claimed AS (
+  UPDATE connector_work_item w
+  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+  WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
+  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
+"""
+
 # Flow limits (docs/adr/011-rate-limits.md) are the only limit logic here; lanes are not (ADR 003).
 # Candidates with a key are ranked per key in due order; their key rows are locked ``FOR UPDATE SKIP
 # LOCKED`` (the statement never waits, so it cannot deadlock; a key another claim holds at that
@@ -142,23 +193,10 @@ CLAIM_COLUMNS = ClaimedRow._fields
 # declared the key CTEs read no row. The statement returns the claimed rows and, per group, one row
 # ``(NULL, held back, pack, ms until the first deferred one is due, queue class)`` counting candidates
 # it did not claim, so the scheduler knows the group is not drained and when to look again.
+_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after"
 WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
-), cand AS (
-  SELECT c.work_id, c.rate_key, c.concurrency_key, c.run_after, g.pack, g.qc
-  FROM unnest(%(packs)s::bigint[], %(queue_classes)s::text[], %(limits)s::int[]) AS g(pack, qc, n)
-  CROSS JOIN LATERAL (
-    SELECT ARRAY(SELECT a.generation FROM auth a WHERE a.installed_pack_id = g.pack
-                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])) AS gens) ag
-  CROSS JOIN LATERAL (
-    SELECT w.work_id, w.rate_key, w.concurrency_key, w.run_after FROM connector_work_item w
-    WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
-      AND w.state IN ('pending', 'retry') AND w.run_after <= now()
-      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0
-    ORDER BY w.run_after, w.work_id
-    LIMIT g.n
-    FOR UPDATE OF w SKIP LOCKED
-  ) c
+), cand AS ({_candidates(_FLOW_OUT, _FLOW_OUT.replace("c.", "w."))}
 ), cranked AS (
   SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after,
          row_number() OVER (PARTITION BY c.pack, c.concurrency_key ORDER BY c.run_after, c.work_id) AS r
@@ -456,6 +494,43 @@ async def work_item_claim_batch(
                 held_back[key] = held_back.get(key, 0) + int(r[1])
             if due_in is not None and r[3] is not None:
                 due_in[key] = max(0.0, int(r[3]) / 1000.0)
+    return claimed
+
+
+async def work_item_claim_plain_batch(
+    conn: Conn,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    *,
+    owner: str,
+    lease_s: float,
+    keyed: dict[tuple[int, str], int],
+) -> list[tuple[Any, ...]]:
+    """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
+    claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
+    class)``, is added to ``keyed`` (those groups belong to the flow statement)."""
+    cur = await conn.execute(
+        WORK_ITEM_CLAIM_PLAIN_BATCH,
+        {
+            "packs": list(packs),
+            "queue_classes": list(queue_classes),
+            "limits": list(limits),
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+        prepare=True,
+    )
+    rows = await cur.fetchall()
+    if not rows or rows[-1][0] is not None:  # the keyed counts come last (UNION ALL)
+        return rows
+    claimed = []
+    for r in rows:
+        if r[0] is not None:
+            claimed.append(r)
+        else:
+            key = (int(r[2]), str(r[4]))
+            keyed[key] = keyed.get(key, 0) + int(r[1])
     return claimed
 
 

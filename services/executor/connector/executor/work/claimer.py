@@ -1,7 +1,8 @@
 """The claimer: the only scanner of this process. It discovers which (pack, queue class) groups have
 ready rows, asks the scheduler how many of the free window each gets, claims them in one statement
-(``work_item_claim_batch``), loads the generation's handlers and the batch's event facts, and hands
-the items to the runners. It sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
+(``work_item_claim_plain_batch``, or ``work_item_claim_batch`` when a group carries flow keys),
+loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
+sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
 ``poll_interval_s`` as the fallback.
 """
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 
 monotonic = time.monotonic
 
+# How long a group found carrying flow keys keeps the flow claim statement before the plain one looks
+# again (one plain batch per group and interval: the keyed candidates it meets are left untouched).
+FLOW_RECHECK_S = 60.0
+
 
 class Claimer:
     def __init__(self, engine: Engine) -> None:
@@ -32,6 +37,13 @@ class Claimer:
         # Applied once the group has no due rows left (the scheduler then waits for that time
         # instead of the next discovery).
         self._due_hints: dict[tuple[int, str], float] = {}
+        # Groups whose candidates carry flow keys (rate limit, concurrency): their batches go through
+        # the flow claim statement; every other batch through the plain one, which costs what the
+        # claim cost before flow limits existed. Found by the plain statement itself (it claims no
+        # keyed candidate and counts them), forgotten every FLOW_RECHECK_S so a group whose limits
+        # were removed returns to the plain statement.
+        self._flow: set[tuple[int, str]] = set()
+        self._flow_until = 0.0
 
     async def run(self) -> None:
         e = self.engine
@@ -122,16 +134,30 @@ class Claimer:
         t0 = monotonic()
         held_back: dict[tuple[int, str], int] = {}
         due_in: dict[tuple[int, str], float] = {}
-        rows = await work_items.work_item_claim_batch(
-            conn,
-            packs,
-            qcs,
-            limits,
-            owner=e.owner,
-            lease_s=e.cfg.lease_s,
-            held_back=held_back,
-            due_in=due_in,
-        )
+        keyed: dict[tuple[int, str], int] = {}
+        flow = self._flow
+        if flow and t0 >= self._flow_until:
+            flow.clear()
+        if flow and any(g.key in flow for g, _ in alloc):
+            rows = await work_items.work_item_claim_batch(
+                conn,
+                packs,
+                qcs,
+                limits,
+                owner=e.owner,
+                lease_s=e.cfg.lease_s,
+                held_back=held_back,
+                due_in=due_in,
+            )
+        else:
+            rows = await work_items.work_item_claim_plain_batch(
+                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed
+            )
+            if keyed:
+                if not flow:
+                    self._flow_until = t0 + FLOW_RECHECK_S
+                flow.update(keyed)
+                e.stats["flow_switches"] += 1
         dt = monotonic() - t0
         m.CLAIM_SECONDS.observe(dt)
         m.CLAIM_STATEMENTS.labels("rows" if rows else "empty").inc()
@@ -149,6 +175,9 @@ class Claimer:
             for key, s in due_in.items():  # the first deferred one: look again then
                 at = t0 + s
                 self._due_hints[key] = min(at, self._due_hints.get(key, at))
+        if keyed:  # left to the flow statement: the group is not drained, ask again at once
+            for key, c in keyed.items():
+                held_back[key] = held_back.get(key, 0) + c
         if len(alloc) == 1:
             g, n = alloc[0]
             e.scheduler.record(g, n, len(rows) + held_back.get(g.key, 0))

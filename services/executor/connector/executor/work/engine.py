@@ -122,6 +122,7 @@ class Engine:
             "abandoned": 0,
             "deadlocks": 0,
             "rate_limited": 0,
+            "flow_switches": 0,
         }
         self.claimer = Claimer(self)
         self.runner = Runner(self)

@@ -1,0 +1,154 @@
+"""The plain claim statement (``WORK_ITEM_CLAIM_PLAIN_BATCH``): what a batch without flow keys sends,
+so that a pack declaring no rate limit or concurrency pays nothing for them. It must never claim a
+keyed candidate (that would bypass the limit): it leaves them untouched and counts them, and the
+claimer then sends that group through the flow statement (``WORK_ITEM_CLAIM_BATCH``).
+
+Controls: with the keyed predicate removed from the plain statement (what a plain claim that forgot
+the limits would do) the first test sees keyed items claimed, and the in-process executor claims a
+1-per-period key many times in one period."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from connector.common.store import work_items
+from connector.executor.work import claimer as claimer_mod
+from tests.executor import seed
+from tests.executor.helpers import await_for, states
+
+WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
+
+
+def _untouched(db: psycopg.Connection, ids: list[int]) -> list[tuple[str, int, int]]:
+    return db.execute(
+        "SELECT state, attempts, lease_token FROM connector_work_item WHERE work_id = ANY(%s)"
+        " ORDER BY work_id",
+        (ids,),
+    ).fetchall()
+
+
+async def _plain(adb, pack: int, n: int, keyed: dict) -> list[tuple]:
+    return await work_items.work_item_claim_plain_batch(
+        adb, [pack], ["default"], [n], owner="me", lease_s=30.0, keyed=keyed
+    )
+
+
+async def test_the_plain_claim_takes_unkeyed_items_and_counts_the_keyed_ones(db, adb) -> None:
+    pack = seed.seed_pack(db, "p", WT)
+    free = seed.seed_items(db, pack, 3)
+    rated = seed.seed_items(db, pack, 2, rate_keys=["a", "b"], rate_limit=(1, 60.0, 1))
+    slotted = seed.seed_items(db, pack, 2, concurrency_keys=["c", "c"], concurrency=1)
+    more = seed.seed_items(db, pack, 2)
+    keyed: dict = {}
+    rows = await _plain(adb, pack, 20, keyed)
+    assert sorted(r[0] for r in rows) == sorted(free + more)
+    assert keyed == {(pack, "default"): 4}
+    # Left exactly as they were: no attempt, no lease, no run_after change (not deferred, not parked).
+    assert _untouched(db, rated + slotted) == [("pending", 0, 0)] * 4
+    assert db.execute("SELECT count(*) FROM connector_work_item WHERE run_after > now()").fetchone()[0] == 0
+    # No key row was spent or taken.
+    assert db.execute("SELECT count(*) FROM connector_rate_limit WHERE tat > now()").fetchone()[0] == 0
+    assert db.execute("SELECT sum(in_flight) FROM connector_concurrency_limit").fetchone()[0] == 0
+    # The flow statement then claims them under their limits: one per rate key, one slot of "c".
+    rest = await work_items.work_item_claim_batch(adb, [pack], ["default"], [20], owner="me", lease_s=30.0)
+    assert sorted(r[0] for r in rest) == sorted([*rated, slotted[0]])
+
+
+async def test_without_keyed_candidates_the_plain_claim_returns_only_claims(db, adb) -> None:
+    pack = seed.seed_pack(db, "p", WT)
+    ids = seed.seed_items(db, pack, 5)
+    keyed: dict = {}
+    rows = await _plain(adb, pack, 3, keyed)
+    assert [r[0] for r in rows] == ids[:3] and keyed == {}
+    assert all(r[0] is not None for r in rows)
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["plain", "control-keys-ignored"])
+async def test_an_executor_keeps_a_rate_limit_through_the_statement_switch(
+    db, executor_factory, monkeypatch, control
+) -> None:
+    """An unlimited work type and a rate-limited one (1 per 60 s, burst 1, 3 keys) in one pack: the
+    executor's first batches go through the plain statement, meet the keyed items, and switch the
+    group to the flow statement. Exactly one item per key runs in the period; all unlimited ones run.
+    The control (the plain statement ignoring keys) runs every keyed item at once."""
+    if control:
+        keys_ignored = work_items.FLOW_KEYED + " AS keyed", "false AS keyed"
+        plain = work_items.WORK_ITEM_CLAIM_PLAIN_BATCH.replace(*keys_ignored)
+        assert plain != work_items.WORK_ITEM_CLAIM_PLAIN_BATCH
+        monkeypatch.setattr(work_items, "WORK_ITEM_CLAIM_PLAIN_BATCH", plain)
+    pack = seed.seed_pack(db, "p", WT)
+    free = seed.seed_items(db, pack, 40)
+    keys = [f"k{i % 3}" for i in range(30)]
+    seed.seed_items(db, pack, 30, rate_keys=keys, rate_limit=(1, 60.0, 1))
+    svc = await executor_factory(workers=8, claim_batch=16)
+
+    def keyed_done() -> int:
+        q = "SELECT count(*) FROM connector_work_item WHERE state = 'succeeded' AND rate_key IS NOT NULL"
+        return db.execute(q).fetchone()[0]
+
+    if control:
+        await await_for(lambda: keyed_done() > 3, 30, "keyed items beyond the limit ran")
+        return
+    # Every keyed item beyond the first of its key was seen by the flow statement: deferred to its
+    # key's budget (a minute away), no attempt.
+    await await_for(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM connector_work_item WHERE rate_key IS NOT NULL AND state = 'pending'"
+                " AND attempts = 0 AND run_after > now() + interval '30 seconds'"
+            ).fetchone()[0]
+            == 27
+        ),
+        30,
+        "27 keyed items deferred",
+    )
+    await await_for(lambda: states(db).get("succeeded", 0) == len(free) + 3, 30, "the free items and 3 keyed")
+    done = db.execute(
+        "SELECT rate_key, count(*) FROM connector_work_item"
+        " WHERE state = 'succeeded' AND rate_key IS NOT NULL GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert done == [("k0", 1), ("k1", 1), ("k2", 1)]
+    assert svc.engine.stats["flow_switches"] >= 1
+    assert (pack, "default") in svc.engine.claimer._flow
+
+
+async def test_an_unlimited_pack_never_sends_the_flow_statement(db, executor_factory, monkeypatch) -> None:
+    sent = {"flow": 0, "plain": 0}
+    flow, plain = work_items.work_item_claim_batch, work_items.work_item_claim_plain_batch
+
+    async def count_flow(*a, **kw):  # type: ignore[no-untyped-def]
+        sent["flow"] += 1
+        return await flow(*a, **kw)
+
+    async def count_plain(*a, **kw):  # type: ignore[no-untyped-def]
+        sent["plain"] += 1
+        return await plain(*a, **kw)
+
+    monkeypatch.setattr(work_items, "work_item_claim_batch", count_flow)
+    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", count_plain)
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 300)
+    await executor_factory(workers=8, claim_batch=16)
+    await await_for(lambda: states(db) == {"succeeded": 300}, 30, "all succeeded")
+    assert sent["plain"] >= 300 // 16 and sent["flow"] == 0, sent
+
+
+async def test_a_flow_group_is_looked_at_again_by_the_plain_statement(
+    db, executor_factory, monkeypatch
+) -> None:
+    """The flow set is forgotten after ``FLOW_RECHECK_S``: once a group's keyed items are gone (its
+    limits removed), its batches return to the plain statement."""
+    monkeypatch.setattr(claimer_mod, "FLOW_RECHECK_S", 0.5)
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 2, rate_keys=["a", "b"], rate_limit=(100, 1.0, 100))
+    svc = await executor_factory(workers=4, claim_batch=16)
+    await await_for(lambda: states(db) == {"succeeded": 2}, 30, "the keyed items ran")
+    assert svc.engine.stats["flow_switches"] >= 1 and svc.engine.claimer._flow
+    until = svc.engine.claimer._flow_until
+    await await_for(lambda: time.monotonic() > until, 10, "the recheck interval passed")
+    seed.seed_items(db, pack, 50)
+    await await_for(lambda: states(db) == {"succeeded": 52}, 30, "the unkeyed ones ran")
+    assert not svc.engine.claimer._flow  # their claims went through the plain statement again
