@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         res = run(args.items, args.claims, args.batch)
     for name in ("plain", "flow"):
         r = res[name]
-        print(f"  {name:6} claim of {args.batch}: p50 {r['p50_ms']} ms, p90 {r['p90_ms']} ms, {r['buffers']} buffers")  # fmt: skip
+        lat = f"p50 {r['p50_ms']} ms, p90 {r['p90_ms']} ms"
+        print(f"  {name:6} claim of {args.batch}: {lat}, {r['buffers']} buffers")
     print(f"  flow / plain (p50): {res['flow_over_plain_p50']}")
     return 0
 
