@@ -323,8 +323,8 @@ async def test_rate_and_concurrency_limited_items_say_so(admin: Admin, seed: See
     deferred = await seed.item(pack, state="pending")
     parked = await seed.item(pack, state="pending")
     await seed.conn.execute(
-        "UPDATE connector_work_item SET rate_key = 'crm:A1', run_after = now() + interval '30 s'"
-        " WHERE work_id = %s",
+        "UPDATE connector_work_item SET rate_key = 'crm:A1', run_after = now() + interval '30 s',"
+        " updated_at = clock_timestamp() WHERE work_id = %s",  # as the claim's deferral writes it
         (deferred,),
     )
     await seed.conn.execute(
@@ -343,3 +343,24 @@ async def test_rate_and_concurrency_limited_items_say_so(admin: Admin, seed: See
     )
     assert (await _item_trace(admin, deferred)).wait.reason == pb.WAIT_REASON_SCHEDULED
     assert (await _item_trace(admin, parked)).wait.reason == pb.WAIT_REASON_SCHEDULED
+
+
+async def test_a_delayed_item_with_a_rate_key_waits_on_its_delay(admin: Admin, seed: Seed) -> None:
+    """An item inserted with a delay and a rate key, never deferred (the row was not rewritten since
+    its insert): it waits on the delay, not on the budget. Control: the same row as a deferral
+    rewrites it reads as rate limited."""
+    pack = await seed.pack("shop", routes={"orders": ["sync"]})
+    await seed.process("work_item")
+    delayed = await seed.item(pack, state="pending")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET rate_key = 'crm:A1', run_after = now() + interval '30 s',"
+        " updated_at = created_at WHERE work_id = %s",
+        (delayed,),
+    )
+    wait = (await _item_trace(admin, delayed)).wait
+    assert wait.reason == pb.WAIT_REASON_SCHEDULED, wait
+    assert "then rate-limit key 'crm:A1' applies" in wait.detail, wait
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET updated_at = clock_timestamp() WHERE work_id = %s", (delayed,)
+    )
+    assert (await _item_trace(admin, delayed)).wait.reason == pb.WAIT_REASON_RATE_LIMITED

@@ -221,11 +221,16 @@ def why_not_running(
             f"parked: concurrency key {item['w_concurrency_key']!r} has all its slots in flight;"
             " a finishing member wakes it (connector admin stats)",
         )
+    # A deferral rewrites the row (``updated_at`` moves past ``created_at``); an item that waits on its
+    # work type's delay was never rewritten since it was inserted, rate key or not.
+    created, updated = item.get("w_created_at"), item.get("w_updated_at")
+    rewritten = created is None or updated is None or updated > created
     if (
         run_after is not None
         and run_after > now
         and state == "pending"
         and item.get("w_rate_key") is not None
+        and rewritten
     ):
         return Wait(
             pb.WAIT_REASON_RATE_LIMITED,
@@ -235,9 +240,10 @@ def why_not_running(
         )
     if run_after is not None and run_after > now:
         if state != "retry":  # pending with a future run_after: only a delay puts it there
+            then = f"; then rate-limit key {item['w_rate_key']!r} applies" if item.get("w_rate_key") else ""
             return Wait(
                 pb.WAIT_REASON_SCHEDULED,
-                f"waiting until {_when(run_after)} (delay of work type {item.get('w_work_type')!r})",
+                f"waiting until {_when(run_after)} (delay of work type {item.get('w_work_type')!r}){then}",
                 until=run_after,
             )
         last = (
