@@ -99,6 +99,9 @@ WRITERS: dict[str, frozenset[str]] = {
     # materializer: the rate-limit key rows of the WorkItems it inserts (the claim spends their budget)
     "rate_limit_declare": frozenset({MATERIALIZER}),
     "concurrency_declare": frozenset({MATERIALIZER}),
+    # materializer: debounce key rows (locked before the insert) and parking of a key's live item
+    "debounce_declare": frozenset({MATERIALIZER}),
+    "debounce_schedule": frozenset({MATERIALIZER}),
     # executor: concurrency slots given back with finalize / reclaim, and their periodic check
     "slots_release": frozenset({EXECUTOR_ROLE}),
     "concurrency_check": frozenset({EXECUTOR_ROLE, MAINTENANCE}),

@@ -260,3 +260,92 @@ def settle_lanes(conn: psycopg.Connection, lanes: set[tuple[int, str, str]]) -> 
                     "demote": False,
                 },
             )
+
+
+_EVENTS = """
+WITH seq AS (
+  SELECT i, l FROM unnest(%(lab)s::text[]) WITH ORDINALITY AS x(l, i)
+), receipts AS (
+  INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
+    content_type, received_at, payload_sha256, body, verification, router_status)
+  SELECT 'seed', 'r', %(tag)s || ':' || i, 'POST', 'application/json', now(),
+         '\\x00', %(body)s, 'none', 'materialized' FROM seq
+  RETURNING receipt_id, idempotency_key
+)
+INSERT INTO connector_event (receipt_id, installed_pack_id, generation, incarnation, route_id,
+  route_version, namespace, source_object_kind, source_object_id, idempotency_key,
+  delivery_seq, payload_sha256, parse_outcome)
+SELECT r.receipt_id, %(pack)s, %(gen)s, 1, 0, 1, 'seed', 'obj', seq.l, r.idempotency_key,
+       r.receipt_id, '\\x00', 'ok'
+FROM receipts r JOIN seq ON r.idempotency_key = %(tag)s || ':' || seq.i
+RETURNING event_id, receipt_id, source_object_id
+"""
+
+
+async def seed_debounced(
+    adb: Any,
+    pack_id: int,
+    keys: Sequence[str | None],
+    *,
+    window_s: float,
+    max_wait_s: float | None = None,
+    work_type: str = "w",
+    queue_class: str = "default",
+    generation: int = 1,
+    max_attempts: int = 10,
+    labels: Sequence[str | None] | None = None,
+    chunk: int = 1000,
+) -> list[int]:
+    """Create ``len(keys)`` receipts, events and WorkItems through the materializer's own insert
+    (``materialization.materialize``: the debounce keys locked, the live items parked, ``run_after``
+    from the window), ``chunk`` items per transaction as a materializer batch would; ``keys[i]`` is
+    item i's debounce key (None: not debounced). Returns the work ids in order."""
+    from connector.common.materialization import materialize
+    from connector.common.store.debounce import DebounceKey
+    from connector.common.store.work_items import WorkRow
+
+    global _PACK_SEQ
+    out: list[int] = []
+    lab = list(labels) if labels is not None else [None] * len(keys)
+    max_wait = max_wait_s if max_wait_s is not None else 10 * window_s
+    for start in range(0, len(keys), chunk):
+        part = list(keys[start : start + chunk])
+        _PACK_SEQ += 1
+        async with adb.transaction():
+            cur = await adb.execute(
+                _EVENTS,
+                {
+                    "lab": lab[start : start + chunk],
+                    "tag": f"d:{pack_id}:{work_type}:{_PACK_SEQ}:{id(adb)}",
+                    "body": b'{"n": 1}',
+                    "pack": pack_id,
+                    "gen": generation,
+                },
+            )
+            events = sorted((int(r[1]), int(r[0])) for r in await cur.fetchall())
+            rows = [
+                WorkRow(
+                    event_id=ev,
+                    installed_pack_id=pack_id,
+                    generation=generation,
+                    work_type=work_type,
+                    queue_class=queue_class,
+                    priority=0,
+                    max_attempts=max_attempts,
+                    delivery_seq=seq,
+                    source_lane_key=None,
+                    target_lane_key=None,
+                    dead_blocks_lane=True,
+                    debounce=None
+                    if k is None
+                    else DebounceKey(pack_id, work_type, k, window_s, max_wait),
+                )
+                for (seq, ev), k in zip(events, part, strict=True)
+            ]
+            await materialize(adb, (), {}, rows)
+            cur = await adb.execute(
+                "SELECT work_id FROM connector_work_item WHERE event_id = ANY(%s) ORDER BY work_id",
+                ([ev for _, ev in events],),
+            )
+            out.extend(int(r[0]) for r in await cur.fetchall())
+    return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,11 +47,13 @@ from connector.common.packs import (
     DEFAULT_SOURCE_LANE_KEY,
     HEADER_FIELDS,
     ConcurrencyLimit,
+    DebouncePolicy,
     DelayPolicy,
     RateLimit,
     canonical_json,
 )
 from connector.common.store import events
+from connector.common.store.debounce import DebounceKey, debounce_declare, debounce_schedule
 from connector.common.store.flow import RateKey, SlotKey, concurrency_declare, rate_limit_declare
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
@@ -107,6 +109,9 @@ class WorkDraft:
     #: Concurrency key and its limit; None: unlimited.
     concurrency_key: str | None = None
     concurrency: ConcurrencyLimit | None = None
+    #: Debounce key and its window (docs/packs.md#debounce); None: not debounced.
+    debounce_key: str | None = None
+    debounce: DebouncePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,8 @@ class WorkSpec:
     rate_limit: RateLimit | None = None
     concurrency_key: Getter | None = None
     concurrency: ConcurrencyLimit | None = None
+    debounce_key: Getter | None = None
+    debounce: DebouncePolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +231,9 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
         conc = fan.concurrency or wt.concurrency
         if conc is not None and template_reads_body(conc.key):
             reads_body = True
+        deb = fan.debounce or wt.debounce
+        if deb is not None and template_reads_body(deb.key):
+            reads_body = True
         work.append(
             WorkSpec(
                 work_type=fan.work_type,
@@ -239,6 +249,8 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 rate_limit=rate,
                 concurrency_key=compile_template(conc.key, bounded=False) if conc is not None else None,
                 concurrency=conc,
+                debounce_key=compile_template(deb.key, bounded=False) if deb is not None else None,
+                debounce=deb,
             )
         )
     return CompiledRoute(
@@ -344,6 +356,12 @@ def plan_receipt(
                 concurrency_key = spec.concurrency_key(ctx)
                 if (failure := _lane_key_failure(receipt, spec, "concurrency", concurrency_key)) is not None:
                     return failure
+            debounce_key: str | None = None
+            if spec.debounce_key is not None:
+                ctx.work_type = spec.work_type
+                debounce_key = spec.debounce_key(ctx)
+                if (failure := _lane_key_failure(receipt, spec, "debounce", debounce_key)) is not None:
+                    return failure
             work.append(
                 WorkDraft(
                     work_type=spec.work_type,
@@ -359,6 +377,8 @@ def plan_receipt(
                     rate_limit=spec.rate_limit if rate_key is not None else None,
                     concurrency_key=concurrency_key,
                     concurrency=spec.concurrency if concurrency_key is not None else None,
+                    debounce_key=debounce_key,
+                    debounce=spec.debounce if debounce_key is not None else None,
                 )
             )
     return EventDraft(
@@ -419,11 +439,17 @@ def _lane_key_failure(receipt: ReceiptRow, spec: WorkSpec, lane: str, key: str |
             template = spec.concurrency.key if spec.concurrency is not None else ""
             refs = [r for r in references(template) if r != "work_type"]
             needs = f"concurrency key needs {refs}"
+        elif lane == "debounce":
+            template = spec.debounce.key if spec.debounce is not None else ""
+            refs = [r for r in references(template) if r != "work_type"]
+            needs = f"debounce key needs {refs}"
         else:
             needs = "target serialization needs target_lane_key"
         return Failure(receipt, REQUIRED_MISSING, f"work type {spec.work_type!r}: {needs}")
     if len(key.encode()) > MAX_LANE_KEY_BYTES:
-        what = {"rate": "rate limit key", "concurrency": "concurrency key"}.get(lane, f"{lane} lane key")
+        what = {"rate": "rate limit key", "concurrency": "concurrency key", "debounce": "debounce key"}.get(
+            lane, f"{lane} lane key"
+        )
         return Failure(receipt, PARSE_ERROR, f"work type {spec.work_type!r}: {what} too long")
     return None
 
@@ -496,6 +522,9 @@ def work_row(
         slot=None
         if w.concurrency_key is None or (c := w.concurrency) is None
         else SlotKey(installed_pack_id, w.concurrency_key, w.work_type, c.limit),
+        debounce=None
+        if w.debounce_key is None or (d := w.debounce) is None
+        else DebounceKey(installed_pack_id, w.work_type, w.debounce_key, d.window_s, d.max_wait),
     )
 
 
@@ -580,6 +609,9 @@ async def materialize(
     slot_keys = [w.slot for w in rows if w.slot is not None]
     if slot_keys:
         await concurrency_declare(conn, slot_keys)
+    debounce_keys = [w.debounce for w in rows if w.debounce is not None]
+    if debounce_keys:
+        rows = await _debounced(conn, rows, debounce_keys)
     work_items = await work_item_insert_batch(conn, rows)
     demoted = 0
     if locked:
@@ -588,3 +620,33 @@ async def materialize(
     if work_items:
         await work_notify(conn)
     return Materialized(work_items, demoted, inverted)
+
+
+#: ``run_after`` of a debounced item that a newer one of its key already supersedes (schema.PARKED).
+_PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+async def _debounced(
+    conn: AsyncConnection[Any], rows: Sequence[WorkRow], keys: Sequence[DebounceKey]
+) -> list[WorkRow]:
+    """Lock the debounce keys of ``rows`` (before their items are inserted: per key, creation is
+    one transaction at a time), park each key's live item, and give the new rows their
+    ``run_after``: the last row of each key is due when ``debounce_schedule`` says (never earlier
+    than its delay), the earlier rows of the batch are inserted parked (docs/packs.md#debounce)."""
+    await debounce_declare(conn, keys)
+    due = await debounce_schedule(conn, keys)
+    last: dict[tuple[int, str, str], int] = {}
+    for i, w in enumerate(rows):
+        if w.debounce is not None:
+            last[(w.installed_pack_id, w.work_type, w.debounce.debounce_key)] = i
+    out = list(rows)
+    for i, w in enumerate(rows):
+        if w.debounce is None:
+            continue
+        key = (w.installed_pack_id, w.work_type, w.debounce.debounce_key)
+        if last[key] != i:
+            at = _PARKED_AT
+        else:
+            at = due[key] if w.run_after is None else max(due[key], w.run_after)
+        out[i] = replace(w, run_after=at)
+    return out

@@ -215,6 +215,42 @@ class ConcurrencyLimit(_Model):
         return v
 
 
+#: The longest debounce window and bound a pack may declare (a day).
+MAX_DEBOUNCE_S = 86_400
+
+
+class DebouncePolicy(_Model):
+    """Coalesce bursts (docs/packs.md#debounce): WorkItems of one key (a template over extracted
+    fields and ``{work_type}``; keys are per pack and work type) that wait together become one
+    execution of the newest; the older ones end ``coalesced`` into it. The newest runs once
+    ``window_s`` passed without a newer item of its key, and at the latest ``max_wait_s`` after the
+    oldest item it covers was created (default ten windows, at most a day), so a continuous stream
+    still executes."""
+
+    window_s: float = Field(gt=0, le=MAX_DEBOUNCE_S)
+    max_wait_s: float | None = Field(default=None, gt=0, le=MAX_DEBOUNCE_S)
+    key: str = DEFAULT_RATE_KEY
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        problems = template_syntax_errors(v)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return v
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DebouncePolicy:
+        if self.max_wait_s is not None and self.max_wait_s < self.window_s:
+            raise ValueError("max_wait_s must be >= window_s")
+        return self
+
+    @property
+    def max_wait(self) -> float:
+        """``max_wait_s``, or ten windows (at most a day)."""
+        return self.max_wait_s if self.max_wait_s is not None else min(10 * self.window_s, MAX_DEBOUNCE_S)
+
+
 class HandlerSpec(_Model):
     kind: Literal["python", "grpc", "http"]
     #: python: ``module:function``; grpc: ``host:port``; http: URL.
@@ -235,6 +271,8 @@ class WorkTypeSpec(_Model):
     rate_limit: RateLimit | None = None
     #: In-flight items per key across all executors (none: unlimited).
     concurrency: ConcurrencyLimit | None = None
+    #: Bursts of a key become one execution of the newest item (none: every item runs).
+    debounce: DebouncePolicy | None = None
 
 
 class FanOut(_Model):
@@ -247,6 +285,8 @@ class FanOut(_Model):
     rate_limit: RateLimit | None = None
     #: Per-route override of the work type's concurrency limit (replaces it as a whole).
     concurrency: ConcurrencyLimit | None = None
+    #: Per-route override of the work type's debounce (replaces it as a whole).
+    debounce: DebouncePolicy | None = None
 
 
 class ResponseSpec(_Model):
@@ -434,6 +474,33 @@ def reference_errors(data: Mapping[str, Any]) -> list[str]:
             if conc is None:
                 conc = _as_dict(work_types[wt_name]).get("concurrency")
             problems.extend(_key_errors(flabel, "concurrency", _as_dict(conc), extract))
+            deb = fan.get("debounce")
+            if deb is None:
+                deb = _as_dict(work_types[wt_name]).get("debounce")
+            problems.extend(_key_errors(flabel, "debounce", _as_dict(deb), extract))
+            problems.extend(_debounce_errors(flabel, _as_dict(deb), _as_dict(lanes), rate, conc))
+    return problems
+
+
+def _debounce_errors(
+    label: str, deb: Mapping[str, Any], lanes: Mapping[str, Any], rate: Any, conc: Any
+) -> list[str]:
+    """What a debounce may not be combined with (after the route's overrides). Coalescing runs the
+    newest item of a key in place of older ones, so in a lane it would run an older item's event
+    after lane members that came between them: refused (per debounce key, executions already run
+    in order). Rate limits and concurrency per key are not combined with it yet."""
+    if not deb:
+        return []
+    problems: list[str] = []
+    if lanes.get("source_fifo") or lanes.get("target_serialization"):
+        problems.append(
+            f"{label}: debounce cannot be combined with lanes (source_fifo / target_serialization): "
+            "coalescing runs a later event in place of earlier ones, which would reorder the lane; "
+            "per debounce key, executions already run in order"
+        )
+    for what, value in (("rate_limit", rate), ("concurrency", conc)):
+        if value is not None:
+            problems.append(f"{label}: debounce cannot be combined with {what} (not supported yet)")
     return problems
 
 

@@ -76,12 +76,13 @@ WORK_STATES = (
     "awaiting_legacy_outcome",  # rollback-fenced, non-executable on the WorkItem path
     "reconciled_legacy_terminal",  # immutable, never reopened
     "cancelled",  # discarded by an operator (CancelWorkItem) before it ran again; replayable
+    "coalesced",  # debounced: covered by the execution of a later item of its key (``covered_by``)
 )
 WORK_READY = ("pending", "retry")
 #: ``run_after`` of a WorkItem parked for a concurrency slot (docs/adr/011-rate-limits.md): a finite
 #: date (not ``'infinity'``, whose differences with ``now()`` are errors in due-time and age reads).
 PARKED = "'9999-01-01 00:00:00+00'"
-WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled")
+WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled", "coalesced")
 # What CancelWorkItem may discard: not claimed (no lease), not rollback-fenced, not already final.
 WORK_CANCELLABLE = ("pending", "blocked", "retry", "dead")
 # Members that hold their lane (a later member of the same lane waits while one of these exists).
@@ -353,6 +354,11 @@ work_item = Table(
     # ready item whose key had no free slot is *parked* (``run_after = PARKED``, a finite far date)
     # until a member of its key gives a slot back (docs/adr/011-rate-limits.md).
     Column("concurrency_key", Text, nullable=True),
+    # Debounce key (docs/packs.md#debounce): items of one (pack, work type, key) waiting together
+    # become one execution of the newest; the older ones end ``coalesced`` with ``covered_by`` = the
+    # executed item. Per-key state: ``connector_debounce``. NULL when the work type has no debounce.
+    Column("debounce_key", Text, nullable=True),
+    Column("covered_by", BigInteger, nullable=True),
     # W3C ``traceparent`` of the materializer span that created it, else the receipt's (the parent
     # of each handler attempt's span, docs/tracing.md); NULL while tracing is off.
     Column("traceparent", Text, nullable=True),
@@ -377,6 +383,7 @@ work_item = Table(
         "state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)",
         name="processing_has_lease",
     ),
+    CheckConstraint("state <> 'coalesced' OR covered_by IS NOT NULL", name="coalesced_has_cover"),
     # Ready candidates, in due order: the claim statement's only read. Partial on the ready states,
     # so blocked lane members, in-flight and terminal rows never enter the candidate window.
     Index(
@@ -440,6 +447,22 @@ work_item = Table(
         postgresql_where=text(
             f"concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = {PARKED}"
         ),
+    ),
+    # Waiting items of a debounce key in creation order: the newest (the one to run), the older ones
+    # the claim coalesces into it and the live one a new arrival parks. Undebounced items have no entry.
+    Index(
+        "ix_connector_work_item_debounce",
+        "installed_pack_id",
+        "work_type",
+        "debounce_key",
+        "work_id",
+        postgresql_where=text("debounce_key IS NOT NULL AND state IN ('pending', 'retry')"),
+    ),
+    # Coalesced items by the item that covered them (the handler's covered set, the trace).
+    Index(
+        "ix_connector_work_item_covered_by",
+        "covered_by",
+        postgresql_where=text("state = 'coalesced'"),
     ),
     # Backstops only (DESIGN §8 trap 2): lane scheduling never relies on these raising.
     Index(
@@ -523,6 +546,28 @@ concurrency_limit = Table(
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "concurrency_key"),
     CheckConstraint("max_in_flight >= 1 AND in_flight >= 0", name="slots"),
+)
+
+
+# One row per (pack, work type, debounce key): the key's window (the latest materialized declaration's)
+# and the newest item an execution of the key claimed (docs/packs.md#debounce). The materializer
+# creates it and locks it (``FOR UPDATE``, in key order) before inserting the key's WorkItems, so the
+# items of a key are created one transaction at a time and their ``work_id`` order is their commit
+# order; the claim statement locks it ``FOR UPDATE SKIP LOCKED`` (never waits) and advances
+# ``last_claimed_id``. An item older than ``last_claimed_id`` is never run again: it was covered by a
+# later execution, which started after it was created.
+debounce = Table(
+    "connector_debounce",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("work_type", Text, nullable=False),
+    Column("debounce_key", Text, nullable=False),
+    Column("window_s", Float, nullable=False),
+    Column("max_wait_s", Float, nullable=False),
+    Column("last_claimed_id", BigInteger, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "work_type", "debounce_key"),
+    CheckConstraint("window_s > 0 AND max_wait_s >= window_s", name="window"),
 )
 
 

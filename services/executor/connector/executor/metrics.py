@@ -50,6 +50,20 @@ RATE_LIMITED = Counter(
     ["pack", "queue_class"],
     registry=REGISTRY,
 )
+DEBOUNCE_HELD = Counter(
+    "connector_executor_debounce_held_total",
+    "Due debounced candidates a claim did not run: coalesced into a newer item of their key, parked "
+    "behind one, or their key held by another transaction at that instant (docs/packs.md#debounce)",
+    ["pack", "queue_class"],
+    registry=REGISTRY,
+)
+COALESCED = Counter(
+    "connector_executor_coalesced_total",
+    "WorkItems covered by a debounced execution (they ended coalesced without running), counted at "
+    "the execution's first attempt (docs/packs.md#debounce)",
+    ["pack"],
+    registry=REGISTRY,
+)
 FINALIZE_SECONDS = Histogram(
     "connector_executor_finalize_seconds",
     "Finalize flush latency",

@@ -65,6 +65,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, PARKED
+from connector.common.store.debounce import DebounceKey
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
 from connector.common.store.flow import RateKey, SlotKey, slots_release
 from connector.common.store.lanes import (
@@ -116,6 +117,8 @@ class ClaimedRow(NamedTuple):
     traceparent: str | None
     #: The concurrency key whose slot the item holds while processing (docs/adr/011-rate-limits.md).
     concurrency_key: str | None
+    #: The debounce key: the executor reads the items this execution covers (docs/packs.md#debounce).
+    debounce_key: str | None
 
 
 CLAIM_COLUMNS = ClaimedRow._fields
@@ -143,8 +146,9 @@ def _candidates(out: str, inner: str) -> str:
   ) c"""
 
 
-#: A candidate the plain claim statement must leave to the flow statement: it carries a flow key.
-FLOW_KEYED = "(w.rate_key IS NOT NULL OR w.concurrency_key IS NOT NULL)"
+#: A candidate the plain claim statement must leave to the flow statement: it carries a flow key (a
+#: rate limit, concurrency or debounce key: docs/packs.md#debounce).
+FLOW_KEYED = "(w.rate_key IS NOT NULL OR w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL)"
 
 #: The marker (in the ``work_type`` position) of the plain statement's row counting keyed candidates.
 KEYED_MARKER = "keyed"
@@ -167,7 +171,7 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
 FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 """
 
@@ -193,7 +197,7 @@ FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 # declared the key CTEs read no row. The statement returns the claimed rows and, per group, one row
 # ``(NULL, held back, pack, ms until the first deferred one is due, queue class)`` counting candidates
 # it did not claim, so the scheduler knows the group is not drained and when to look again.
-_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after"
+_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after, c.work_type, c.debounce_key"
 WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand AS ({_candidates(_FLOW_OUT, _FLOW_OUT.replace("c.", "w."))}
@@ -245,9 +249,65 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
   WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM spent x))
     AND k.rate_key = ANY (ARRAY(SELECT x.rate_key FROM spent x))
     AND k.installed_pack_id = x.pack AND k.rate_key = x.rate_key
+), dkeys AS (
+  SELECT d.pack, d.work_type, d.debounce_key, k.last_claimed_id, greatest(n.newest, d.top) AS newest
+  FROM (SELECT c.pack, c.work_type, c.debounce_key, max(c.work_id) AS top FROM cand c
+        WHERE c.debounce_key IS NOT NULL AND c.rate_key IS NULL AND c.concurrency_key IS NULL
+        GROUP BY 1, 2, 3) d
+  CROSS JOIN LATERAL (
+    SELECT k.last_claimed_id FROM connector_debounce k
+    WHERE k.installed_pack_id = d.pack AND k.work_type = d.work_type AND k.debounce_key = d.debounce_key
+    FOR UPDATE SKIP LOCKED
+  ) k
+  CROSS JOIN LATERAL (
+    SELECT max(w.work_id) AS newest FROM connector_work_item w
+    WHERE w.installed_pack_id = d.pack AND w.work_type = d.work_type AND w.debounce_key = d.debounce_key
+      AND w.state IN ('pending', 'retry')
+  ) n
+), dverdict AS (
+  SELECT c.work_id, c.pack, c.qc, k.newest IS NOT NULL AS locked,
+         k.newest >= k.last_claimed_id AND c.work_id = k.newest AS run
+  FROM cand c LEFT JOIN dkeys k
+    ON k.pack = c.pack AND k.work_type = c.work_type AND k.debounce_key = c.debounce_key
+  WHERE c.debounce_key IS NOT NULL AND c.rate_key IS NULL AND c.concurrency_key IS NULL
+), dcover AS (
+  SELECT x.work_id, t.into FROM (
+    SELECT k.pack, k.work_type, k.debounce_key,
+           CASE WHEN k.newest < k.last_claimed_id THEN k.last_claimed_id ELSE k.newest END AS into,
+           CASE WHEN k.newest < k.last_claimed_id THEN k.newest + 1 ELSE k.newest END AS below
+    FROM dkeys k
+    WHERE k.newest < k.last_claimed_id OR k.newest IN (SELECT v.work_id FROM dverdict v WHERE v.run)) t
+  CROSS JOIN LATERAL (
+    SELECT w.work_id FROM connector_work_item w
+    WHERE w.installed_pack_id = t.pack AND w.work_type = t.work_type AND w.debounce_key = t.debounce_key
+      AND w.state IN ('pending', 'retry') AND w.work_id < t.below
+    ORDER BY w.work_id
+    FOR UPDATE OF w SKIP LOCKED
+  ) x
+), dcoalesced AS (
+  UPDATE connector_work_item x
+  SET state = 'coalesced', outcome = 'coalesced', covered_by = d.into, lease_owner = NULL,
+      lease_until = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+  FROM dcover d
+  WHERE x.work_id = ANY (ARRAY(SELECT d.work_id FROM dcover d)) AND x.work_id = d.work_id
+), dparked AS (
+  UPDATE connector_work_item p SET run_after = {PARKED}, updated_at = clock_timestamp()
+  WHERE p.work_id = ANY (ARRAY(
+    SELECT v.work_id FROM dverdict v
+    WHERE v.locked AND NOT v.run AND v.work_id NOT IN (SELECT d.work_id FROM dcover d)))
+), dlast AS (
+  UPDATE connector_debounce k SET last_claimed_id = x.newest
+  FROM (SELECT k.pack, k.work_type, k.debounce_key, k.newest FROM dkeys k
+        WHERE k.newest > k.last_claimed_id AND k.newest IN (SELECT v.work_id FROM dverdict v WHERE v.run)) x
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM dkeys x))
+    AND k.work_type = ANY (ARRAY(SELECT x.work_type FROM dkeys x))
+    AND k.debounce_key = ANY (ARRAY(SELECT x.debounce_key FROM dkeys x))
+    AND k.installed_pack_id = x.pack AND k.work_type = x.work_type AND k.debounce_key = x.debounce_key
 ), admitted AS (
   SELECT c.work_id, NULL::bigint AS pack, NULL::text AS concurrency_key
-  FROM cand c WHERE c.rate_key IS NULL AND c.concurrency_key IS NULL
+  FROM cand c WHERE c.rate_key IS NULL AND c.concurrency_key IS NULL AND c.debounce_key IS NULL
+  UNION ALL
+  SELECT v.work_id, NULL, NULL FROM dverdict v WHERE v.run
   UNION ALL
   SELECT v.work_id, v.pack, v.concurrency_key FROM cverdict v WHERE v.ok AND v.rate_key IS NULL
   UNION ALL
@@ -279,11 +339,12 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due FROM cverdict v WHERE v.ok IS NOT TRUE
-      UNION ALL SELECT v.pack, v.qc, v.due FROM verdict v WHERE v.ok IS NOT TRUE) h
-GROUP BY h.pack, h.qc
+SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc, h.why,
+       {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
+FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due, 'limit' AS why FROM cverdict v WHERE v.ok IS NOT TRUE
+      UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM verdict v WHERE v.ok IS NOT TRUE
+      UNION ALL SELECT v.pack, v.qc, NULL, 'debounce' FROM dverdict v WHERE v.run IS NOT TRUE) h
+GROUP BY h.pack, h.qc, h.why
 """
 
 WORK_ITEM_RENEW_LEASE_BATCH = """
@@ -465,11 +526,14 @@ async def work_item_claim_batch(
     lease_s: float,
     held_back: dict[tuple[int, str], int] | None = None,
     due_in: dict[tuple[int, str], float] | None = None,
+    debounced: dict[tuple[int, str], int] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Claim up to ``limits[i]`` due items of each group ``(packs[i], queue_classes[i])``. Candidates
     a rate limit held back (deferred, or their key busy in another claim) are not returned; with
     ``held_back`` given, their count per ``(pack, queue class)`` is added to it; with ``due_in``, the
-    seconds until the first candidate deferred for its rate limit is due, per group."""
+    seconds until the first candidate deferred for its rate limit is due, per group. Debounced
+    candidates that did not run (coalesced, parked behind a newer item, or their key busy: docs/
+    packs.md#debounce) are added to ``held_back`` too and, with ``debounced`` given, to it."""
     cur = await conn.execute(
         WORK_ITEM_CLAIM_BATCH,
         {
@@ -492,6 +556,8 @@ async def work_item_claim_batch(
             key = (int(r[2]), str(r[4]))
             if held_back is not None:
                 held_back[key] = held_back.get(key, 0) + int(r[1])
+            if debounced is not None and r[5] == "debounce":
+                debounced[key] = debounced.get(key, 0) + int(r[1])
             if due_in is not None and r[3] is not None:
                 due_in[key] = max(0.0, int(r[3]) / 1000.0)
     return claimed
@@ -1550,7 +1616,7 @@ WORK_ITEM_INSERT_COLUMNS = (
     ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
     ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
     ("dead_blocks_lane", "bool"), ("traceparent", "text"), ("rate_key", "text"),
-    ("concurrency_key", "text"),
+    ("concurrency_key", "text"), ("debounce_key", "text"),
 )  # fmt: skip
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
@@ -1593,6 +1659,9 @@ class WorkRow:
     #: Concurrency key and limit; its row is declared in the same transaction
     #: (``flow.concurrency_declare``).
     slot: SlotKey | None = None
+    #: Debounce key and window; its row is declared and locked in the same transaction, before the
+    #: insert (``debounce.debounce_declare``), which also gives ``run_after`` (docs/packs.md#debounce).
+    debounce: DebounceKey | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -1621,6 +1690,7 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.traceparent,
             w.rate.rate_key if w.rate is not None else None,
             w.slot.concurrency_key if w.slot is not None else None,
+            w.debounce.debounce_key if w.debounce is not None else None,
             w.run_after,
         )
         for w in rows

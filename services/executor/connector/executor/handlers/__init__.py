@@ -78,11 +78,16 @@ class HandlerContext:
     learns that another claimer fenced this lease (the handler should stop making effects);
     ``remaining_lease_s()`` is measured on the process's monotonic clock from the last renewal.
     ``traceparent`` is the W3C trace context of this attempt (its span's while the executor traces;
-    else the one the delivery carried; ``None`` when there is none): docs/tracing.md."""
+    else the one the delivery carried; ``None`` when there is none): docs/tracing.md.
+    ``coalesced_work_ids`` / ``coalesced_event_ids``: for a debounced work type, the older WorkItems
+    (and their events) this execution covers, oldest first — they ended ``coalesced`` into it
+    without running (docs/packs.md#debounce); empty otherwise. ``event`` is the newest event."""
 
     __slots__ = (
         "_deadline",
         "attempt",
+        "coalesced_event_ids",
+        "coalesced_work_ids",
         "content_type",
         "event",
         "event_id",
@@ -121,6 +126,8 @@ class HandlerContext:
         self.event: EventFact | None = None
         self.payload: bytes | None = None
         self.content_type: str | None = None
+        self.coalesced_work_ids: tuple[int, ...] = ()
+        self.coalesced_event_ids: tuple[int, ...] = ()
 
     @property
     def idempotency_key(self) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import AsyncConnection
 
 from connector.common.store import work_items
+from connector.common.store.debounce import debounce_covered_batch
 from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor import metrics as m
 from connector.executor.handlers import EventFact
@@ -135,6 +136,7 @@ class Claimer:
         held_back: dict[tuple[int, str], int] = {}
         due_in: dict[tuple[int, str], float] = {}
         keyed: dict[tuple[int, str], int] = {}
+        debounced: dict[tuple[int, str], int] = {}
         flow = self._flow
         if flow and t0 >= self._flow_until:
             flow.clear()
@@ -148,6 +150,7 @@ class Claimer:
                 lease_s=e.cfg.lease_s,
                 held_back=held_back,
                 due_in=due_in,
+                debounced=debounced,
             )
         else:
             rows = await work_items.work_item_claim_plain_batch(
@@ -169,9 +172,14 @@ class Claimer:
             # Rate-limited candidates are not claimed but the group is not drained: count them as
             # yielded so the scheduler keeps asking (they moved to their budget's time, or their key
             # was busy in another claim for an instant).
+            # Debounced ones (coalesced, parked behind a newer item, or their key busy) likewise.
             for (pack, qc), c in held_back.items():
-                m.RATE_LIMITED.labels(m.pack_label(pack), qc).inc(c)
-            e.stats["rate_limited"] += sum(held_back.values())
+                d = debounced.get((pack, qc), 0)
+                if c > d:
+                    m.RATE_LIMITED.labels(m.pack_label(pack), qc).inc(c - d)
+                if d:
+                    m.DEBOUNCE_HELD.labels(m.pack_label(pack), qc).inc(d)
+            e.stats["rate_limited"] += sum(held_back.values()) - sum(debounced.values())
             for key, s in due_in.items():  # the first deferred one: look again then
                 at = t0 + s
                 self._due_hints[key] = min(at, self._due_hints.get(key, at))
@@ -207,6 +215,7 @@ class Claimer:
         hbp = e.held_by_pack
         claimed = []
         need_event: list[InFlight] = []
+        debounced: list[InFlight] = []
         for r in rows:
             f = InFlight(r, deadline)
             if not registry.loaded(f.installed_pack_id, f.generation):
@@ -215,12 +224,17 @@ class Claimer:
             f.runtime = rt
             if rt.needs_event:
                 need_event.append(f)
+            if f.debounce_key is not None:
+                debounced.append(f)
             held[f.work_id] = f
             hbp[f.installed_pack_id] = hbp.get(f.installed_pack_id, 0) + 1
             claimed.append(f)
-        if need_event:
+        if need_event or debounced:
             try:
-                await self._attach_events(conn, need_event)
+                if need_event:
+                    await self._attach_events(conn, need_event)
+                if debounced:
+                    await self._attach_covered(conn, debounced)
             except Exception:
                 # Claimed but not runnable: give them back rather than run without their context.
                 for f in claimed:
@@ -260,6 +274,18 @@ class Claimer:
             body = r[EVENT_ROW_BODY]
             f.payload = bytes(body) if body is not None else None
             f.content_type = r[EVENT_ROW_CONTENT_TYPE]
+
+
+    async def _attach_covered(self, conn: AsyncConnection[Any], items: list[InFlight]) -> None:
+        """What each debounced execution covers: one read per claimed batch (docs/packs.md#debounce)."""
+        covered = await debounce_covered_batch(conn, [f.work_id for f in items])
+        for f in items:
+            got = covered.get(f.work_id)
+            if got:
+                f.coalesced_work_ids = tuple(w for w, _ in got)
+                f.coalesced_event_ids = tuple(ev for _, ev in got)
+                if f.attempt == 1:
+                    m.COALESCED.labels(m.pack_label(f.installed_pack_id)).inc(len(got))
 
 
 # Positions of a claimed row (work_items.ClaimedRow) the group count reads.

@@ -15,15 +15,18 @@ from connector.common.store.work_items import CLAIM_COLUMNS
 from connector.executor.handlers import HandlerContext
 
 _CONCURRENCY_KEY = CLAIM_COLUMNS.index("concurrency_key")
+_DEBOUNCE_KEY = CLAIM_COLUMNS.index("debounce_key")
 
 
 class InFlight(HandlerContext):
-    __slots__ = ("cancel", "concurrency_key", "done", "runtime", "started", "t0", "task")
+    __slots__ = ("cancel", "concurrency_key", "debounce_key", "done", "runtime", "started", "t0", "task")
 
     def __init__(self, row: tuple[Any, ...], deadline: float) -> None:
         HandlerContext.__init__(self, row, deadline)
         #: The item's concurrency key (docs/adr/011-rate-limits.md): its finalize gives the slot back.
         self.concurrency_key: str | None = row[_CONCURRENCY_KEY]
+        #: The item's debounce key: the claimer reads what its execution covers (docs/packs.md#debounce).
+        self.debounce_key: str | None = row[_DEBOUNCE_KEY]
         self.runtime: Any = None  # the work type's runtime (handler, retry policy, timeout)
         self.started = False
         self.done = False  # an outcome (or a release) is recorded; nothing more to write

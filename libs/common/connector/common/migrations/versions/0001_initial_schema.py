@@ -76,6 +76,17 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('cutover_receipt_id', name=op.f('pk_connector_cutover_receipt'))
     )
     op.create_index('ix_connector_cutover_receipt_installed_pack_id_generation', 'connector_cutover_receipt', ['installed_pack_id', 'generation'], unique=False)
+    op.create_table('connector_debounce',
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('work_type', sa.Text(), nullable=False),
+    sa.Column('debounce_key', sa.Text(), nullable=False),
+    sa.Column('window_s', sa.Float(), nullable=False),
+    sa.Column('max_wait_s', sa.Float(), nullable=False),
+    sa.Column('last_claimed_id', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint('window_s > 0 AND max_wait_s >= window_s', name=op.f('ck_connector_debounce_window')),
+    sa.PrimaryKeyConstraint('installed_pack_id', 'work_type', 'debounce_key', name=op.f('pk_connector_debounce'))
+    )
     op.create_table('connector_ingress_receipt',
     sa.Column('receipt_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
     sa.Column('namespace', sa.Text(), nullable=False),
@@ -282,6 +293,8 @@ def upgrade() -> None:
     sa.Column('dead_blocks_lane', sa.Boolean(), server_default=sa.text('true'), nullable=False),
     sa.Column('rate_key', sa.Text(), nullable=True),
     sa.Column('concurrency_key', sa.Text(), nullable=True),
+    sa.Column('debounce_key', sa.Text(), nullable=True),
+    sa.Column('covered_by', sa.BigInteger(), nullable=True),
     sa.Column('traceparent', sa.Text(), nullable=True),
     sa.Column('lease_owner', sa.Text(), nullable=True),
     sa.Column('lease_token', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
@@ -297,8 +310,9 @@ def upgrade() -> None:
     sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("state <> 'coalesced' OR covered_by IS NOT NULL", name=op.f('ck_connector_work_item_coalesced_has_cover')),
     sa.CheckConstraint("state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)", name=op.f('ck_connector_work_item_processing_has_lease')),
-    sa.CheckConstraint("state IN ('pending', 'blocked', 'processing', 'retry', 'succeeded', 'dead', 'awaiting_legacy_outcome', 'reconciled_legacy_terminal', 'cancelled')", name=op.f('ck_connector_work_item_state')),
+    sa.CheckConstraint("state IN ('pending', 'blocked', 'processing', 'retry', 'succeeded', 'dead', 'awaiting_legacy_outcome', 'reconciled_legacy_terminal', 'cancelled', 'coalesced')", name=op.f('ck_connector_work_item_state')),
     sa.ForeignKeyConstraint(['event_id'], ['connector_event.event_id'], name=op.f('fk_connector_work_item_event_id_connector_event')),
     sa.PrimaryKeyConstraint('work_id', name=op.f('pk_connector_work_item')),
     sa.UniqueConstraint('event_id', 'work_type', name=op.f('uq_connector_work_item_event_id_work_type'))
@@ -306,7 +320,9 @@ def upgrade() -> None:
     op.create_index('ix_connector_work_item_awaiting_legacy', 'connector_work_item', ['installed_pack_id', 'generation', 'work_id'], unique=False, postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
     op.create_index('ix_connector_work_item_concurrency_key', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'state'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.create_index('ix_connector_work_item_concurrency_parked', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'work_id'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
+    op.create_index('ix_connector_work_item_covered_by', 'connector_work_item', ['covered_by'], unique=False, postgresql_where=sa.text("state = 'coalesced'"))
     op.create_index('ix_connector_work_item_dead', 'connector_work_item', ['installed_pack_id', 'finished_at', 'work_id'], unique=False, postgresql_where=sa.text("state = 'dead'"))
+    op.create_index('ix_connector_work_item_debounce', 'connector_work_item', ['installed_pack_id', 'work_type', 'debounce_key', 'work_id'], unique=False, postgresql_where=sa.text("debounce_key IS NOT NULL AND state IN ('pending', 'retry')"))
     op.create_index('ix_connector_work_item_installed_pack_id_generation_state', 'connector_work_item', ['installed_pack_id', 'generation', 'state'], unique=False, postgresql_where=sa.text("state <> 'succeeded'"))
     op.create_index('ix_connector_work_item_processing', 'connector_work_item', ['work_id'], unique=False, postgresql_where=sa.text("state = 'processing'"))
     op.create_index('ix_connector_work_item_rate_key', 'connector_work_item', ['installed_pack_id', 'rate_key', 'state'], unique=False, postgresql_where=sa.text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
@@ -333,7 +349,9 @@ def downgrade() -> None:
     op.drop_index('ix_connector_work_item_rate_key', table_name='connector_work_item', postgresql_where=sa.text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.drop_index('ix_connector_work_item_processing', table_name='connector_work_item', postgresql_where=sa.text("state = 'processing'"))
     op.drop_index('ix_connector_work_item_installed_pack_id_generation_state', table_name='connector_work_item', postgresql_where=sa.text("state <> 'succeeded'"))
+    op.drop_index('ix_connector_work_item_debounce', table_name='connector_work_item', postgresql_where=sa.text("debounce_key IS NOT NULL AND state IN ('pending', 'retry')"))
     op.drop_index('ix_connector_work_item_dead', table_name='connector_work_item', postgresql_where=sa.text("state = 'dead'"))
+    op.drop_index('ix_connector_work_item_covered_by', table_name='connector_work_item', postgresql_where=sa.text("state = 'coalesced'"))
     op.drop_index('ix_connector_work_item_concurrency_parked', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
     op.drop_index('ix_connector_work_item_concurrency_key', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.drop_index('ix_connector_work_item_awaiting_legacy', table_name='connector_work_item', postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
@@ -360,6 +378,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_ingress_receipt_routable', table_name='connector_ingress_receipt', postgresql_where=sa.text("router_status IN ('pending', 'retry')"))
     op.drop_index('ix_connector_ingress_receipt_failed', table_name='connector_ingress_receipt', postgresql_where=sa.text("router_status = 'failed'"))
     op.drop_table('connector_ingress_receipt')
+    op.drop_table('connector_debounce')
     op.drop_index('ix_connector_cutover_receipt_installed_pack_id_generation', table_name='connector_cutover_receipt')
     op.drop_table('connector_cutover_receipt')
     op.drop_table('connector_concurrency_limit')

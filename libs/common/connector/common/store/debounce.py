@@ -1,0 +1,149 @@
+"""Debounce: the key rows ``connector_debounce`` and the statements that keep a key's waiting
+WorkItems in shape (docs/packs.md#debounce, docs/executor.md#debounce).
+
+The contract, per (pack, work type, debounce key):
+
+* **Creation is serialized per key.** The materializer locks the batch's key rows (``FOR UPDATE``
+  through ``debounce_declare``, sorted by key, so two materializers never wait on each other
+  crosswise) before it inserts their WorkItems: the items of a key are created one transaction at a
+  time, so their ``work_id`` order is their commit order.
+* **Only the newest waiting item is live.** A new item is inserted due at ``least(now() + window_s,
+  oldest waiting item's created_at + max_wait_s)``; the earlier items of the same batch are inserted
+  *parked* (``run_after = PARKED``) and the previous newest is parked by ``debounce_schedule`` in
+  the same transaction. A parked item always has a newer waiting item of its key.
+* **The claim coalesces** (``work_items.WORK_ITEM_CLAIM_BATCH``, key row ``FOR UPDATE SKIP LOCKED``):
+  a due candidate that is its key's newest waiting item is claimed and every older waiting item of
+  the key ends ``coalesced`` with ``covered_by`` = it, in the same statement; an older candidate is
+  parked (the newest will cover it); an item older than the key's ``last_claimed_id`` (a retry of an
+  execution a newer one has overtaken) is coalesced into that newer execution instead of running
+  again. So per key the executed items' ids only grow, and every coalesced item was committed before
+  the execution covering it was claimed.
+
+``debounce_covered_batch`` is the handler's view: the items (and events) an execution covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from connector.common.schema import PARKED
+
+Conn = AsyncConnection[Any]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DebounceKey:
+    """A debounce key as a WorkItem declares it (the latest declaration sets the window)."""
+
+    installed_pack_id: int
+    work_type: str
+    debounce_key: str
+    window_s: float
+    max_wait_s: float
+
+
+# Keys sorted by (pack, work type, key): every existing row is locked (ON CONFLICT DO UPDATE locks
+# the row even when its WHERE leaves it unchanged) and waited for, in that order; a changed window is
+# re-declared. The lock is held to the end of the materializer's transaction.
+DEBOUNCE_DECLARE = """
+INSERT INTO connector_debounce AS k (installed_pack_id, work_type, debounce_key, window_s, max_wait_s)
+SELECT * FROM unnest(%(packs)s::bigint[], %(work_types)s::text[], %(keys)s::text[], %(windows)s::float8[],
+                     %(max_waits)s::float8[]) AS d(pack, work_type, debounce_key, window_s, max_wait_s)
+ORDER BY 1, 2, 3
+ON CONFLICT (installed_pack_id, work_type, debounce_key) DO UPDATE
+SET window_s = excluded.window_s, max_wait_s = excluded.max_wait_s
+WHERE (k.window_s, k.max_wait_s) IS DISTINCT FROM (excluded.window_s, excluded.max_wait_s)
+"""
+
+
+def _unique(keys: Sequence[DebounceKey]) -> list[DebounceKey]:
+    return sorted({(k.installed_pack_id, k.work_type, k.debounce_key): k for k in keys}.values())
+
+
+def _arrays(keys: Sequence[DebounceKey]) -> dict[str, list[Any]]:
+    return {
+        "packs": [k.installed_pack_id for k in keys],
+        "work_types": [k.work_type for k in keys],
+        "keys": [k.debounce_key for k in keys],
+        "windows": [float(k.window_s) for k in keys],
+        "max_waits": [float(k.max_wait_s) for k in keys],
+    }
+
+
+async def debounce_declare(conn: Conn, keys: Sequence[DebounceKey]) -> None:
+    """Create (or re-declare) and lock the debounce keys of WorkItems about to be inserted, in the
+    caller's transaction (it must be one: the locks are held to its end)."""
+    if keys:
+        await conn.execute(DEBOUNCE_DECLARE, _arrays(_unique(keys)), prepare=True)
+
+
+# After ``debounce_declare`` (a new statement, so its snapshot has every earlier transaction of these
+# keys): park each key's newest waiting item (the previous live one; a new one is about to replace
+# it) and return, per key, when the new newest is due: ``window_s`` from now, but no later than
+# ``max_wait_s`` after the oldest waiting item of the key was created. Two index probes per key.
+DEBOUNCE_SCHEDULE = f"""
+WITH k AS (
+  SELECT * FROM unnest(%(packs)s::bigint[], %(work_types)s::text[], %(keys)s::text[], %(windows)s::float8[],
+                       %(max_waits)s::float8[]) AS k(pack, work_type, debounce_key, window_s, max_wait_s)
+), live AS (
+  SELECT n.work_id FROM k CROSS JOIN LATERAL (
+    SELECT w.work_id, w.run_after FROM connector_work_item w
+    WHERE w.installed_pack_id = k.pack AND w.work_type = k.work_type AND w.debounce_key = k.debounce_key
+      AND w.state IN ('pending', 'retry')
+    ORDER BY w.work_id DESC LIMIT 1) n
+  WHERE n.run_after <> {PARKED}
+), parked AS (
+  UPDATE connector_work_item w SET run_after = {PARKED}, updated_at = clock_timestamp()
+  WHERE w.work_id = ANY (ARRAY(SELECT l.work_id FROM live l)) AND w.state IN ('pending', 'retry')
+  RETURNING 1
+)
+SELECT k.pack, k.work_type, k.debounce_key,
+       least(now() + make_interval(secs => k.window_s),
+             coalesce(o.created_at, now()) + make_interval(secs => k.max_wait_s)) AS due,
+       (SELECT count(*) FROM parked) AS parked
+FROM k LEFT JOIN LATERAL (
+  SELECT w.created_at FROM connector_work_item w
+  WHERE w.installed_pack_id = k.pack AND w.work_type = k.work_type AND w.debounce_key = k.debounce_key
+    AND w.state IN ('pending', 'retry')
+  ORDER BY w.work_id LIMIT 1) o ON true
+"""
+
+
+async def debounce_schedule(conn: Conn, keys: Sequence[DebounceKey]) -> dict[tuple[int, str, str], datetime]:
+    """Park each key's live item and return when each key's new newest item is due (database time),
+    keyed by (pack, work type, key). Call after ``debounce_declare``, before the insert."""
+    if not keys:
+        return {}
+    cur = await conn.execute(DEBOUNCE_SCHEDULE, _arrays(_unique(keys)), prepare=True)
+    return {(int(r[0]), str(r[1]), str(r[2])): r[3] for r in await cur.fetchall()}
+
+
+# The items each given execution covers, transitively (an item coalesced into one that was itself
+# coalesced later is covered by the later one too): ``covered_by`` always points to a newer item, so
+# the recursion ends. Index reads of the coalesced items by ``covered_by``.
+DEBOUNCE_COVERED_BATCH = """
+WITH RECURSIVE c AS (
+  SELECT w.covered_by AS root, w.work_id, w.event_id FROM connector_work_item w
+  WHERE w.covered_by = ANY(%(ids)s::bigint[]) AND w.state = 'coalesced'
+  UNION ALL
+  SELECT c.root, w.work_id, w.event_id FROM c JOIN connector_work_item w
+    ON w.covered_by = c.work_id AND w.state = 'coalesced'
+)
+SELECT root, work_id, event_id FROM c ORDER BY root, work_id
+"""
+
+
+async def debounce_covered_batch(conn: Conn, ids: Sequence[int]) -> dict[int, list[tuple[int, int]]]:
+    """Per executed item id: ``[(work_id, event_id), ...]`` of the items it covers, oldest first."""
+    if not ids:
+        return {}
+    cur = await conn.execute(DEBOUNCE_COVERED_BATCH, {"ids": list(ids)}, prepare=True)
+    out: dict[int, list[tuple[int, int]]] = {}
+    for r in await cur.fetchall():
+        out.setdefault(int(r[0]), []).append((int(r[1]), int(r[2])))
+    return out
