@@ -345,6 +345,48 @@ async def test_rate_and_concurrency_limited_items_say_so(admin: Admin, seed: See
     assert (await _item_trace(admin, parked)).wait.reason == pb.WAIT_REASON_SCHEDULED
 
 
+async def test_debounced_items_say_so(admin: Admin, seed: Seed) -> None:
+    """The live newest item of a debounce key waits for its window, a parked one behind it says it
+    will be covered, a coalesced one names the item that covered it; GetQueueStats lists the key.
+    Control: without the key, the same rows read as scheduled."""
+    pack = await seed.pack("shop", routes={"orders": ["sync"]})
+    await seed.process("work_item")
+    parked = await seed.item(pack, state="pending")
+    live = await seed.item(pack, state="pending")
+    covered = await seed.item(pack, state="pending")
+    await seed.conn.execute(
+        "INSERT INTO connector_debounce (installed_pack_id, work_type, debounce_key, window_s, max_wait_s)"
+        " VALUES (%s, 'sync', 'acct:7', 2, 20)",
+        (pack,),
+    )
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET debounce_key = 'acct:7', work_type = 'sync',"
+        " run_after = CASE WHEN work_id = %s THEN now() + interval '2 s' ELSE '9999-01-01 00:00:00+00' END"
+        " WHERE work_id = ANY(%s)",
+        (live, [parked, live]),
+    )
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET debounce_key = 'acct:7', state = 'coalesced', outcome = 'coalesced',"
+        " covered_by = %s, finished_at = now() WHERE work_id = %s",
+        (live, covered),
+    )
+    wait = (await _item_trace(admin, live)).wait
+    assert wait.reason == pb.WAIT_REASON_DEBOUNCED and "newest item" in wait.detail and wait.HasField("until")
+    wait = (await _item_trace(admin, parked)).wait
+    assert wait.reason == pb.WAIT_REASON_DEBOUNCED and "parked" in wait.detail, wait
+    t = await _item_trace(admin, covered)
+    assert t.work_item.state == types_pb2.WORK_ITEM_STATE_COALESCED and t.work_item.covered_by == live
+    assert t.wait.reason == pb.WAIT_REASON_COALESCED and t.wait.blocking_work_id == live
+    stats = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
+    (d,) = stats.debounce
+    assert (d.key, d.work_type, d.waiting, d.parked) == ("acct:7", "sync", 2, 1)
+    assert (
+        d.window.ToTimedelta().total_seconds() == 2 and 0 < d.next_due_in.ToTimedelta().total_seconds() <= 2
+    )
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET debounce_key = NULL WHERE work_id = ANY(%s)", ([parked, live],)
+    )
+    assert (await _item_trace(admin, live)).wait.reason == pb.WAIT_REASON_SCHEDULED
 async def test_a_delayed_item_with_a_rate_key_waits_on_its_delay(admin: Admin, seed: Seed) -> None:
     """An item inserted with a delay and a rate key, never deferred (the row was not rewritten since
     its insert): it waits on the delay, not on the budget. Control: the same row as a deferral

@@ -209,3 +209,58 @@ async def raises(ctx: HandlerContext) -> None:
 async def sleeps_forever(ctx: HandlerContext) -> None:
     SEEN.append((ctx.work_id, ctx.attempt))
     await asyncio.sleep(3600)
+
+
+DEBOUNCE_TABLE = """
+CREATE TABLE IF NOT EXISTS executor_test_debounce (
+  seq bigserial PRIMARY KEY,
+  work_id bigint NOT NULL,
+  token bigint NOT NULL,
+  attempt int NOT NULL,
+  covered bigint[] NOT NULL,
+  covered_events bigint[] NOT NULL,
+  phase text NOT NULL,
+  pid int NOT NULL,
+  accepted boolean NOT NULL,
+  at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+_DEBOUNCE_EFFECT = """
+INSERT INTO executor_test_debounce (work_id, token, attempt, covered, covered_events, phase, pid, accepted)
+SELECT %(id)s, %(token)s, %(attempt)s, %(covered)s, %(events)s, %(phase)s, %(pid)s, EXISTS (
+  SELECT 1 FROM connector_work_item
+  WHERE work_id = %(id)s AND lease_token = %(token)s AND state = 'processing')
+"""
+
+
+@work_handler(needs_event=False)
+async def record_debounce(ctx: HandlerContext) -> Outcome | None:
+    """One row per execution of a debounced item: what it covers (``ctx.coalesced_*``) and whether
+    it succeeded (``ok``) or failed its first attempt (``fail``: items with ``work_id % mod == 0``
+    under ``EXECUTOR_TEST_FAIL_FIRST_MOD``, after ``EXECUTOR_TEST_FAIL_SLEEP_S``; the others sleep
+    ``EXECUTOR_TEST_SLEEP_S`` + jitter)."""
+    failing = _fails_first(ctx)
+    sleep = (
+        _env_f("EXECUTOR_TEST_FAIL_SLEEP_S")
+        if failing
+        else _env_f("EXECUTOR_TEST_SLEEP_S") + random.random() * _env_f("EXECUTOR_TEST_SLEEP_JITTER_S")
+    )
+    if sleep:
+        await asyncio.sleep(sleep)
+    conn = await _aconn()
+    assert _lock is not None
+    async with _lock:
+        await conn.execute(
+            _DEBOUNCE_EFFECT,
+            {
+                "id": ctx.work_id,
+                "token": ctx.lease_token,
+                "attempt": ctx.attempt,
+                "covered": list(ctx.coalesced_work_ids),
+                "events": list(ctx.coalesced_event_ids),
+                "phase": "fail" if failing else "ok",
+                "pid": os.getpid(),
+            },
+        )
+    return Outcome.retry(0.05, "test_first_attempt") if failing else None

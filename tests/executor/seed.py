@@ -336,9 +336,7 @@ async def seed_debounced(
                     source_lane_key=None,
                     target_lane_key=None,
                     dead_blocks_lane=True,
-                    debounce=None
-                    if k is None
-                    else DebounceKey(pack_id, work_type, k, window_s, max_wait),
+                    debounce=None if k is None else DebounceKey(pack_id, work_type, k, window_s, max_wait),
                 )
                 for (seq, ev), k in zip(events, part, strict=True)
             ]

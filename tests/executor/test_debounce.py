@@ -29,7 +29,9 @@ async def _claim(adb, pack: int, n: int = 50, held: dict | None = None, debounce
 
 
 def _states(db: psycopg.Connection) -> dict[int, tuple[str, int | None]]:
-    rows = db.execute("SELECT work_id, state, covered_by FROM connector_work_item ORDER BY work_id").fetchall()
+    rows = db.execute(
+        "SELECT work_id, state, covered_by FROM connector_work_item ORDER BY work_id"
+    ).fetchall()
     return {int(r[0]): (str(r[1]), r[2]) for r in rows}
 
 
@@ -46,7 +48,9 @@ def _live(db: psycopg.Connection) -> list[int]:
 
 async def _wait_due(db: psycopg.Connection, work_id: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while db.execute("SELECT run_after > now() FROM connector_work_item WHERE work_id = %s", (work_id,)).fetchone()[0]:
+    while db.execute(
+        "SELECT run_after > now() FROM connector_work_item WHERE work_id = %s", (work_id,)
+    ).fetchone()[0]:
         assert time.monotonic() < deadline, f"{work_id} never became due"
         await asyncio.sleep(0.02)
 
@@ -114,7 +118,10 @@ async def test_a_retry_behind_a_newer_item_is_covered_by_it(db, adb) -> None:
     debounced: dict = {}
     assert await _claim(adb, pack, held=held, debounced=debounced) == []
     assert held == debounced == {(pack, "default"): 1}
-    assert db.execute("SELECT run_after FROM connector_work_item WHERE work_id = %s", (x[0],)).fetchone()[0].year == 9999
+    assert (
+        db.execute("SELECT run_after FROM connector_work_item WHERE work_id = %s", (x[0],)).fetchone()[0].year
+        == 9999
+    )
     await _wait_due(db, n[0])
     rows = await _claim(adb, pack)
     assert [r[0] for r in rows] == n
@@ -187,3 +194,27 @@ async def test_undebounced_items_are_untouched(db, adb) -> None:
     rows = await _claim(adb, pack)
     assert sorted(r[0] for r in rows) == ids
     assert db.execute("SELECT count(*) FROM connector_debounce").fetchone()[0] == 0
+
+
+async def test_cancelling_the_live_item_makes_the_next_newest_live(db, adb) -> None:
+    """An operator cancels a key's live newest item: the parked ones behind it would wait for an
+    execution that never comes, so the newest of them becomes live; its execution covers the rest.
+    Control: without the debounce argument the parked items stay parked."""
+    pack = seed.seed_pack(db, "p", WT)
+    ids = await seed.seed_debounced(adb, pack, ["k"] * 3, window_s=0.05)
+    token = db.execute(
+        "SELECT lease_token FROM connector_work_item WHERE work_id = %s", (ids[-1],)
+    ).fetchone()[0]
+    async with adb.transaction():
+        done, _ = await work_items.work_item_cancel(
+            adb, ids[-1], token, [], summary="x", debounce=(pack, "w", "k")
+        )
+    assert done and _live(db) == [ids[1]]
+    await _wait_due(db, ids[1])
+    rows = await _claim(adb, pack)
+    assert [r[0] for r in rows] == [ids[1]] and _states(db)[ids[0]] == ("coalesced", ids[1])
+    # Control.
+    more = await seed.seed_debounced(adb, pack, ["j"] * 2, window_s=0.05)
+    async with adb.transaction():
+        await work_items.work_item_cancel(adb, more[-1], 0, [], summary="x")
+    assert more[0] not in _live(db)

@@ -174,3 +174,64 @@ def test_rate_limit_keys_may_use_extracted_fields_and_the_work_type() -> None:
     m = parse_manifest(doc)
     assert m.work_types["sync"].rate_limit is not None
     assert m.work_types["sync"].rate_limit.key == "{work_type}:{/acct}"
+
+
+@pytest.mark.parametrize(
+    ("deb", "message"),
+    [
+        ({"window_s": 0}, "greater than 0"),
+        ({"window_s": 5, "max_wait_s": 2}, "max_wait_s must be >= window_s"),
+        ({"window_s": 100_000}, "less than or equal to 86400"),
+        ({"window_s": 1, "key": "{/acct"}, "unbalanced brace"),
+        ({"window_s": 1, "key": "{header:X-Acct}"}, "debounce.key cannot use headers"),
+        ({"window_s": 1, "key": "{target_lane_key}"}, "{target_lane_key} is not extracted"),
+        ({"key": "{/acct}"}, "Field required"),
+    ],
+)
+def test_debounce_is_validated(deb: dict, message: str) -> None:
+    errors = _errors(manifest(work_types={"sync": work_type(debounce=deb)}))
+    assert any(message in e for e in errors), errors
+    doc = manifest()
+    doc["routes"][0]["fan_out"] = [{"work_type": "sync", "debounce": deb}]
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"lanes": {"source_fifo": True, "source_lane_key": "{/obj}"}}, "cannot be combined with lanes"),
+        ({"lanes": {"target_serialization": True}}, "cannot be combined with lanes"),
+        ({"rate_limit": {"limit": 5, "period_s": 1}}, "cannot be combined with rate_limit"),
+        ({"concurrency": {"limit": 2}}, "cannot be combined with concurrency"),
+    ],
+)
+def test_debounce_refuses_lanes_and_limits_after_the_route_override(extra: dict, message: str) -> None:
+    """The rule (docs/packs.md#debounce): coalescing runs a later event in place of earlier ones, so
+    in a lane it would reorder the lane; refused on the work type and on a route's fan-out entry."""
+    deb = {"window_s": 1, "key": "{/acct}"}
+    doc = manifest(work_types={"sync": work_type(debounce=deb, **extra)})
+    doc["routes"][0]["extract"]["target_lane_key"] = {"pointer": "/t"}
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+    # A route that adds the debounce to a laned work type, or the lane to a debounced one.
+    doc = manifest(work_types={"sync": work_type(**extra)})
+    doc["routes"][0]["extract"]["target_lane_key"] = {"pointer": "/t"}
+    doc["routes"][0]["fan_out"] = [{"work_type": "sync", "debounce": deb}]
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+    if "lanes" in extra:
+        doc = manifest(work_types={"sync": work_type(debounce=deb)})
+        doc["routes"][0]["extract"]["target_lane_key"] = {"pointer": "/t"}
+        doc["routes"][0]["fan_out"] = [{"work_type": "sync", "lanes": extra["lanes"]}]
+        assert any(message in e for e in _errors(doc)), _errors(doc)
+        # ... and a route override without the lane makes it valid again.
+        doc = manifest(work_types={"sync": work_type(**extra)})
+        doc["routes"][0]["extract"]["target_lane_key"] = {"pointer": "/t"}
+        doc["routes"][0]["fan_out"] = [{"work_type": "sync", "lanes": {}, "debounce": deb}]
+        parse_manifest(doc)
+
+
+def test_debounce_defaults() -> None:
+    m = parse_manifest(manifest(work_types={"sync": work_type(debounce={"window_s": 2})}))
+    deb = m.work_types["sync"].debounce
+    assert deb is not None and deb.key == "{work_type}" and deb.max_wait == 20
+    m = parse_manifest(manifest(work_types={"sync": work_type(debounce={"window_s": 50_000})}))
+    assert m.work_types["sync"].debounce is not None and m.work_types["sync"].debounce.max_wait == 86_400

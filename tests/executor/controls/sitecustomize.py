@@ -10,6 +10,10 @@ Put this directory first on ``PYTHONPATH`` of a child process (``connector execu
   that claims land inside the window on a busy machine too (without it the race is too narrow for
   the control to meet reliably).
 
+* ``CONNECTOR_TEST_DEBOUNCE_NO_LATE=1``: the claim statement without the debounce key's
+  ``last_claimed_id`` rule: a retry of an execution that a newer one of its key has overtaken runs
+  again instead of being coalesced into the newer one (tests/executor/test_debounce_processes.py).
+
 The proofs must then see the violation they exist to catch.
 """
 
@@ -44,3 +48,21 @@ if os.environ.get("CONNECTOR_TEST_UNFENCED_CANCEL") == "1":
         return await _cancel(*args, **kwargs)
 
     _wc.work_item_cancel = _late_cancel
+
+if os.environ.get("CONNECTOR_TEST_DEBOUNCE_NO_LATE") == "1":
+    from connector.common.store import work_items as _wd
+
+    _RUN = "k.newest >= k.last_claimed_id AND c.work_id = k.newest AS run"
+    _LATE = "WHERE k.newest < k.last_claimed_id OR k.newest IN"
+    _OLD = "k.newest < k.last_claimed_id"
+    assert _RUN in _wd.WORK_ITEM_CLAIM_BATCH and _LATE in _wd.WORK_ITEM_CLAIM_BATCH, (
+        "the claim statement changed: update the control"
+    )
+    _wd.WORK_ITEM_CLAIM_BATCH = (
+        _wd.WORK_ITEM_CLAIM_BATCH.replace(_RUN, "c.work_id = k.newest AS run")
+        .replace(_LATE, "WHERE k.newest IN")
+        .replace(
+            "CASE WHEN k.newest < k.last_claimed_id THEN k.last_claimed_id ELSE k.newest END", "k.newest"
+        )
+        .replace("CASE WHEN k.newest < k.last_claimed_id THEN k.newest + 1 ELSE k.newest END", "k.newest")
+    )

@@ -442,6 +442,39 @@ def stats(client: Client, args: argparse.Namespace) -> int:
             )
             if response.concurrency_truncated:
                 print(f"(first {len(response.concurrency)} concurrency keys shown)")
+        if response.debounce:
+            print()
+            table(
+                [
+                    "pack",
+                    "work_type",
+                    "debounce_key",
+                    "window",
+                    "max_wait",
+                    "waiting",
+                    "parked",
+                    "next_due_in",
+                    "last_executed",
+                ],
+                [
+                    (
+                        f"{d.pack_name} ({d.installed_pack_id})",
+                        d.work_type,
+                        d.key,
+                        f"{d.window.ToTimedelta().total_seconds():g}s",
+                        f"{d.max_wait.ToTimedelta().total_seconds():g}s",
+                        d.waiting,
+                        d.parked,
+                        f"{d.next_due_in.ToTimedelta().total_seconds():.3f}s"
+                        if d.HasField("next_due_in")
+                        else "-",
+                        d.last_executed_work_id or "-",
+                    )
+                    for d in response.debounce
+                ],
+            )
+            if response.debounce_truncated:
+                print(f"(first {len(response.debounce)} debounce keys shown)")
 
     _emit(args, response, render)
     return 0

@@ -44,6 +44,8 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_SCHEDULED: _ClassVar[WaitReason]
     WAIT_REASON_RATE_LIMITED: _ClassVar[WaitReason]
     WAIT_REASON_CONCURRENCY_LIMITED: _ClassVar[WaitReason]
+    WAIT_REASON_DEBOUNCED: _ClassVar[WaitReason]
+    WAIT_REASON_COALESCED: _ClassVar[WaitReason]
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
@@ -68,6 +70,8 @@ WAIT_REASON_CANCELLED: WaitReason
 WAIT_REASON_SCHEDULED: WaitReason
 WAIT_REASON_RATE_LIMITED: WaitReason
 WAIT_REASON_CONCURRENCY_LIMITED: WaitReason
+WAIT_REASON_DEBOUNCED: WaitReason
+WAIT_REASON_COALESCED: WaitReason
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -254,7 +258,7 @@ class QueueStats(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses", "rate_limits", "rate_limits_truncated", "concurrency", "concurrency_truncated")
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses", "rate_limits", "rate_limits_truncated", "concurrency", "concurrency_truncated", "debounce", "debounce_truncated")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +270,8 @@ class GetQueueStatsResponse(_message.Message):
     RATE_LIMITS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     receipts_unrouted: int
     oldest_unrouted_age: _duration_pb2.Duration
@@ -277,7 +283,33 @@ class GetQueueStatsResponse(_message.Message):
     rate_limits_truncated: bool
     concurrency: _containers.RepeatedCompositeFieldContainer[ConcurrencyStats]
     concurrency_truncated: bool
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ...) -> None: ...
+    debounce: _containers.RepeatedCompositeFieldContainer[DebounceStats]
+    debounce_truncated: bool
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ..., debounce: _Optional[_Iterable[_Union[DebounceStats, _Mapping]]] = ..., debounce_truncated: _Optional[bool] = ...) -> None: ...
+
+class DebounceStats(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "window", "max_wait", "waiting", "parked", "next_due_in", "last_executed_work_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_DUE_IN_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXECUTED_WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    work_type: str
+    key: str
+    window: _duration_pb2.Duration
+    max_wait: _duration_pb2.Duration
+    waiting: int
+    parked: int
+    next_due_in: _duration_pb2.Duration
+    last_executed_work_id: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., work_type: _Optional[str] = ..., key: _Optional[str] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., parked: _Optional[int] = ..., next_due_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_executed_work_id: _Optional[int] = ...) -> None: ...
 
 class ConcurrencyStats(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "limit", "slots_taken", "waiting", "parked", "in_flight")

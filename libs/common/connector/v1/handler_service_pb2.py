@@ -26,19 +26,19 @@ from connector.v1 import types_pb2 as connector_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"connector/v1/handler_service.proto\x12\x0c\x63onnector.v1\x1a\x18\x63onnector/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc4\x01\n\rHandleRequest\x12)\n\twork_item\x18\x01 \x01(\x0b\x32\x16.connector.v1.WorkItem\x12\"\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.connector.v1.Event\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\x13\n\x0blease_token\x18\x05 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\"\x9e\x01\n\x0eHandleResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.connector.v1.HandleOutcome\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rfailure_class\x18\x03 \x01(\t\x12\x17\n\x0f\x66\x61ilure_summary\x18\x04 \x01(\t*\x8b\x01\n\rHandleOutcome\x12\x1e\n\x1aHANDLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16HANDLE_OUTCOME_SUCCESS\x10\x01\x12\x18\n\x14HANDLE_OUTCOME_RETRY\x10\x02\x12$\n HANDLE_OUTCOME_PERMANENT_FAILURE\x10\x03\x32Y\n\x12WorkHandlerService\x12\x43\n\x06Handle\x12\x1b.connector.v1.HandleRequest\x1a\x1c.connector.v1.HandleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"connector/v1/handler_service.proto\x12\x0c\x63onnector.v1\x1a\x18\x63onnector/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\"\xfd\x01\n\rHandleRequest\x12)\n\twork_item\x18\x01 \x01(\x0b\x32\x16.connector.v1.WorkItem\x12\"\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.connector.v1.Event\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x04 \x01(\t\x12\x13\n\x0blease_token\x18\x05 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\x12\x1a\n\x12\x63oalesced_work_ids\x18\x08 \x03(\x03\x12\x1b\n\x13\x63oalesced_event_ids\x18\t \x03(\x03\"\x9e\x01\n\x0eHandleResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.connector.v1.HandleOutcome\x12.\n\x0bretry_delay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rfailure_class\x18\x03 \x01(\t\x12\x17\n\x0f\x66\x61ilure_summary\x18\x04 \x01(\t*\x8b\x01\n\rHandleOutcome\x12\x1e\n\x1aHANDLE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16HANDLE_OUTCOME_SUCCESS\x10\x01\x12\x18\n\x14HANDLE_OUTCOME_RETRY\x10\x02\x12$\n HANDLE_OUTCOME_PERMANENT_FAILURE\x10\x03\x32Y\n\x12WorkHandlerService\x12\x43\n\x06Handle\x12\x1b.connector.v1.HandleRequest\x1a\x1c.connector.v1.HandleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'connector.v1.handler_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HANDLEOUTCOME']._serialized_start=471
-  _globals['_HANDLEOUTCOME']._serialized_end=610
+  _globals['_HANDLEOUTCOME']._serialized_start=528
+  _globals['_HANDLEOUTCOME']._serialized_end=667
   _globals['_HANDLEREQUEST']._serialized_start=111
-  _globals['_HANDLEREQUEST']._serialized_end=307
-  _globals['_HANDLERESPONSE']._serialized_start=310
-  _globals['_HANDLERESPONSE']._serialized_end=468
-  _globals['_WORKHANDLERSERVICE']._serialized_start=612
-  _globals['_WORKHANDLERSERVICE']._serialized_end=701
+  _globals['_HANDLEREQUEST']._serialized_end=364
+  _globals['_HANDLERESPONSE']._serialized_start=367
+  _globals['_HANDLERESPONSE']._serialized_end=525
+  _globals['_WORKHANDLERSERVICE']._serialized_start=669
+  _globals['_WORKHANDLERSERVICE']._serialized_end=758
 # @@protoc_insertion_point(module_scope)

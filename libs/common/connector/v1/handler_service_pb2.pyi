@@ -2,10 +2,11 @@ import datetime
 
 from connector.v1 import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -22,7 +23,7 @@ HANDLE_OUTCOME_RETRY: HandleOutcome
 HANDLE_OUTCOME_PERMANENT_FAILURE: HandleOutcome
 
 class HandleRequest(_message.Message):
-    __slots__ = ("work_item", "event", "payload", "content_type", "lease_token", "idempotency_key", "attempt")
+    __slots__ = ("work_item", "event", "payload", "content_type", "lease_token", "idempotency_key", "attempt", "coalesced_work_ids", "coalesced_event_ids")
     WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +31,8 @@ class HandleRequest(_message.Message):
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_WORK_IDS_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_EVENT_IDS_FIELD_NUMBER: _ClassVar[int]
     work_item: _types_pb2.WorkItem
     event: _types_pb2.Event
     payload: bytes
@@ -37,7 +40,9 @@ class HandleRequest(_message.Message):
     lease_token: int
     idempotency_key: str
     attempt: int
-    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., lease_token: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    coalesced_work_ids: _containers.RepeatedScalarFieldContainer[int]
+    coalesced_event_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., lease_token: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., attempt: _Optional[int] = ..., coalesced_work_ids: _Optional[_Iterable[int]] = ..., coalesced_event_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HandleResponse(_message.Message):
     __slots__ = ("outcome", "retry_delay", "failure_class", "failure_summary")

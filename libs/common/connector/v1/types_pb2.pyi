@@ -23,6 +23,7 @@ class WorkItemState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORK_ITEM_STATE_AWAITING_LEGACY_OUTCOME: _ClassVar[WorkItemState]
     WORK_ITEM_STATE_RECONCILED_LEGACY_TERMINAL: _ClassVar[WorkItemState]
     WORK_ITEM_STATE_CANCELLED: _ClassVar[WorkItemState]
+    WORK_ITEM_STATE_COALESCED: _ClassVar[WorkItemState]
 
 class ReceiptStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ WORK_ITEM_STATE_DEAD: WorkItemState
 WORK_ITEM_STATE_AWAITING_LEGACY_OUTCOME: WorkItemState
 WORK_ITEM_STATE_RECONCILED_LEGACY_TERMINAL: WorkItemState
 WORK_ITEM_STATE_CANCELLED: WorkItemState
+WORK_ITEM_STATE_COALESCED: WorkItemState
 RECEIPT_STATUS_UNSPECIFIED: ReceiptStatus
 RECEIPT_STATUS_PENDING: ReceiptStatus
 RECEIPT_STATUS_ROUTING: ReceiptStatus
@@ -164,7 +166,7 @@ class Event(_message.Message):
     def __init__(self, event_id: _Optional[int] = ..., receipt_id: _Optional[int] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., incarnation: _Optional[int] = ..., route_id: _Optional[int] = ..., route_version: _Optional[int] = ..., namespace: _Optional[str] = ..., event_kind: _Optional[str] = ..., source_object_kind: _Optional[str] = ..., source_object_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., delivery_seq: _Optional[int] = ..., payload_sha256: _Optional[str] = ..., parse_outcome: _Optional[str] = ..., correlation_ids: _Optional[_Mapping[str, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WorkItem(_message.Message):
-    __slots__ = ("work_id", "event_id", "installed_pack_id", "generation", "work_type", "queue_class", "state", "run_after", "priority", "attempts", "max_attempts", "delivery_seq", "source_lane_key", "target_mutation_lane_key", "lease_owner", "lease_token", "lease_until", "outcome", "failure_class", "failure_summary", "replay_count", "create_time", "update_time", "finish_time")
+    __slots__ = ("work_id", "event_id", "installed_pack_id", "generation", "work_type", "queue_class", "state", "run_after", "priority", "attempts", "max_attempts", "delivery_seq", "source_lane_key", "target_mutation_lane_key", "lease_owner", "lease_token", "lease_until", "outcome", "failure_class", "failure_summary", "replay_count", "create_time", "update_time", "finish_time", "debounce_key", "covered_by")
     WORK_ID_FIELD_NUMBER: _ClassVar[int]
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,8 @@ class WorkItem(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_FIELD_NUMBER: _ClassVar[int]
+    DEBOUNCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    COVERED_BY_FIELD_NUMBER: _ClassVar[int]
     work_id: int
     event_id: int
     installed_pack_id: int
@@ -213,7 +217,9 @@ class WorkItem(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
     finish_time: _timestamp_pb2.Timestamp
-    def __init__(self, work_id: _Optional[int] = ..., event_id: _Optional[int] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., queue_class: _Optional[str] = ..., state: _Optional[_Union[WorkItemState, str]] = ..., run_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., delivery_seq: _Optional[int] = ..., source_lane_key: _Optional[str] = ..., target_mutation_lane_key: _Optional[str] = ..., lease_owner: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[str] = ..., failure_class: _Optional[str] = ..., failure_summary: _Optional[str] = ..., replay_count: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    debounce_key: str
+    covered_by: int
+    def __init__(self, work_id: _Optional[int] = ..., event_id: _Optional[int] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., queue_class: _Optional[str] = ..., state: _Optional[_Union[WorkItemState, str]] = ..., run_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., priority: _Optional[int] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., delivery_seq: _Optional[int] = ..., source_lane_key: _Optional[str] = ..., target_mutation_lane_key: _Optional[str] = ..., lease_owner: _Optional[str] = ..., lease_token: _Optional[int] = ..., lease_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[str] = ..., failure_class: _Optional[str] = ..., failure_summary: _Optional[str] = ..., replay_count: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., debounce_key: _Optional[str] = ..., covered_by: _Optional[int] = ...) -> None: ...
 
 class RetryRequest(_message.Message):
     __slots__ = ("delay",)

@@ -147,3 +147,60 @@ async def debounce_covered_batch(conn: Conn, ids: Sequence[int]) -> dict[int, li
     for r in await cur.fetchall():
         out.setdefault(int(r[0]), []).append((int(r[1]), int(r[2])))
     return out
+
+
+# Per debounce key of a pack (or of every pack), bounded by ``limit``: its window and bound, its
+# waiting items (the live newest and the parked ones behind it), when the live one is due, and the
+# newest item an execution claimed. Index reads of ``ix_connector_work_item_debounce`` per key.
+DEBOUNCE_STATS = f"""
+SELECT k.installed_pack_id, p.name, k.work_type, k.debounce_key, k.window_s, k.max_wait_s,
+       k.last_claimed_id, n.waiting, n.parked, n.next_due_s
+FROM connector_debounce k
+JOIN connector_installed_pack p ON p.installed_pack_id = k.installed_pack_id
+CROSS JOIN LATERAL (
+  SELECT count(*) AS waiting, count(*) FILTER (WHERE w.run_after = {PARKED}) AS parked,
+         extract(epoch FROM min(w.run_after) FILTER (WHERE w.run_after <> {PARKED}) - now())::float8
+           AS next_due_s
+  FROM connector_work_item w
+  WHERE w.installed_pack_id = k.installed_pack_id AND w.work_type = k.work_type
+    AND w.debounce_key = k.debounce_key AND w.state IN ('pending', 'retry')) n
+WHERE (%(pack)s::bigint IS NULL OR k.installed_pack_id = %(pack)s::bigint)
+ORDER BY k.installed_pack_id, k.work_type, k.debounce_key
+LIMIT %(limit)s
+"""
+
+
+async def debounce_stats(conn: Conn, pack: int | None, limit: int = 1000) -> list[dict[str, Any]]:
+    cur = await conn.execute(DEBOUNCE_STATS, {"pack": pack, "limit": limit})
+    cols = [d.name for d in cur.description or ()]
+    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+
+
+# One key row, locked for the caller's transaction (waits, like the materializer's declaration).
+DEBOUNCE_LOCK = """
+SELECT 1 FROM connector_debounce
+WHERE installed_pack_id = %(pack)s AND work_type = %(work_type)s AND debounce_key = %(key)s
+FOR UPDATE
+"""
+
+
+async def debounce_lock(conn: Conn, pack: int, work_type: str, key: str) -> None:
+    await conn.execute(DEBOUNCE_LOCK, {"pack": pack, "work_type": work_type, "key": key})
+
+
+# The key's newest waiting item made live (due now) if it is parked: after the live one left the
+# waiting states other than by a claim (an operator's cancel), so the parked ones behind it are
+# still covered by a later execution. Under the key row lock (``debounce_lock``).
+DEBOUNCE_UNPARK_NEWEST = f"""
+UPDATE connector_work_item w SET run_after = now(), updated_at = clock_timestamp()
+WHERE w.work_id = (
+    SELECT n.work_id FROM connector_work_item n
+    WHERE n.installed_pack_id = %(pack)s AND n.work_type = %(work_type)s AND n.debounce_key = %(key)s
+      AND n.state IN ('pending', 'retry')
+    ORDER BY n.work_id DESC LIMIT 1)
+  AND w.run_after = {PARKED} AND w.state IN ('pending', 'retry')
+"""
+
+
+async def debounce_unpark_newest(conn: Conn, pack: int, work_type: str, key: str) -> None:
+    await conn.execute(DEBOUNCE_UNPARK_NEWEST, {"pack": pack, "work_type": work_type, "key": key})

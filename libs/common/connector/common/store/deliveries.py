@@ -57,7 +57,7 @@ LEFT JOIN LATERAL (
          bool_or(EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt l
                          WHERE l.event_id = e.event_id)) AS legacy_outcome,
          bool_or(x.state = 'dead') AS dead,
-         bool_or(x.state NOT IN ('succeeded', 'cancelled')) AS unfinished,
+         bool_or(x.state NOT IN ('succeeded', 'cancelled', 'coalesced')) AS unfinished,
          bool_or(x.rollback_execution_fence_id IS NOT NULL
                  OR x.legacy_outcome_receipt_version IS NOT NULL) AS fenced,
          bool_or(x.work_id IS NULL) AS no_work_item
@@ -78,7 +78,8 @@ ORDER BY c.receipt_id
 # (the chunk rolls back) instead of deleting part of a delivery.
 WORK_ITEM_DELETE_RETIRED = """
 DELETE FROM connector_work_item
-WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[]))) AND state IN ('succeeded', 'cancelled')
+WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[])))
+  AND state IN ('succeeded', 'cancelled', 'coalesced')
   AND rollback_execution_fence_id IS NULL AND legacy_outcome_receipt_version IS NULL
 """
 EVENT_DELETE_RETIRED = """

@@ -65,7 +65,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, PARKED
-from connector.common.store.debounce import DebounceKey
+from connector.common.store.debounce import DebounceKey, debounce_lock, debounce_unpark_newest
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
 from connector.common.store.flow import RateKey, SlotKey, slots_release
 from connector.common.store.lanes import (
@@ -932,7 +932,8 @@ WORK_ITEM_SELECT_COLUMNS = """
   w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
   w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
   w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
-  w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key"""
+  w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key,
+  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1150,7 +1151,8 @@ async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> 
 # Cancel (admin/actions.py; docs/admin.md): what the checks read of one item and its event.
 WORK_ITEM_CANCEL_CANDIDATE = """
 SELECT w.work_id, w.state, w.lease_token, w.installed_pack_id, w.source_lane_key,
-       w.target_mutation_lane_key, w.failure_class, w.failure_summary, e.execution_owner
+       w.target_mutation_lane_key, w.failure_class, w.failure_summary, e.execution_owner,
+       w.work_type, w.debounce_key
 FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
 WHERE w.work_id = %(id)s
 """
@@ -1176,15 +1178,27 @@ async def work_item_cancel_candidate(conn: Conn, work_id: int) -> dict[str, Any]
 
 
 async def work_item_cancel(
-    conn: Conn, work_id: int, token: int, lanes: Sequence[Lane], *, summary: str
+    conn: Conn,
+    work_id: int,
+    token: int,
+    lanes: Sequence[Lane],
+    *,
+    summary: str,
+    debounce: tuple[int, str, str] | None = None,
 ) -> tuple[bool, int]:
     """Cancel one checked item (caller's transaction), lane locks first (ADR 003): lock, fenced
     update, settle (the lane's next member becomes runnable), wake-up when one was promoted.
     Returns ``(cancelled, lane members promoted)``; ``False``: the fence did not match (claimed or
-    changed since the check)."""
+    changed since the check). A debounced item (``debounce``: pack, work type, key) locks its key
+    row first, as the materializer does, and afterwards makes its key's newest waiting item live
+    again if it was parked (docs/packs.md#debounce: the cancelled one may have been the live one)."""
     locked = await lane_lock_batch(conn, lanes)
+    if debounce is not None:
+        await debounce_lock(conn, *debounce)
     cur = await conn.execute(WORK_ITEM_CANCEL, {"id": work_id, "token": token, "summary": summary})
     done = await cur.fetchone() is not None
+    if done and debounce is not None:
+        await debounce_unpark_newest(conn, *debounce)
     promoted = 0
     if done and locked:
         promoted = (await lane_settle_batch(conn, locked)).promoted

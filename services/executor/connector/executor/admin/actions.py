@@ -116,8 +116,13 @@ async def work_item_cancel(conn: Conn, work_id: int, *, actor: str, reason: str,
     lanes = lanes_of(
         int(item["installed_pack_id"]), item["source_lane_key"], item["target_mutation_lane_key"]
     )
+    debounce = (
+        (int(item["installed_pack_id"]), str(item["work_type"]), str(item["debounce_key"]))
+        if item.get("debounce_key") is not None
+        else None
+    )
     done, promoted = await work_items.work_item_cancel(
-        conn, work_id, int(item["lease_token"]), lanes, summary=summary
+        conn, work_id, int(item["lease_token"]), lanes, summary=summary, debounce=debounce
     )
     row = (await work_items.work_item_get_many(conn, [work_id]))[work_id]
     if not done:

@@ -118,6 +118,8 @@ def work_item(row: dict[str, Any], prefix: str = "w_") -> types_pb2.WorkItem:
         create_time=ts(g("created_at")),
         update_time=ts(g("updated_at")),
         finish_time=ts(g("finished_at")),
+        debounce_key=_text(g("debounce_key")),
+        covered_by=g("covered_by") or 0,
     )
 
 
@@ -199,6 +201,24 @@ def rate_limit(row: dict[str, Any]) -> admin_service_pb2.RateLimitStats:
         waiting=int(row["waiting"]),
         in_flight=int(row["in_flight"]),
     )
+
+
+def debounce(row: dict[str, Any]) -> admin_service_pb2.DebounceStats:
+    """A ``store.debounce.debounce_stats`` row as a DebounceStats."""
+    msg = admin_service_pb2.DebounceStats(
+        installed_pack_id=int(row["installed_pack_id"]),
+        pack_name=_text(row["name"]),
+        work_type=_text(row["work_type"]),
+        key=_text(row["debounce_key"]),
+        waiting=int(row["waiting"]),
+        parked=int(row["parked"]),
+        last_executed_work_id=int(row["last_claimed_id"]),
+    )
+    msg.window.FromTimedelta(timedelta(seconds=float(row["window_s"])))
+    msg.max_wait.FromTimedelta(timedelta(seconds=float(row["max_wait_s"])))
+    if row["next_due_s"] is not None:
+        msg.next_due_in.FromTimedelta(timedelta(seconds=float(row["next_due_s"])))
+    return msg
 
 
 def concurrency(row: dict[str, Any]) -> admin_service_pb2.ConcurrencyStats:

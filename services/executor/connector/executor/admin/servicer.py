@@ -417,6 +417,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         response.rate_limits_truncated = result.rate_limits_truncated
         response.concurrency.extend(convert.concurrency(r) for r in result.concurrency)
         response.concurrency_truncated = result.concurrency_truncated
+        response.debounce.extend(convert.debounce(r) for r in result.debounce)
+        response.debounce_truncated = result.debounce_truncated
         return response
 
     async def ListBlockedLanes(

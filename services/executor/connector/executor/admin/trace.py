@@ -163,6 +163,15 @@ def why_not_running(
             f" {convert.summary(item.get('w_failure_summary'))}."
             f" Replay: connector admin dlq replay {work_id}",
         )
+    if state == "coalesced":
+        cover = int(item.get("w_covered_by") or 0)
+        return Wait(
+            pb.WAIT_REASON_COALESCED,
+            f"coalesced at {_when(item.get('w_finished_at'))} into work item {cover}, a newer item of"
+            f" debounce key {item.get('w_debounce_key')!r} whose execution covers it (it did not run"
+            f" itself; connector admin trace of {cover} shows that execution)",
+            blocking_work_id=cover,
+        )
     if state == "reconciled_legacy_terminal":
         return Wait(
             pb.WAIT_REASON_LEGACY_TERMINAL,
@@ -220,6 +229,20 @@ def why_not_running(
             pb.WAIT_REASON_CONCURRENCY_LIMITED,
             f"parked: concurrency key {item['w_concurrency_key']!r} has all its slots in flight;"
             " a finishing member wakes it (connector admin stats)",
+        )
+    if item.get("w_debounce_key") is not None and run_after is not None and run_after > now:
+        key = item["w_debounce_key"]
+        if run_after >= PARKED_AT:
+            return Wait(
+                pb.WAIT_REASON_DEBOUNCED,
+                f"debounced: parked behind a newer item of debounce key {key!r}, whose execution will"
+                " cover it (it will end coalesced; connector admin stats shows the key)",
+            )
+        return Wait(
+            pb.WAIT_REASON_DEBOUNCED,
+            f"debounced: newest item of debounce key {key!r}, due at {_when(run_after)} unless a newer"
+            " one arrives first (then it is covered by that one)",
+            until=run_after,
         )
     # A deferral rewrites the row (``updated_at`` moves past ``created_at``); an item that waits on its
     # work type's delay was never rewritten since it was inserted, rate key or not.

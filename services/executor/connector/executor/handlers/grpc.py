@@ -80,6 +80,8 @@ def handle_request(ctx: HandlerContext) -> handler_service_pb2.HandleRequest:
         lease_token=ctx.lease_token,
         idempotency_key=ctx.idempotency_key,
         attempt=ctx.attempt,
+        coalesced_work_ids=ctx.coalesced_work_ids,
+        coalesced_event_ids=ctx.coalesced_event_ids,
     )
     ev = event_message(ctx)
     if ev is not None:

@@ -1,10 +1,13 @@
 """HTTP handlers: ``POST`` of one JSON document per WorkItem.
 
 Request body: ``{"work_item": {...}, "event": {...}, "payload_base64": "...", "content_type": ...,
-"lease_token": n, "idempotency_key": "<event_id>:<work_type>", "attempt": n}``; headers
-``Idempotency-Key`` and ``X-Connector-Lease-Token`` (plus ``X-Connector-Work-Id`` and
-``X-Connector-Attempt``), and the attempt's trace context (``traceparent``, docs/tracing.md) when
-it has one. The timeout is the work type's ``timeout_s`` capped by the lease time left.
+"lease_token": n, "idempotency_key": "<event_id>:<work_type>", "attempt": n, "coalesced":
+{"work_ids": [...], "event_ids": [...]}}`` (``coalesced``: what a debounced execution covers,
+docs/packs.md#debounce; empty lists otherwise); headers ``Idempotency-Key`` and
+``X-Connector-Lease-Token`` (plus ``X-Connector-Work-Id``, ``X-Connector-Attempt`` and, for a
+debounced execution covering others, ``X-Connector-Coalesced-Count``), and the attempt's trace
+context (``traceparent``, docs/tracing.md) when it has one. The timeout is the work type's
+``timeout_s`` capped by the lease time left.
 
 Answer mapping: 2xx success; 408 and 429 retry; any other 4xx (409, 422, ...) permanent; 5xx,
 timeouts and connection errors retry. ``Retry-After`` (seconds, or an HTTP date measured against
@@ -83,6 +86,7 @@ def request_document(ctx: HandlerContext) -> dict[str, Any]:
         "lease_token": ctx.lease_token,
         "idempotency_key": ctx.idempotency_key,
         "attempt": ctx.attempt,
+        "coalesced": {"work_ids": list(ctx.coalesced_work_ids), "event_ids": list(ctx.coalesced_event_ids)},
     }
 
 
@@ -109,6 +113,8 @@ class HttpHandler:
             "X-Connector-Work-Id": str(ctx.work_id),
             "X-Connector-Attempt": str(ctx.attempt),
         }
+        if ctx.coalesced_work_ids:
+            headers["X-Connector-Coalesced-Count"] = str(len(ctx.coalesced_work_ids))
         if ctx.traceparent is not None:
             headers.update(tracing.outgoing(ctx.traceparent))  # W3C traceparent (OTEL_PROPAGATORS)
         try:

@@ -70,6 +70,8 @@ def context_of(
         )
     ctx.payload = request.payload
     ctx.content_type = request.content_type or None
+    ctx.coalesced_work_ids = tuple(request.coalesced_work_ids)
+    ctx.coalesced_event_ids = tuple(request.coalesced_event_ids)
     return ctx
 
 

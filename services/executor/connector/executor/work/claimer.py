@@ -215,7 +215,7 @@ class Claimer:
         hbp = e.held_by_pack
         claimed = []
         need_event: list[InFlight] = []
-        debounced: list[InFlight] = []
+        covering: list[InFlight] = []
         for r in rows:
             f = InFlight(r, deadline)
             if not registry.loaded(f.installed_pack_id, f.generation):
@@ -225,16 +225,16 @@ class Claimer:
             if rt.needs_event:
                 need_event.append(f)
             if f.debounce_key is not None:
-                debounced.append(f)
+                covering.append(f)
             held[f.work_id] = f
             hbp[f.installed_pack_id] = hbp.get(f.installed_pack_id, 0) + 1
             claimed.append(f)
-        if need_event or debounced:
+        if need_event or covering:
             try:
                 if need_event:
                     await self._attach_events(conn, need_event)
-                if debounced:
-                    await self._attach_covered(conn, debounced)
+                if covering:
+                    await self._attach_covered(conn, covering)
             except Exception:
                 # Claimed but not runnable: give them back rather than run without their context.
                 for f in claimed:
@@ -274,7 +274,6 @@ class Claimer:
             body = r[EVENT_ROW_BODY]
             f.payload = bytes(body) if body is not None else None
             f.content_type = r[EVENT_ROW_CONTENT_TYPE]
-
 
     async def _attach_covered(self, conn: AsyncConnection[Any], items: list[InFlight]) -> None:
         """What each debounced execution covers: one read per claimed batch (docs/packs.md#debounce)."""
