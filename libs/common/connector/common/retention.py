@@ -5,13 +5,13 @@ Contract: a delivery (a receipt, its events, their WorkItems) is deleted whole o
 only once *retired*: the receipt ``materialized`` and accepted before ``now() - delivered_s``; every
 event WorkItem-owned with no legacy history and no legacy outcome receipt, and with at least one
 WorkItem; every WorkItem ``succeeded`` (or ``cancelled``, or ``coalesced`` by debounce), never
-fenced or reconciled (the statements are store/deliveries.py's). A sweep walks the receipts by primary key in chunks of ``batch``, one
-transaction per chunk (classify, then delete WorkItems, events, receipts in foreign-key order, each
-delete re-checking its part, so a row that changed rolls the chunk back for the next sweep), and
-stops at the first chunk younger than the cutoff. Admin request ids older than ``admin_requests_s``
-go in the same sweep; a retention of 0 keeps that kind forever. One sweeper at a time: the session
-advisory lock ``(RETENTION_LOCK_CLASS, 0)``, tried (a busy round is skipped) on its own connection.
-"""
+fenced or reconciled (the statements are store/deliveries.py's). A sweep walks the receipts by
+primary key in chunks of ``batch``, one transaction per chunk (classify, then delete WorkItems,
+events, receipts in foreign-key order, each delete re-checking its part, so a row that changed rolls
+the chunk back for the next sweep), and stops at the first chunk younger than the cutoff. Admin
+request ids older than ``admin_requests_s`` go in the same sweep; a retention of 0 keeps that kind
+forever. One sweeper at a time: the session advisory lock ``(RETENTION_LOCK_CLASS, 0)``, tried (a
+busy round is skipped) on its own connection."""
 
 from __future__ import annotations
 
