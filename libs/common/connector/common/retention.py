@@ -11,7 +11,8 @@ events, receipts in foreign-key order, each delete re-checking its part, so a ro
 the chunk back for the next sweep), and stops at the first chunk younger than the cutoff. Admin
 request ids older than ``admin_requests_s`` go in the same sweep; a retention of 0 keeps that kind
 forever. One sweeper at a time: the session advisory lock ``(RETENTION_LOCK_CLASS, 0)``, tried (a
-busy round is skipped) on its own connection."""
+busy round is skipped) on its own connection.
+"""
 
 from __future__ import annotations
 
