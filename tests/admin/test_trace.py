@@ -387,6 +387,8 @@ async def test_debounced_items_say_so(admin: Admin, seed: Seed) -> None:
         "UPDATE connector_work_item SET debounce_key = NULL WHERE work_id = ANY(%s)", ([parked, live],)
     )
     assert (await _item_trace(admin, live)).wait.reason == pb.WAIT_REASON_SCHEDULED
+
+
 async def test_a_delayed_item_with_a_rate_key_waits_on_its_delay(admin: Admin, seed: Seed) -> None:
     """An item inserted with a delay and a rate key, never deferred (the row was not rewritten since
     its insert): it waits on the delay, not on the budget. Control: the same row as a deferral
