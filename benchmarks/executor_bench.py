@@ -127,9 +127,13 @@ def drain(
     profile_s: float = 0.0,
     vacuum_s: float = 0.0,
     rate: tuple[int, float, int] | None = None,
+    debounce_keys: int = 0,
 ) -> dict[str, Any]:
     """``rate``: every item gets one of 100 random rate-limit keys, each key (limit, period_s,
-    burst) (docs/adr/011-rate-limits.md)."""
+    burst) (docs/adr/011-rate-limits.md). ``debounce_keys``: the work type is debounced and every
+    item gets one of that many random keys, created through the materializer's insert in batches of
+    1,000 (docs/packs.md#debounce); the drain ends when every item is ``succeeded`` or
+    ``coalesced`` (rate = items, i.e. events, per second; ``executions`` says how many ran)."""
     import psycopg
 
     from benchmarks.common import LANES, fresh_migrated_database
@@ -138,8 +142,22 @@ def drain(
     rnd = random.Random(42)
     keys = [f"k{rnd.randrange(LANES)}" for _ in range(n)] if lanes or rate else None
     with fresh_migrated_database("executor") as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type(handler)}, authority=False)
-        for start in range(0, n, 50_000):
+        wt = seed.python_work_type(handler)
+        if debounce_keys:
+            wt["debounce"] = {"window_s": DEBOUNCE_WINDOW_S, "key": "{/k}"}
+        pack = seed.seed_pack(db, "bench", {"w": wt}, authority=False)
+        if debounce_keys:
+            dkeys = [f"d{rnd.randrange(debounce_keys)}" for _ in range(n)]
+
+            async def _seed() -> None:
+                adb = await psycopg.AsyncConnection.connect(url, autocommit=True)
+                try:
+                    await seed.seed_debounced(adb, pack, dkeys, window_s=DEBOUNCE_WINDOW_S, chunk=1000)
+                finally:
+                    await adb.close()
+
+            asyncio.run(_seed())
+        for start in range(0, n if not debounce_keys else 0, 50_000):
             m = min(50_000, n - start)
             part = keys[start : start + m] if keys else None
             seed.seed_items(
@@ -214,7 +232,7 @@ def drain(
                 lambda: (
                     db.execute(
                         "SELECT count(*) FROM connector_work_item "
-                        "WHERE installed_pack_id = %s AND state = 'succeeded'",
+                        "WHERE installed_pack_id = %s AND state IN ('succeeded', 'coalesced')",
                         (pack,),
                     ).fetchone()[0]  # type: ignore[index]
                     == n
@@ -227,6 +245,9 @@ def drain(
             last = db.execute("SELECT max(finished_at) FROM connector_work_item").fetchone()[0]  # type: ignore[index]
             elapsed = (last - granted).total_seconds()
             stale = db.execute("SELECT count(*) FROM connector_work_item WHERE lease_token > 1").fetchone()[0]  # type: ignore[index]
+            executions = db.execute(  # type: ignore[index]
+                "SELECT count(*) FROM connector_work_item WHERE state = 'succeeded'"
+            ).fetchone()[0]
             stop_vacuum.set()
             for c in children:
                 c.terminate()
@@ -261,6 +282,7 @@ def drain(
         "items_per_s": round(n / elapsed),
         "reclaimed_or_retried": stale,
         "vacuums": vacuums,
+        "executions": executions,
     }
 
 
@@ -395,6 +417,11 @@ QUICK = ("nolanes-1p", "nolanes-2p", "source100-1p")
 RATE_LOOSE = (100_000, 1.0, 1_000)
 RATE_BINDING = (10, 1.0, 1)
 RATE_BINDING_ITEMS = 10_000
+# Debounced drain: every item on one of 1,000 random keys, all created before the start gun (so each
+# key's items wait together and become one execution of its newest); a window shorter than the
+# setup, so every key is due at the start.
+DEBOUNCE_KEYS = 1_000
+DEBOUNCE_WINDOW_S = 0.01
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -524,6 +551,31 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {'rate100-bind-1p':14s} {res['items_per_s']:>8,} items/s  ({m} items; sum of limits "
                 f"{total:,.0f}/s: achieved {ratio} of it)",
+                flush=True,
+            )
+        if not only or "debounce1000-1p" in only:
+            res = drain(n, procs=1, lanes=None, claim_batch=args.claim_batch, debounce_keys=DEBOUNCE_KEYS)
+            ref = unlimited["value"] if unlimited else None
+            ratio = round(res["items_per_s"] / ref, 3) if ref else None
+            rows.append(
+                make_row(
+                    "executor.drain_debounce_per_s",
+                    f"executor no-op drain, debounce on {DEBOUNCE_KEYS:,} keys (items/s: executed or "
+                    "coalesced), 1 process",
+                    res["items_per_s"],
+                    "items/s",
+                    extra={
+                        **extra_base,
+                        "processes": 1,
+                        "debounce_keys": DEBOUNCE_KEYS,
+                        "vs_unlimited": ratio,
+                        **res,
+                    },
+                )
+            )
+            print(
+                f"  {'debounce1000-1p':14s} {res['items_per_s']:>8,} items/s  ({res['executions']} "
+                f"executions covering {res['items']} items; vs the unlimited drain of this run: {ratio})",
                 flush=True,
             )
         if not only or "with-event-1p" in only:
