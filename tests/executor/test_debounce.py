@@ -218,3 +218,22 @@ async def test_cancelling_the_live_item_makes_the_next_newest_live(db, adb) -> N
     async with adb.transaction():
         await work_items.work_item_cancel(adb, more[-1], 0, [], summary="x")
     assert more[0] not in _live(db)
+
+
+async def test_what_a_failed_execution_covered_goes_with_it_into_the_next(db, adb) -> None:
+    """X covers a1, a2 and fails; N arrives and covers X: N's execution lists a1, a2 and X (the
+    covered read follows ``covered_by`` through items that ran themselves)."""
+    pack = seed.seed_pack(db, "p", WT)
+    ids = await seed.seed_debounced(adb, pack, ["k"] * 3, window_s=0.05)
+    a, x = ids[:2], ids[2]
+    await _wait_due(db, x)
+    (xr,) = await _claim(adb, pack)
+    assert [w for w, _ in (await debounce.debounce_covered_batch(adb, [x]))[x]] == a
+    fail = FailBatch()
+    fail.add(xr[0], xr[1], FailOp.RETRY, delay=30.0, failure_class="x", summary="y")
+    await work_items.work_item_finalize(adb, [], [], fail)
+    n = await seed.seed_debounced(adb, pack, ["k"], window_s=0.05)
+    await _wait_due(db, n[0])
+    assert [r[0] for r in await _claim(adb, pack)] == n
+    covered = await debounce.debounce_covered_batch(adb, n)
+    assert [w for w, _ in covered[n[0]]] == [*a, x]

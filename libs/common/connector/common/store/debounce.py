@@ -125,14 +125,19 @@ async def debounce_schedule(conn: Conn, keys: Sequence[DebounceKey]) -> dict[tup
 
 # The items each given execution covers, transitively (an item coalesced into one that was itself
 # coalesced later is covered by the later one too): ``covered_by`` always points to a newer item, so
-# the recursion ends. Index reads of the coalesced items by ``covered_by``.
+# the recursion ends. Only an item that ran itself (``attempts > 0``) can have covered others, so the
+# recursion probes only those; each probe is a LATERAL index read of ``covered_by`` (``OFFSET 0``
+# keeps it one: pulled up into a plain join, the planner, whose estimate for fresh coalesced rows was
+# one, scanned the covered items once per covered item, 2.5 s for 4,500 of them).
 DEBOUNCE_COVERED_BATCH = """
 WITH RECURSIVE c AS (
-  SELECT w.covered_by AS root, w.work_id, w.event_id FROM connector_work_item w
+  SELECT w.covered_by AS root, w.work_id, w.event_id, w.attempts FROM connector_work_item w
   WHERE w.covered_by = ANY(%(ids)s::bigint[]) AND w.state = 'coalesced'
   UNION ALL
-  SELECT c.root, w.work_id, w.event_id FROM c JOIN connector_work_item w
-    ON w.covered_by = c.work_id AND w.state = 'coalesced'
+  SELECT c.root, x.work_id, x.event_id, x.attempts FROM c CROSS JOIN LATERAL (
+    SELECT w.work_id, w.event_id, w.attempts FROM connector_work_item w
+    WHERE w.covered_by = c.work_id AND w.state = 'coalesced' OFFSET 0) x
+  WHERE c.attempts > 0
 )
 SELECT root, work_id, event_id FROM c ORDER BY root, work_id
 """
