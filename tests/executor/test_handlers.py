@@ -107,11 +107,13 @@ async def test_python_handlers_sync_async_and_unavailable() -> None:
 
 async def test_grpc_handler_against_a_real_work_handler_service() -> None:
     seen = []
+    covered: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
     async def remote(ctx: HandlerContext) -> Outcome | None:
         seen.append(
             (ctx.work_id, ctx.lease_token, ctx.idempotency_key, ctx.payload, ctx.event.source_object_id)
         )
+        covered.append((ctx.coalesced_work_ids, ctx.coalesced_event_ids))
         if ctx.work_id == 7:
             return None
         if ctx.work_id == 8:
@@ -127,8 +129,11 @@ async def test_grpc_handler_against_a_real_work_handler_service() -> None:
     client = GrpcHandler(f"127.0.0.1:{server.port}", timeout_s=30)
     try:
         ctx = _ctx()
+        ctx.coalesced_work_ids, ctx.coalesced_event_ids = (4, 5), (40, 50)  # a debounced execution
         assert (await client(ctx)).kind == "success"
         assert seen[0] == (7, 3, "70:sync", PAYLOAD, "cus_12345")
+        assert covered[0] == ((4, 5), (40, 50))
+        ctx.coalesced_work_ids, ctx.coalesced_event_ids = (), ()
         ctx.work_id = 8
         out = await client(ctx)
         assert (out.kind, out.delay_s, out.failure_class) == ("retry", 2.5, "busy")
@@ -177,10 +182,12 @@ async def test_http_handler_statuses_headers_and_retry_after() -> None:
     base = f"http://127.0.0.1:{port}"
     clients = []
 
-    async def call(path: str, lease_s: float = 30.0) -> Outcome:
+    async def call(path: str, lease_s: float = 30.0, covered: tuple[int, ...] = ()) -> Outcome:
         h = HttpHandler(base + path, timeout_s=10)
         clients.append(h)
-        return await h(_ctx(lease_s))
+        ctx = _ctx(lease_s)
+        ctx.coalesced_work_ids, ctx.coalesced_event_ids = covered, tuple(10 * c for c in covered)
+        return await h(ctx)
 
     try:
         assert (await call("/h")).kind == "success"
@@ -188,6 +195,12 @@ async def test_http_handler_statuses_headers_and_retry_after() -> None:
         assert headers["Idempotency-Key"] == "70:sync" and headers["X-Connector-Lease-Token"] == "3"
         assert doc["work_item"]["work_id"] == 7 and doc["event"]["source_object_id"] == "cus_12345"
         assert json.loads(__import__("base64").b64decode(doc["payload_base64"])) == json.loads(PAYLOAD)
+        assert doc["coalesced"] == {"work_ids": [], "event_ids": []}
+        assert "X-Connector-Coalesced-Count" not in headers
+        assert (await call("/h", covered=(4, 5))).kind == "success"  # a debounced execution
+        headers, doc = requests[-1]
+        assert doc["coalesced"] == {"work_ids": [4, 5], "event_ids": [40, 50]}
+        assert headers["X-Connector-Coalesced-Count"] == "2"
         for status, kind in (
             (500, "retry"),
             (503, "retry"),
