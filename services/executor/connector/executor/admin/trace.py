@@ -230,7 +230,12 @@ def why_not_running(
             f"parked: concurrency key {item['w_concurrency_key']!r} has all its slots in flight;"
             " a finishing member wakes it (connector admin stats)",
         )
-    if item.get("w_debounce_key") is not None and run_after is not None and run_after > now:
+    if (
+        item.get("w_debounce_key") is not None
+        and run_after is not None
+        and run_after > now
+        and (state == "pending" or run_after >= PARKED_AT)  # a retry's own wait reads BACKOFF
+    ):
         key = item["w_debounce_key"]
         if run_after >= PARKED_AT:
             return Wait(
