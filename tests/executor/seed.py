@@ -15,7 +15,8 @@ from typing import Any
 
 import psycopg
 
-from connector.common.packs import Manifest, sha256_hex
+from connector.common.packs import CircuitBreaker, Manifest, sha256_hex
+from connector.common.store.circuits import CIRCUIT_DECLARE
 from connector.common.store.flow import CONCURRENCY_DECLARE, RATE_LIMIT_DECLARE
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 
@@ -141,6 +142,8 @@ def seed_items(
     rate_limit: tuple[int, float, int] = (1, 1.0, 1),
     concurrency_keys: Sequence[str | None] | None = None,
     concurrency: int = 1,
+    circuit_keys: Sequence[str | None] | None = None,
+    circuit: dict[str, Any] | None = None,
 ) -> list[int]:
     """Insert ``n`` receipts, events and WorkItems in delivery order; returns the work ids.
 
@@ -148,7 +151,8 @@ def seed_items(
     stored in the event's ``source_object_id`` (tests use them to check an order without lanes).
     ``rate_keys`` give each item's rate-limit key (None: unlimited); their key rows are declared with
     ``rate_limit`` = (limit, period_s, burst), as the materializer does (``flow.RATE_LIMIT_DECLARE``);
-    ``concurrency_keys`` likewise, each key with at most ``concurrency`` in flight."""
+    ``concurrency_keys`` likewise, each key with at most ``concurrency`` in flight; ``circuit_keys``
+    likewise, each circuit with the breaker policy ``circuit`` (``packs.CircuitBreaker`` fields)."""
     if n == 0:
         return []
     src = list(source_lanes) if source_lanes is not None else [None] * n
@@ -156,7 +160,26 @@ def seed_items(
     lab = list(labels) if labels is not None else [None] * n
     rk = list(rate_keys) if rate_keys is not None else [None] * n
     ck = list(concurrency_keys) if concurrency_keys is not None else [None] * n
-    assert len(src) == len(tgt) == len(lab) == len(rk) == len(ck) == n
+    cb = list(circuit_keys) if circuit_keys is not None else [None] * n
+    assert len(src) == len(tgt) == len(lab) == len(rk) == len(ck) == len(cb) == n
+    circuits = sorted({k for k in cb if k is not None})
+    if circuits:
+        pol = CircuitBreaker.model_validate(circuit or {})
+        m = len(circuits)
+        conn.execute(
+            CIRCUIT_DECLARE,
+            {
+                "packs": [pack_id] * m,
+                "keys": circuits,
+                "work_types": [work_type] * m,
+                "cons": [pol.consecutive_failures] * m,
+                "ratios": [pol.failure_ratio] * m,
+                "windows": [pol.window_s] * m,
+                "mins": [pol.min_outcomes] * m,
+                "opens": [pol.open_s] * m,
+                "probes": [pol.half_open_probes] * m,
+            },
+        )
     slot_keys = sorted({k for k in ck if k is not None})
     if slot_keys:
         conn.execute(
@@ -186,9 +209,9 @@ def seed_items(
     rows = conn.execute(
         """
         WITH seq AS (
-          SELECT i, s, t, l, k, c FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[],
-                                              %(rk)s::text[], %(ck)s::text[])
-            WITH ORDINALITY AS x(s, t, l, k, c, i)
+          SELECT i, s, t, l, k, c, b FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[],
+                                              %(rk)s::text[], %(ck)s::text[], %(cb)s::text[])
+            WITH ORDINALITY AS x(s, t, l, k, c, b, i)
         ), receipts AS (
           INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
             content_type, received_at, payload_sha256, body, verification, router_status)
@@ -206,11 +229,11 @@ def seed_items(
         )
         INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type, queue_class,
           state, run_after, max_attempts, delivery_seq, source_lane_key, target_mutation_lane_key,
-          dead_blocks_lane, rate_key, concurrency_key)
+          dead_blocks_lane, rate_key, concurrency_key, circuit_key)
         SELECT e.event_id, %(pack)s, %(gen)s, %(wt)s, %(qc)s,
                CASE WHEN seq.s IS NULL AND seq.t IS NULL THEN 'pending' ELSE 'blocked' END,
                now() + make_interval(secs => %(ra)s), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s,
-               seq.k, seq.c
+               seq.k, seq.c, seq.b
         FROM events e JOIN seq ON e.idempotency_key = %(tag)s || ':' || seq.i
         ORDER BY seq.i
         RETURNING work_id
@@ -221,6 +244,7 @@ def seed_items(
             "lab": lab,
             "rk": rk,
             "ck": ck,
+            "cb": cb,
             "tag": f"{pack_id}:{work_type}:{_PACK_SEQ}:{id(conn)}",
             "body": body,
             "pack": pack_id,

@@ -46,13 +46,16 @@ from connector.common.pack_store import ActivePack, ActiveRoute
 from connector.common.packs import (
     DEFAULT_SOURCE_LANE_KEY,
     HEADER_FIELDS,
+    CircuitBreaker,
     ConcurrencyLimit,
     DebouncePolicy,
     DelayPolicy,
     RateLimit,
     canonical_json,
+    circuit_target,
 )
 from connector.common.store import events
+from connector.common.store.circuits import CircuitKey, circuit_declare
 from connector.common.store.debounce import DebounceKey, debounce_declare, debounce_schedule
 from connector.common.store.flow import RateKey, SlotKey, concurrency_declare, rate_limit_declare
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
@@ -112,6 +115,9 @@ class WorkDraft:
     #: Debounce key and its window (docs/packs.md#debounce); None: not debounced.
     debounce_key: str | None = None
     debounce: DebouncePolicy | None = None
+    #: Circuit key (the handler target) and its breaker policy; None: no breaker.
+    circuit_key: str | None = None
+    circuit: CircuitBreaker | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +194,9 @@ class WorkSpec:
     concurrency: ConcurrencyLimit | None = None
     debounce_key: Getter | None = None
     debounce: DebouncePolicy | None = None
+    #: The handler target's circuit (``packs.circuit_target``) when a breaker is declared.
+    circuit_key: str | None = None
+    circuit: CircuitBreaker | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +243,7 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
         deb = fan.debounce or wt.debounce
         if deb is not None and template_reads_body(deb.key):
             reads_body = True
+        breaker = fan.circuit_breaker or wt.circuit_breaker
         work.append(
             WorkSpec(
                 work_type=fan.work_type,
@@ -251,6 +261,8 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 concurrency=conc,
                 debounce_key=compile_template(deb.key, bounded=False) if deb is not None else None,
                 debounce=deb,
+                circuit_key=circuit_target(wt.handler) if breaker is not None else None,
+                circuit=breaker,
             )
         )
     return CompiledRoute(
@@ -379,6 +391,8 @@ def plan_receipt(
                     concurrency=spec.concurrency if concurrency_key is not None else None,
                     debounce_key=debounce_key,
                     debounce=spec.debounce if debounce_key is not None else None,
+                    circuit_key=spec.circuit_key,
+                    circuit=spec.circuit,
                 )
             )
     return EventDraft(
@@ -525,6 +539,19 @@ def work_row(
         debounce=None
         if w.debounce_key is None or (d := w.debounce) is None
         else DebounceKey(installed_pack_id, w.work_type, w.debounce_key, d.window_s, d.max_wait),
+        circuit=None
+        if w.circuit_key is None or (b := w.circuit) is None
+        else CircuitKey(
+            installed_pack_id,
+            w.circuit_key,
+            w.work_type,
+            b.consecutive_failures,
+            b.failure_ratio,
+            b.window_s,
+            b.min_outcomes,
+            b.open_s,
+            b.half_open_probes,
+        ),
     )
 
 
@@ -612,6 +639,9 @@ async def materialize(
     debounce_keys = [w.debounce for w in rows if w.debounce is not None]
     if debounce_keys:
         rows = await _debounced(conn, rows, debounce_keys)
+    circuit_keys = [w.circuit for w in rows if w.circuit is not None]
+    if circuit_keys:
+        await circuit_declare(conn, circuit_keys)
     work_items = await work_item_insert_batch(conn, rows)
     demoted = 0
     if locked:

@@ -24,6 +24,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -251,11 +252,77 @@ class DebouncePolicy(_Model):
         return self.max_wait_s if self.max_wait_s is not None else min(10 * self.window_s, MAX_DEBOUNCE_S)
 
 
+class CircuitBreaker(_Model):
+    """A circuit breaker on the work type's handler target (docs/adr/012-circuit-breakers.md): one
+    circuit per pack and target (``circuit_target``: the HTTP URL's scheme and authority, the gRPC
+    target's authority, the python callable), shared by every work type of the pack that calls it.
+
+    It *opens* after ``consecutive_failures`` failures in a row, or when at least ``min_outcomes``
+    outcomes within ``window_s`` seconds were failures in a proportion of ``failure_ratio`` or more.
+    While open, the target's items are not claimed (no attempt spent); after ``open_s`` it is
+    *half-open*: at most ``half_open_probes`` items run at once as probes, across every executor
+    process; a probe that succeeds closes it, one that fails opens it again for ``open_s``."""
+
+    #: Failures in a row that open the circuit (0: this trigger is off; then ``failure_ratio`` is needed).
+    consecutive_failures: int = Field(default=5, ge=0, le=100_000)
+    #: Proportion of failures among the window's outcomes that opens it (none: this trigger is off).
+    failure_ratio: float | None = Field(default=None, gt=0, le=1)
+    #: The ratio's window (seconds; a window starts with the first outcome after the last one ended).
+    window_s: float = Field(default=60.0, gt=0, le=86_400)
+    #: Outcomes a window needs before its ratio can open the circuit.
+    min_outcomes: int = Field(default=20, ge=1, le=1_000_000)
+    #: How long it stays open before letting probes through (seconds).
+    open_s: float = Field(default=30.0, gt=0, le=86_400)
+    #: Items in flight at once as probes while half-open, across every executor process.
+    half_open_probes: int = Field(default=1, ge=1, le=1_000)
+
+    @model_validator(mode="after")
+    def _trigger(self) -> CircuitBreaker:
+        if self.consecutive_failures == 0 and self.failure_ratio is None:
+            raise ValueError("set consecutive_failures (> 0) or failure_ratio: a breaker that can never open")
+        return self
+
+
 class HandlerSpec(_Model):
     kind: Literal["python", "grpc", "http"]
     #: python: ``module:function``; grpc: ``host:port``; http: URL.
     target: str
     timeout_s: float = Field(default=30.0, gt=0)
+
+
+def circuit_target(handler: HandlerSpec) -> str:
+    """The circuit key of a handler: what identifies its destination, and nothing more — an HTTP
+    URL's scheme, host and port (never its user info, path or query: they may carry secrets), a gRPC
+    target's host and port, a python callable's ``module:function``. Safe as a metric label value.
+    Never raises (an unparseable HTTP URL keys on ``http://invalid``; the apply refuses one)."""
+    if handler.kind == "python":
+        return f"python:{handler.target.strip()}"
+    if handler.kind == "http":
+        host, port, scheme = _http_authority(handler.target)
+        return f"{scheme}://{host}:{port}" if host else f"{scheme}://invalid"
+    target = handler.target.strip()
+    for prefix in ("dns:///", "dns://", "ipv4:", "ipv6:"):
+        if target.startswith(prefix):
+            target = target[len(prefix) :]
+            break
+    if "/" in target:  # dns://authority/host:port
+        target = target.rsplit("/", 1)[-1]
+    target = target.rsplit("@", 1)[-1].split("?", 1)[0]
+    return f"grpc://{target.lower()}"
+
+
+def _http_authority(url: str) -> tuple[str | None, int, str]:
+    """(host, port, scheme) of an HTTP URL; host ``None`` when it has none."""
+    try:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower() if parts.scheme in ("http", "https", "HTTP", "HTTPS") else "http"
+        host = parts.hostname
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        return None, 80, "http"
+    if host and ":" in host:
+        host = f"[{host}]"  # IPv6
+    return host, port, scheme
 
 
 class WorkTypeSpec(_Model):
@@ -273,6 +340,8 @@ class WorkTypeSpec(_Model):
     concurrency: ConcurrencyLimit | None = None
     #: Bursts of a key become one execution of the newest item (none: every item runs).
     debounce: DebouncePolicy | None = None
+    #: A circuit breaker on the handler's target (none: no breaker).
+    circuit_breaker: CircuitBreaker | None = None
 
 
 class FanOut(_Model):
@@ -287,6 +356,9 @@ class FanOut(_Model):
     concurrency: ConcurrencyLimit | None = None
     #: Per-route override of the work type's debounce (replaces it as a whole).
     debounce: DebouncePolicy | None = None
+    #: Per-route override of the work type's circuit breaker policy (replaces it as a whole; the
+    #: circuit is still the handler target's).
+    circuit_breaker: CircuitBreaker | None = None
 
 
 class ResponseSpec(_Model):
@@ -479,6 +551,13 @@ def reference_errors(data: Mapping[str, Any]) -> list[str]:
                 deb = _as_dict(work_types[wt_name]).get("debounce")
             problems.extend(_key_errors(flabel, "debounce", _as_dict(deb), extract))
             problems.extend(_debounce_errors(flabel, _as_dict(deb), _as_dict(lanes), rate, conc))
+            breaker = fan.get("circuit_breaker")
+            if breaker is None:
+                breaker = _as_dict(work_types[wt_name]).get("circuit_breaker")
+            if breaker is not None:
+                problems.extend(
+                    _circuit_errors(flabel, _as_dict(_as_dict(work_types[wt_name]).get("handler")))
+                )
     return problems
 
 
@@ -502,6 +581,21 @@ def _debounce_errors(
         if value is not None:
             problems.append(f"{label}: debounce cannot be combined with {what} (not supported yet)")
     return problems
+
+
+def _circuit_errors(label: str, handler: Mapping[str, Any]) -> list[str]:
+    """A circuit breaker needs a handler target that names its destination."""
+    if handler.get("kind") != "http" or not isinstance(handler.get("target"), str):
+        return []
+    try:
+        parts = urlsplit(handler["target"].strip())
+        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # raises on a malformed port
+    except ValueError:
+        ok = False
+    if ok:
+        return []
+    return [f"{label}: circuit_breaker needs an http(s) handler target with a host (the circuit's key)"]
 
 
 def _extract_errors(label: str, extract: Mapping[str, Any]) -> list[str]:

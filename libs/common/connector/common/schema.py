@@ -359,6 +359,11 @@ work_item = Table(
     # executed item. Per-key state: ``connector_debounce``. NULL when the work type has no debounce.
     Column("debounce_key", Text, nullable=True),
     Column("covered_by", BigInteger, nullable=True),
+    # Circuit-breaker key (docs/adr/012-circuit-breakers.md): the handler target of a work type that
+    # declares ``circuit_breaker`` (``connector_circuit (installed_pack_id, circuit_key)``: the claim
+    # admits the item only while that circuit is closed, or as one of its half-open probes); NULL
+    # when the work type declares none.
+    Column("circuit_key", Text, nullable=True),
     # W3C ``traceparent`` of the materializer span that created it, else the receipt's (the parent
     # of each handler attempt's span, docs/tracing.md); NULL while tracing is off.
     Column("traceparent", Text, nullable=True),
@@ -464,6 +469,15 @@ work_item = Table(
         "covered_by",
         postgresql_where=text("state = 'coalesced'"),
     ),
+    # Items of a circuit per key, waiting or in flight (stats per circuit). Items without a breaker
+    # have no entry.
+    Index(
+        "ix_connector_work_item_circuit_key",
+        "installed_pack_id",
+        "circuit_key",
+        "state",
+        postgresql_where=text("circuit_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"),
+    ),
     # Backstops only (DESIGN §8 trap 2): lane scheduling never relies on these raising.
     Index(
         "uq_connector_work_item_target_lane_processing",
@@ -568,6 +582,53 @@ debounce = Table(
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "work_type", "debounce_key"),
     CheckConstraint("window_s > 0 AND max_wait_s >= window_s", name="window"),
+)
+
+
+# One row per (pack, circuit key): a circuit breaker of a handler target (docs/adr/012-circuit-breakers.md).
+# The materializer creates it (and re-declares a changed policy) in the transaction that inserts the
+# key's WorkItems. ``state``: ``closed`` (everything passes), ``open`` (nothing passes until
+# ``open_until``; a ``forced`` open, from the admin API, until an operator closes it) or
+# ``half_open`` (at most ``half_open_probes`` items in flight as probes, their ids in ``probe_ids``).
+# The claim statement reads it (``FOR KEY SHARE`` while closed, so a transition — which locks it
+# ``FOR UPDATE`` — waits for the claims in flight and every later claim sees it) and admits probes
+# (``FOR UPDATE``); the finalize and reclaim transactions feed it the outcomes (``consecutive``
+# failures, the ratio window's counts) and make the transitions.
+circuit = Table(
+    "connector_circuit",
+    metadata,
+    Column("installed_pack_id", BigInteger, nullable=False),
+    Column("circuit_key", Text, nullable=False),
+    Column("work_type", Text, nullable=False),
+    # The policy, as the latest materialized declaration gave it (0 / NULL: that trigger is off).
+    Column("consecutive_failures", Integer, nullable=False),
+    Column("failure_ratio", Float, nullable=True),
+    Column("window_s", Float, nullable=False),
+    Column("min_outcomes", Integer, nullable=False),
+    Column("open_s", Float, nullable=False),
+    Column("half_open_probes", Integer, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'closed'")),
+    Column("forced", Boolean, nullable=False, server_default=text("false")),
+    _ts("open_until"),
+    Column("probe_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
+    # Failures in a row (reset by a success) and the ratio window (counts since ``window_start``).
+    Column("consecutive", Integer, nullable=False, server_default=text("0")),
+    _ts("window_start", nullable=False, default_now=True),
+    Column("window_outcomes", Integer, nullable=False, server_default=text("0")),
+    Column("window_failures", Integer, nullable=False, server_default=text("0")),
+    # Why and when it last changed state, and how often it opened (the trace view and stats).
+    Column("reason", Text, nullable=True),
+    _ts("changed_at", nullable=False, default_now=True),
+    Column("opened_count", BigInteger, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("installed_pack_id", "circuit_key"),
+    CheckConstraint(_in("state", ("closed", "open", "half_open")), name="state"),
+    CheckConstraint(
+        "consecutive_failures >= 0 AND (failure_ratio IS NULL OR (failure_ratio > 0 AND failure_ratio <= 1))"
+        " AND window_s > 0 AND min_outcomes >= 1 AND open_s > 0 AND half_open_probes >= 1",
+        name="policy",
+    ),
+    CheckConstraint("state <> 'open' OR forced OR open_until IS NOT NULL", name="open_until"),
 )
 
 

@@ -185,6 +185,26 @@ RATE_LIMIT_ITEMS = Gauge(
     ["pack", "work_type", "state"],
     registry=REGISTRY,
 )
+CIRCUIT_STATE = Gauge(
+    "connector_executor_circuit_state",
+    "1 for the state each circuit breaker is in (state: closed, open, half_open) per pack and target "
+    "(the handler target's scheme and host:port, or python callable; never a path, query or user info)",
+    ["pack", "target", "state"],
+    registry=REGISTRY,
+)
+CIRCUIT_STATE_SECONDS = Gauge(
+    "connector_executor_circuit_state_seconds",
+    "How long each circuit breaker has been in its current state",
+    ["pack", "target"],
+    registry=REGISTRY,
+)
+CIRCUIT_TRANSITIONS = Counter(
+    "connector_executor_circuit_transitions_total",
+    "Circuit state changes made by outcomes (state: open — tripped or a probe failed —, closed — a "
+    "probe succeeded); manual ones are audited by the admin API",
+    ["pack", "state"],
+    registry=REGISTRY,
+)
 BLOCKED_LANES = Gauge(
     "connector_executor_blocked_lanes",
     "Lanes held by a dead head or a head waiting to retry",
@@ -234,6 +254,17 @@ MAX_WORK_TYPES = 256
 _failure_classes: set[str] = set()
 _work_types: set[str] = set()
 _handler_children: dict[tuple[int, str], FastHistogramChild] = {}
+
+
+#: Circuit targets exported (a pack's handler targets: bounded by its manifests; capped anyway).
+MAX_CIRCUIT_TARGETS = 1000
+_TARGET_RE = re.compile(r"[A-Za-z0-9_.:/\[\]-]{1,200}")
+
+
+def circuit_target_label(key: str) -> str:
+    """A circuit key is already only a scheme and authority (``packs.circuit_target``); anything of
+    another shape is exported as ``other``."""
+    return key if _TARGET_RE.fullmatch(key) else OTHER
 
 
 def pack_label(pack: int) -> str:

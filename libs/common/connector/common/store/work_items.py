@@ -65,6 +65,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, PARKED
+from connector.common.store.circuits import NEUTRAL, CircuitKey, Transition, circuit_record
 from connector.common.store.debounce import DebounceKey, debounce_lock, debounce_unpark_newest
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
 from connector.common.store.flow import RateKey, SlotKey, slots_release
@@ -119,6 +120,8 @@ class ClaimedRow(NamedTuple):
     concurrency_key: str | None
     #: The debounce key: the executor reads the items this execution covers (docs/packs.md#debounce).
     debounce_key: str | None
+    #: The circuit (handler target) its outcome feeds (docs/adr/012-circuit-breakers.md).
+    circuit_key: str | None
 
 
 CLAIM_COLUMNS = ClaimedRow._fields
@@ -147,8 +150,11 @@ def _candidates(out: str, inner: str) -> str:
 
 
 #: A candidate the plain claim statement must leave to the flow statement: it carries a flow key (a
-#: rate limit, concurrency or debounce key: docs/packs.md#debounce).
-FLOW_KEYED = "(w.rate_key IS NOT NULL OR w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL)"
+#: rate limit, concurrency or debounce key: docs/packs.md#debounce; a circuit breaker).
+FLOW_KEYED = (
+    "(w.rate_key IS NOT NULL OR w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL"
+    " OR w.circuit_key IS NOT NULL)"
+)
 
 #: The marker (in the ``work_type`` position) of the plain statement's row counting keyed candidates.
 KEYED_MARKER = "keyed"
@@ -175,6 +181,87 @@ SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', {", ".join(["NULL"]
 FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 """
 
+# Circuit breakers (docs/adr/012-circuit-breakers.md, ``store.circuits``): a gate before the flow
+# limits, so a candidate it holds back spends no budget and takes no slot. ``cand_all`` is the
+# candidate read; ``cand`` what the circuits let through (all of it when no candidate has a
+# circuit: the CTEs read no row). The window's circuit rows are read in the statement's snapshot to
+# choose the lock: a closed circuit (or one open and not yet due for probes) is locked ``FOR KEY
+# SHARE SKIP LOCKED`` — claims never conflict on it, and an opening (``FOR UPDATE``) waits for them
+# and is seen by every later claim —, the others ``FOR UPDATE SKIP LOCKED`` (this claim may admit
+# probes and write ``probe_ids``). On the newest version: closed admits all; half-open (or open with
+# ``open_until`` passed, which becomes half-open) admits the first ``half_open_probes - probes in
+# flight`` candidates of the circuit, recorded as its probes (``CIRCUIT_PROBES``, only those the
+# flow limits then admitted too); anything else holds its candidates back without an attempt,
+# deferred to ``open_until`` (open), ``now() + open_s`` (forced open) or ``now() + least(open_s,
+# PROBE_RECHECK_S)`` (half-open without a free probe), so they leave the head of the ready order.
+# A circuit row held by another claim or feed at that instant leaves its candidates untouched.
+PROBE_RECHECK_S = 2.0
+#: The columns the flow statement's candidates carry (after ``work_id, pack, qc``).
+_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after, c.work_type, c.debounce_key"
+_FLOW_IN = _FLOW_OUT.replace("c.", "w.")
+CIRCUIT_GATE = f"""
+), circ_seen AS (
+  SELECT d.pack, d.circuit_key,
+         k.state = 'closed' OR (k.state = 'open' AND (k.forced OR k.open_until > now())) AS readonly
+  FROM (SELECT DISTINCT c.pack, c.circuit_key FROM cand_all c WHERE c.circuit_key IS NOT NULL) d
+  JOIN connector_circuit k ON k.installed_pack_id = d.pack AND k.circuit_key = d.circuit_key
+), circ AS (
+  SELECT s.pack, s.circuit_key, k.state, k.forced, k.open_until, k.open_s, 0 AS free, false AS probing
+  FROM circ_seen s CROSS JOIN LATERAL (
+    SELECT k.state, k.forced, k.open_until, k.open_s FROM connector_circuit k
+    WHERE k.installed_pack_id = s.pack AND k.circuit_key = s.circuit_key AND s.readonly
+    FOR KEY SHARE SKIP LOCKED) k
+  UNION ALL
+  SELECT s.pack, s.circuit_key, k.state, k.forced, k.open_until, k.open_s,
+         k.half_open_probes - cardinality(k.probe_ids), true
+  FROM circ_seen s CROSS JOIN LATERAL (
+    SELECT k.state, k.forced, k.open_until, k.open_s, k.half_open_probes, k.probe_ids
+    FROM connector_circuit k
+    WHERE k.installed_pack_id = s.pack AND k.circuit_key = s.circuit_key AND NOT s.readonly
+    FOR UPDATE SKIP LOCKED) k
+), circ_verdict AS (
+  SELECT q.work_id, q.pack, q.qc, q.circuit_key, k.state IS NOT NULL AS locked,
+         coalesce(k.state = 'closed' OR (k.probing AND q.r <= k.free), false) AS ok,
+         coalesce(k.state <> 'closed' AND k.probing AND q.r <= k.free, false) AS probe,
+         CASE WHEN k.state IS NULL THEN NULL
+              WHEN k.state = 'open' AND NOT k.forced AND k.open_until > now() THEN k.open_until
+              WHEN k.state = 'open' AND k.forced THEN now() + make_interval(secs => k.open_s)
+              ELSE now() + make_interval(secs => least(k.open_s, {PROBE_RECHECK_S})) END AS due
+  FROM (SELECT c.work_id, c.pack, c.qc, c.circuit_key,
+               row_number() OVER (PARTITION BY c.pack, c.circuit_key ORDER BY c.run_after, c.work_id) AS r
+        FROM cand_all c WHERE c.circuit_key IS NOT NULL) q
+  LEFT JOIN (SELECT c.pack, c.circuit_key, c.state, c.forced, c.open_until, c.open_s,
+                    c.probing AND (c.state = 'half_open' OR (c.state = 'open' AND NOT c.forced
+                                                             AND c.open_until <= now())) AS probing,
+                    c.free
+             FROM circ c) k ON k.pack = q.pack AND k.circuit_key = q.circuit_key
+), circ_deferred AS (
+  UPDATE connector_work_item d SET run_after = v.due, updated_at = clock_timestamp()
+  FROM circ_verdict v
+  WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM circ_verdict v WHERE v.locked AND NOT v.ok))
+    AND d.work_id = v.work_id
+), cand AS (
+  SELECT c.work_id, c.pack, c.qc, {_FLOW_OUT} FROM cand_all c WHERE c.circuit_key IS NULL
+  UNION ALL
+  SELECT c.work_id, c.pack, c.qc, {_FLOW_OUT}
+  FROM cand_all c JOIN circ_verdict v ON v.work_id = c.work_id WHERE v.ok"""
+
+# The probes the claim admitted (after the flow limits), added to their circuits' ``probe_ids``; a
+# circuit whose ``open_s`` passed becomes half-open with them.
+CIRCUIT_PROBES = """, circ_probes AS (
+  SELECT v.pack, v.circuit_key, array_agg(v.work_id) AS ids FROM circ_verdict v
+  WHERE v.probe AND v.work_id = ANY (ARRAY(SELECT a.work_id FROM admitted a))
+  GROUP BY v.pack, v.circuit_key
+), circ_probe AS (
+  UPDATE connector_circuit k
+  SET probe_ids = k.probe_ids || x.ids, state = 'half_open',
+      reason = CASE WHEN k.state = 'open' THEN 'open_s_elapsed' ELSE k.reason END,
+      changed_at = CASE WHEN k.state = 'open' THEN clock_timestamp() ELSE k.changed_at END
+  FROM circ_probes x
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM circ_probes x))
+    AND k.circuit_key = ANY (ARRAY(SELECT x.circuit_key FROM circ_probes x))
+    AND k.installed_pack_id = x.pack AND k.circuit_key = x.circuit_key"""
+
 # Flow limits (docs/adr/011-rate-limits.md) are the only limit logic here; lanes are not (ADR 003).
 # Candidates with a key are ranked per key in due order; their key rows are locked ``FOR UPDATE SKIP
 # LOCKED`` (the statement never waits, so it cannot deadlock; a key another claim holds at that
@@ -197,10 +284,9 @@ FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 # declared the key CTEs read no row. The statement returns the claimed rows and, per group, one row
 # ``(NULL, held back, pack, ms until the first deferred one is due, queue class)`` counting candidates
 # it did not claim, so the scheduler knows the group is not drained and when to look again.
-_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after, c.work_type, c.debounce_key"
 WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
-), cand AS ({_candidates(_FLOW_OUT, _FLOW_OUT.replace("c.", "w."))}
+), cand_all AS ({_candidates(_FLOW_OUT + ", c.circuit_key", _FLOW_IN + ", w.circuit_key")}{CIRCUIT_GATE}
 ), cranked AS (
   SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after,
          row_number() OVER (PARTITION BY c.pack, c.concurrency_key ORDER BY c.run_after, c.work_id) AS r
@@ -329,6 +415,7 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
   FROM verdict v
   WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM verdict v WHERE v.locked AND NOT v.ok))
     AND d.work_id = v.work_id AND v.locked AND NOT v.ok
+){CIRCUIT_PROBES}
 ), claimed AS (
   UPDATE connector_work_item w
   SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
@@ -343,7 +430,8 @@ SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::
        {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
 FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due, 'limit' AS why FROM cverdict v WHERE v.ok IS NOT TRUE
       UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM verdict v WHERE v.ok IS NOT TRUE
-      UNION ALL SELECT v.pack, v.qc, NULL, 'debounce' FROM dverdict v WHERE v.run IS NOT TRUE) h
+      UNION ALL SELECT v.pack, v.qc, NULL, 'debounce' FROM dverdict v WHERE v.run IS NOT TRUE
+      UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM circ_verdict v WHERE NOT v.ok) h
 GROUP BY h.pack, h.qc, h.why
 """
 
@@ -414,7 +502,7 @@ RETURNING w.work_id, w.state
 # its order (work_id): an index scan marks the entries of finished rows dead as it passes them.
 WORK_ITEM_RECLAIM_CANDIDATES = """
 SELECT w.work_id, w.lease_token, w.installed_pack_id, w.source_lane_key, w.target_mutation_lane_key,
-       w.concurrency_key
+       w.concurrency_key, w.circuit_key
 FROM connector_work_item w
 WHERE w.state = 'processing' AND w.lease_until < now()
 ORDER BY w.work_id
@@ -750,6 +838,8 @@ class FinalizeResult:
     promoted: int = 0
     #: Parked items woken by the concurrency slots this flush gave back.
     woken: int = 0
+    #: Circuits whose state the flush's outcomes changed (opened, closed by a probe, re-opened).
+    circuits: list[Transition] = field(default_factory=list)
 
 
 def _released(slots: Mapping[int, tuple[int, str]], left: Iterable[int]) -> dict[tuple[int, str], int]:
@@ -760,6 +850,15 @@ def _released(slots: Mapping[int, tuple[int, str]], left: Iterable[int]) -> dict
         if key is not None:
             out[key] = out.get(key, 0) + 1
     return out
+
+
+def _circuit_outcomes(
+    circuits: Mapping[int, tuple[int, str, str]], left: Iterable[int]
+) -> list[tuple[int, str, int, str]]:
+    """The circuit feed of the rows that left ``processing`` (a stale row fed nothing), in the
+    flush's finish order (``circuits`` is filled in that order)."""
+    gone = set(left)
+    return [(pack, key, wid, code) for wid, (pack, key, code) in circuits.items() if wid in gone]
 
 
 def _sorted_pairs(ids: list[int], tokens: list[int]) -> tuple[list[int], list[int]]:
@@ -790,25 +889,30 @@ async def work_item_finalize(
     *,
     notify_above: int = 0,
     slots: Mapping[int, tuple[int, str]] | None = None,
+    circuits: Mapping[int, tuple[int, str, str]] | None = None,
 ) -> FinalizeResult:
     """Apply one flush of finalizes. Without lanes or concurrency slots: at most two autocommit
     statements. Otherwise one transaction: ``lane_lock_batch`` → fenced updates → the slots of the
     rows that left ``processing`` given back (``slots``: work id → (pack, concurrency key); parked
     items of those keys woken) → ``lane_settle_batch``, plus a NOTIFY when more lane members were
     promoted or parked items woken than ``notify_above`` (the caller's free capacity: what it cannot
-    claim itself right away, other claimers should look at)."""
+    claim itself right away, other claimers should look at). ``circuits`` (work id → (pack, circuit
+    key, outcome code), in finish order): the outcomes the circuit breakers count, fed after the
+    slots for the rows that actually left ``processing`` (``circuits.circuit_record``)."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
-    if not lane_list and not slots:
+    if not lane_list and not slots and not circuits:
         await _finalize_fenced(conn, ids, tokens, fail, result)
         return result
     async with conn.transaction():
         locked = await lane_lock_batch(conn, lane_list) if lane_list else []
         await _finalize_fenced(conn, ids, tokens, fail, result)
+        left = [*result.completed, *(wid for wid, _ in result.transitions)]
         if slots:
-            left = [*result.completed, *(wid for wid, _ in result.transitions)]
             result.woken = await slots_release(conn, _released(slots, left))
+        if circuits:
+            result.circuits = await circuit_record(conn, _circuit_outcomes(circuits, left))
         if locked:
             settled = await lane_settle_batch(conn, locked)
             result.promoted = settled.promoted
@@ -846,14 +950,20 @@ async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Rec
             lanes.add((int(r[2]), LaneKind.TARGET, str(r[4])))
     params = {"ids": [int(r[0]) for r in cands], "tokens": [int(r[1]) for r in cands], "packs": packs}
     slots = {int(r[0]): (int(r[2]), str(r[5])) for r in cands if r[5] is not None}
-    if slots:
+    # A reclaimed lease says nothing about the target (its holder died or stalled): neutral for the
+    # circuit, but a half-open circuit's probe slot is given back (docs/adr/012-circuit-breakers.md).
+    circuits = {int(r[0]): (int(r[2]), str(r[6]), NEUTRAL) for r in cands if r[6] is not None}
+    if slots or circuits:
         # A reclaimed item gives its concurrency slot back in the transaction that moves it out of
         # processing: exactly once (the update re-checks state, token and expiry).
         async with conn.transaction():
             locked = await lane_lock_batch(conn, lanes) if lanes else []
             cur = await conn.execute(WORK_ITEM_RECLAIM_EXPIRED, params, prepare=BY_ID_PREPARE)
             rows = [Reclaimed(int(r[0]), str(r[1]), int(r[2])) for r in await cur.fetchall()]
-            woken = await slots_release(conn, _released(slots, [r.work_id for r in rows]))
+            gone = [r.work_id for r in rows]
+            woken = await slots_release(conn, _released(slots, gone)) if slots else 0
+            if circuits:
+                await circuit_record(conn, _circuit_outcomes(circuits, gone))
             promoted = (await lane_settle_batch(conn, locked)).promoted if locked else 0
             if rows or promoted or woken:
                 await work_notify(conn, "reclaim")
@@ -1630,7 +1740,7 @@ WORK_ITEM_INSERT_COLUMNS = (
     ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
     ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
     ("dead_blocks_lane", "bool"), ("traceparent", "text"), ("rate_key", "text"),
-    ("concurrency_key", "text"), ("debounce_key", "text"),
+    ("concurrency_key", "text"), ("debounce_key", "text"), ("circuit_key", "text"),
 )  # fmt: skip
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
@@ -1676,6 +1786,9 @@ class WorkRow:
     #: Debounce key and window; its row is declared and locked in the same transaction, before the
     #: insert (``debounce.debounce_declare``), which also gives ``run_after`` (docs/packs.md#debounce).
     debounce: DebounceKey | None = None
+    #: Circuit (the handler target) and breaker policy (docs/adr/012-circuit-breakers.md); its row
+    #: is declared in the same transaction (``circuits.circuit_declare``).
+    circuit: CircuitKey | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -1705,6 +1818,7 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.rate.rate_key if w.rate is not None else None,
             w.slot.concurrency_key if w.slot is not None else None,
             w.debounce.debounce_key if w.debounce is not None else None,
+            w.circuit.circuit_key if w.circuit is not None else None,
             w.run_after,
         )
         for w in rows

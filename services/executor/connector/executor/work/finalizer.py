@@ -21,7 +21,7 @@ from psycopg import AsyncConnection
 
 from connector.common.eventlog import events
 from connector.common.runtime import cancel_tasks
-from connector.common.store import work_items
+from connector.common.store import circuits, work_items
 from connector.common.store.lanes import Lane, LaneKind
 from connector.common.store.work_items import FailOp
 from connector.executor import metrics as m
@@ -38,10 +38,28 @@ LANE_FLUSH_MAX = 50  # lane members per flush: a round of 100 lanes splits betwe
 FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fine) is abandoned
 
 
+#: Failure classes that say nothing about the handler target: our side could not call it (no lease
+#: time left, the handler could not be loaded, the work type is unknown). Neutral for its circuit.
+CIRCUIT_NEUTRAL_CLASSES = frozenset({"lease_exhausted", "handler_unavailable", "unknown_work_type"})
+
+
+def circuit_outcome(out: Outcome | None) -> str:
+    """What an outcome tells the handler target's circuit breaker (docs/adr/012-circuit-breakers.md):
+    a **failure** is a retry — a retryable failure, a timeout, a connection error, an HTTP 5xx / 408 /
+    429, an exception — the target could not do it now; a **success** is a success or a permanent
+    failure (the target answered: the request was at fault, not the destination); **neutral**:
+    classes that never reached the target (``CIRCUIT_NEUTRAL_CLASSES``)."""
+    if out is None or out.kind == "success":
+        return circuits.SUCCESS
+    if out.failure_class in CIRCUIT_NEUTRAL_CLASSES:
+        return circuits.NEUTRAL
+    return circuits.FAILURE if out.kind == "retry" else circuits.SUCCESS
+
+
 class Pending:
     """Finalizes waiting for the next flush (plain items and lane items kept apart)."""
 
-    __slots__ = ("complete_ids", "complete_tokens", "fail", "items", "lanes", "slots")
+    __slots__ = ("circuits", "complete_ids", "complete_tokens", "fail", "items", "lanes", "slots")
 
     def __init__(self) -> None:
         self.complete_ids: list[int] = []
@@ -51,6 +69,8 @@ class Pending:
         self.lanes: set[Lane] = set()
         #: Concurrency slots the flush gives back: work id -> (pack, concurrency key).
         self.slots: dict[int, tuple[int, str]] = {}
+        #: Outcomes the circuit breakers count, in finish order: work id -> (pack, circuit key, code).
+        self.circuits: dict[int, tuple[int, str, str]] = {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -84,6 +104,8 @@ class Finalizer:
             self.engine.abandon(f)
             return
         p = self._slot(f)
+        if f.circuit_key is not None:
+            p.circuits[f.work_id] = (f.installed_pack_id, f.circuit_key, circuit_outcome(out))
         if out is None or out.kind == "success":
             p.complete_ids.append(f.work_id)
             p.complete_tokens.append(f.lease_token)
@@ -119,6 +141,8 @@ class Finalizer:
             return
         f.done = True
         p = self._slot(f)
+        if f.circuit_key is not None:  # neutral: gives a probe's slot back
+            p.circuits[f.work_id] = (f.installed_pack_id, f.circuit_key, circuits.NEUTRAL)
         p.fail.add(f.work_id, f.lease_token, FailOp.RELEASE, unstarted=unstarted)
         p.items.append(f)
         self._flush.set()
@@ -235,10 +259,16 @@ class Finalizer:
                 batch.lanes,
                 notify_above=free if e.claiming else 0,
                 slots=batch.slots,
+                circuits=batch.circuits,
             )
         else:
             res = await work_items.work_item_finalize(
-                conn, batch.complete_ids, batch.complete_tokens, batch.fail, slots=batch.slots
+                conn,
+                batch.complete_ids,
+                batch.complete_tokens,
+                batch.fail,
+                slots=batch.slots,
+                circuits=batch.circuits,
             )
         m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
         m.FINALIZE_BATCH.observe(n)
@@ -252,6 +282,18 @@ class Finalizer:
             m.LANE_PROMOTIONS.inc(res.promoted)
             e.scheduler.mark_ready({lane[0] for lane in batch.lanes})
             e.wake.set()
+        for t in res.circuits:  # committed: one line per state change of a circuit
+            m.CIRCUIT_TRANSITIONS.labels(m.pack_label(t.installed_pack_id), t.state).inc()
+            events("executor").emit(
+                "circuit_" + t.state,
+                t.reason,
+                f"circuit {t.state}",
+                pack=m.pack_label(t.installed_pack_id),
+                target=t.circuit_key,
+            )
+            if t.state == circuits.CLOSED:  # its deferred items come back on their own time
+                e.scheduler.mark_ready({t.installed_pack_id})
+                e.wake.set()
         if res.woken:  # parked items of released concurrency slots are due now
             m.SLOT_WAKEUPS.inc(res.woken)
             e.scheduler.mark_ready({slot[0] for slot in batch.slots.values()})

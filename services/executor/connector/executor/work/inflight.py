@@ -16,10 +16,21 @@ from connector.executor.handlers import HandlerContext
 
 _CONCURRENCY_KEY = CLAIM_COLUMNS.index("concurrency_key")
 _DEBOUNCE_KEY = CLAIM_COLUMNS.index("debounce_key")
+_CIRCUIT_KEY = CLAIM_COLUMNS.index("circuit_key")
 
 
 class InFlight(HandlerContext):
-    __slots__ = ("cancel", "concurrency_key", "debounce_key", "done", "runtime", "started", "t0", "task")
+    __slots__ = (
+        "cancel",
+        "circuit_key",
+        "concurrency_key",
+        "debounce_key",
+        "done",
+        "runtime",
+        "started",
+        "t0",
+        "task",
+    )
 
     def __init__(self, row: tuple[Any, ...], deadline: float) -> None:
         HandlerContext.__init__(self, row, deadline)
@@ -27,6 +38,8 @@ class InFlight(HandlerContext):
         self.concurrency_key: str | None = row[_CONCURRENCY_KEY]
         #: The item's debounce key: the claimer reads what its execution covers (docs/packs.md#debounce).
         self.debounce_key: str | None = row[_DEBOUNCE_KEY]
+        #: The item's circuit (its handler target, docs/adr/012-circuit-breakers.md): its outcome feeds it.
+        self.circuit_key: str | None = row[_CIRCUIT_KEY]
         self.runtime: Any = None  # the work type's runtime (handler, retry policy, timeout)
         self.started = False
         self.done = False  # an outcome (or a release) is recorded; nothing more to write

@@ -7,7 +7,8 @@ their retry time. Active claimants: registered ``work_item`` processes with a fr
 three heartbeats); stale processes: registered rows of any service whose heartbeat is older;
 paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been;
 rate-limit and concurrency keys and their items per (pack, work type) (``flow.rate_limit_sample``,
-``flow.concurrency_sample``). The outcome counters of every active work type start at zero here
+``flow.concurrency_sample``); every circuit breaker's state per (pack, target)
+(``circuits.circuit_sample``). The outcome counters of every active work type start at zero here
 (``metrics.outcomes_known``), so a first dead letter is an increase the alerts can see.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.common.store import flow, packs, pauses, work_items
+from connector.common.store import circuits, flow, packs, pauses, work_items
 from connector.executor import metrics as m
 
 
@@ -57,6 +58,13 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
         m.CONCURRENCY_ITEMS.labels(label, wt, "waiting").set(waiting)
         m.CONCURRENCY_ITEMS.labels(label, wt, "parked").set(parked)
         m.CONCURRENCY_ITEMS.labels(label, wt, "in_flight").set(in_flight)
+    m.CIRCUIT_STATE.clear()
+    m.CIRCUIT_STATE_SECONDS.clear()
+    for pack, key, state, for_s in (await circuits.circuit_sample(conn))[: m.MAX_CIRCUIT_TARGETS]:
+        label, target = m.pack_label(pack), m.circuit_target_label(key)
+        for st in circuits.STATES:
+            m.CIRCUIT_STATE.labels(label, target, st).set(1 if st == state else 0)
+        m.CIRCUIT_STATE_SECONDS.labels(label, target).set(max(0.0, for_s))
     m.BLOCKED_LANES.clear()
     for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)

@@ -36,6 +36,33 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.PrimaryKeyConstraint('request_id', name=op.f('pk_connector_admin_request'))
     )
+    op.create_table('connector_circuit',
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('circuit_key', sa.Text(), nullable=False),
+    sa.Column('work_type', sa.Text(), nullable=False),
+    sa.Column('consecutive_failures', sa.Integer(), nullable=False),
+    sa.Column('failure_ratio', sa.Float(), nullable=True),
+    sa.Column('window_s', sa.Float(), nullable=False),
+    sa.Column('min_outcomes', sa.Integer(), nullable=False),
+    sa.Column('open_s', sa.Float(), nullable=False),
+    sa.Column('half_open_probes', sa.Integer(), nullable=False),
+    sa.Column('state', sa.Text(), server_default=sa.text("'closed'"), nullable=False),
+    sa.Column('forced', sa.Boolean(), server_default=sa.text('false'), nullable=False),
+    sa.Column('open_until', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('probe_ids', postgresql.ARRAY(sa.BigInteger()), server_default=sa.text("'{}'"), nullable=False),
+    sa.Column('consecutive', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('window_start', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('window_outcomes', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('window_failures', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('reason', sa.Text(), nullable=True),
+    sa.Column('changed_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('opened_count', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.CheckConstraint("state <> 'open' OR forced OR open_until IS NOT NULL", name=op.f('ck_connector_circuit_open_until')),
+    sa.CheckConstraint("state IN ('closed', 'open', 'half_open')", name=op.f('ck_connector_circuit_state')),
+    sa.CheckConstraint('consecutive_failures >= 0 AND (failure_ratio IS NULL OR (failure_ratio > 0 AND failure_ratio <= 1)) AND window_s > 0 AND min_outcomes >= 1 AND open_s > 0 AND half_open_probes >= 1', name=op.f('ck_connector_circuit_policy')),
+    sa.PrimaryKeyConstraint('installed_pack_id', 'circuit_key', name=op.f('pk_connector_circuit'))
+    )
     op.create_table('connector_claim_authority',
     sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
     sa.Column('generation', sa.Integer(), nullable=False),
@@ -295,6 +322,7 @@ def upgrade() -> None:
     sa.Column('concurrency_key', sa.Text(), nullable=True),
     sa.Column('debounce_key', sa.Text(), nullable=True),
     sa.Column('covered_by', sa.BigInteger(), nullable=True),
+    sa.Column('circuit_key', sa.Text(), nullable=True),
     sa.Column('traceparent', sa.Text(), nullable=True),
     sa.Column('lease_owner', sa.Text(), nullable=True),
     sa.Column('lease_token', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
@@ -318,6 +346,7 @@ def upgrade() -> None:
     sa.UniqueConstraint('event_id', 'work_type', name=op.f('uq_connector_work_item_event_id_work_type'))
     )
     op.create_index('ix_connector_work_item_awaiting_legacy', 'connector_work_item', ['installed_pack_id', 'generation', 'work_id'], unique=False, postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
+    op.create_index('ix_connector_work_item_circuit_key', 'connector_work_item', ['installed_pack_id', 'circuit_key', 'state'], unique=False, postgresql_where=sa.text("circuit_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.create_index('ix_connector_work_item_concurrency_key', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'state'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.create_index('ix_connector_work_item_concurrency_parked', 'connector_work_item', ['installed_pack_id', 'concurrency_key', 'work_id'], unique=False, postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
     op.create_index('ix_connector_work_item_covered_by', 'connector_work_item', ['covered_by'], unique=False, postgresql_where=sa.text("state = 'coalesced'"))
@@ -354,6 +383,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_work_item_covered_by', table_name='connector_work_item', postgresql_where=sa.text("state = 'coalesced'"))
     op.drop_index('ix_connector_work_item_concurrency_parked', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = '9999-01-01 00:00:00+00'"))
     op.drop_index('ix_connector_work_item_concurrency_key', table_name='connector_work_item', postgresql_where=sa.text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
+    op.drop_index('ix_connector_work_item_circuit_key', table_name='connector_work_item', postgresql_where=sa.text("circuit_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"))
     op.drop_index('ix_connector_work_item_awaiting_legacy', table_name='connector_work_item', postgresql_where=sa.text("state = 'awaiting_legacy_outcome'"))
     op.drop_table('connector_work_item')
     op.drop_index('ix_connector_route_namespace_route_key', table_name='connector_route')
@@ -383,5 +413,6 @@ def downgrade() -> None:
     op.drop_table('connector_cutover_receipt')
     op.drop_table('connector_concurrency_limit')
     op.drop_table('connector_claim_authority')
+    op.drop_table('connector_circuit')
     op.drop_table('connector_admin_request')
     # ### end Alembic commands ###
