@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from connector.common import testdb
-from connector.common.store import flow, work_items
+from connector.common.store import circuits, flow, work_items
 from tests.executor import seed
 from tests.plans import explain_in_rollback, subplan
 
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 READY = 1_000_000
 KEYS = 20_000
+CIRCUITS = 20_000  # as many as keys: the plans must probe by key at any table size
 CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
 
 
@@ -39,12 +40,21 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
         )
         db.execute(
             """INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type,
-                 queue_class, state, delivery_seq, run_after, rate_key, concurrency_key)
+                 queue_class, state, delivery_seq, run_after, rate_key, concurrency_key, circuit_key)
                SELECT i, %s, 1, 'w', 'default', 'pending', i, now() - make_interval(secs => 60),
                  CASE WHEN i %% 2 = 0 THEN 'k' || (i %% %s) END,
-                 CASE WHEN i %% 4 = 1 THEN 'c' || (i %% %s) END
+                 CASE WHEN i %% 4 = 1 THEN 'c' || (i %% %s) END,
+                 CASE WHEN i %% 8 = 3 THEN 'https://t' || (i %% %s) || ':443' END
                FROM generate_series(1, %s) i""",
-            (pack, KEYS, KEYS, READY),
+            (pack, KEYS, KEYS, CIRCUITS, READY),
+        )
+        # Circuit breakers (docs/adr/012-circuit-breakers.md) on an eighth of the rows, closed.
+        db.execute(
+            """INSERT INTO connector_circuit (installed_pack_id, circuit_key, work_type,
+                 consecutive_failures, window_s, min_outcomes, open_s, half_open_probes)
+               SELECT %s, 'https://t' || i || ':443', 'w', 5, 60, 20, 30, 1
+               FROM generate_series(0, %s - 1) i""",
+            (pack, CIRCUITS),
         )
         db.execute(
             """INSERT INTO connector_rate_limit
@@ -74,6 +84,7 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
         db.execute("VACUUM ANALYZE connector_work_item")
         db.execute("VACUUM ANALYZE connector_rate_limit")
         db.execute("VACUUM ANALYZE connector_concurrency_limit")
+        db.execute("VACUUM ANALYZE connector_circuit")
         yield db, pack
 
 
@@ -110,7 +121,8 @@ def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
     deferred = subplan(nodes, "CTE deferred")
     parked = subplan(nodes, "CTE parked")
     if binding:
-        # The window: 32 rate-limited (deferred), 16 concurrency-limited (parked), 16 unlimited.
+        # The window: 32 rate-limited (deferred), 16 concurrency-limited (parked), 16 unlimited (8
+        # of them behind a closed circuit breaker).
         assert claimed[0]["Actual Rows"] == 16
         assert any(
             n.get("Index Name") == "pk_connector_work_item" and n["Actual Rows"] == 32 for n in deferred
@@ -119,6 +131,38 @@ def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
     else:
         assert claimed[0]["Actual Rows"] == 64
     assert _buffers(nodes[0]) < 6000  # the window's rows and their index entries, not the table
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("state", ["open", "half_open"])
+def test_claim_with_circuits_open_or_probing(big, mode, state) -> None:
+    """Every circuit open (its 8 candidates of the window deferred by primary key) or half-open (one
+    probe each admitted and recorded on its circuit row by primary key): the circuit rows are
+    probed by primary key, never scanned."""
+    db, pack = big
+    setup = (
+        "UPDATE connector_circuit SET state = 'open', open_until = now() + interval '1 hour'"
+        if state == "open"
+        else "UPDATE connector_circuit SET state = 'half_open', open_until = now()",
+    )
+    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    keys = [n for n in nodes if n.get("Index Name") == "pk_connector_circuit"]
+    assert keys and all(n["Actual Rows"] <= 64 for n in keys)
+    claimed = subplan(nodes, "CTE claimed")
+    if state == "open":
+        assert claimed[0]["Actual Rows"] == 56
+        deferred = subplan(nodes, "CTE circ_deferred")
+        assert any(
+            n.get("Index Name") == "pk_connector_work_item" and n["Actual Rows"] == 8 for n in deferred
+        )
+    else:
+        assert claimed[0]["Actual Rows"] == 64  # 8 distinct circuits in the window: one probe each
+        probe = subplan(nodes, "CTE circ_probe")
+        assert probe[0]["Actual Rows"] == 0 and any(
+            n.get("Index Name") == "pk_connector_circuit" for n in probe
+        )
+    assert _buffers(nodes[0]) < 6000
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
@@ -171,3 +215,51 @@ def test_control_stats_without_the_key_index_scan_the_table(big) -> None:
         db, flow.RATE_LIMIT_STATS, {"pack": pack, "limit": 50}, "force_custom_plan", setup
     )
     assert _buffers(nodes[0]) > 20_000 or _seq_scans(nodes)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_circuit_feed_open_and_stats_probe_by_key(big, mode) -> None:
+    """The finalize feed, the trip and the declaration of 100 circuits, and the per-circuit stats:
+    primary-key probes of the circuit rows and index reads of the circuit's WorkItems."""
+    db, pack = big
+    keys = sorted(f"https://t{i}:443" for i in range(0, 100))
+    n = len(keys)
+    feed = {
+        "packs": [pack] * n,
+        "keys": keys,
+        "lead": [1] * n,
+        "inner": [0] * n,
+        "trail": [0] * n,
+        "succ": [0] * n,
+        "fail": [1] * n,
+        "done": list(range(1, n + 1)),
+        "succeeded": [],
+        "failed": list(range(1, n + 1)),
+    }
+    declare = {
+        "packs": [pack] * n,
+        "keys": keys,
+        "work_types": ["w"] * n,
+        "cons": [5] * n,
+        "ratios": [None] * n,
+        "windows": [60.0] * n,
+        "mins": [20] * n,
+        "opens": [30.0] * n,
+        "probes": [1] * n,
+    }
+    db.execute("VACUUM connector_circuit")  # the claim plans' rolled-back updates of every circuit
+    for query, params, bound in (
+        (circuits.CIRCUIT_RECORD, feed, 3000),
+        (circuits.CIRCUIT_OPEN, {"packs": [pack] * n, "keys": keys}, 3000),
+        (circuits.CIRCUIT_DECLARE, declare, 3000),
+        (
+            circuits.CIRCUIT_STATS.format(where="k.installed_pack_id = %(pack)s"),
+            {"pack": pack, "limit": 50},
+            10_000,
+        ),
+    ):
+        nodes = explain_in_rollback(db, query, params, mode)
+        # The pack names (one row per installed pack) may be hashed whole; nothing else is scanned.
+        scans = [r for r in _seq_scans(nodes) if r != "connector_installed_pack"]
+        assert not scans, (query[:60], scans)
+        assert _buffers(nodes[0]) < bound, (query[:60], _buffers(nodes[0]))

@@ -475,6 +475,11 @@ def stats(client: Client, args: argparse.Namespace) -> int:
             )
             if response.debounce_truncated:
                 print(f"(first {len(response.debounce)} debounce keys shown)")
+        if response.circuits:
+            print()
+            admin_actions.circuit_table(response.circuits)
+            if response.circuits_truncated:
+                print(f"(first {len(response.circuits)} circuits shown)")
 
     _emit(args, response, render)
     return 0

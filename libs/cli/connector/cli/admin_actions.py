@@ -4,10 +4,13 @@
     connector admin cancel WORK_ID... --reason TEXT [--dry-run]    discard pending/blocked/retry/dead items
     connector admin pause PACK [--queue-class QC] --reason TEXT    stop claiming a pack's (or a class's) work
     connector admin resume PACK [--queue-class QC]                 end that pause
+    connector admin circuit list [PACK]                            circuit breakers and their state
+    connector admin circuit open PACK TARGET --reason TEXT         force a target's circuit open
+    connector admin circuit close PACK TARGET --reason TEXT        close it (counts start again)
 
 Each takes ``--request-id`` (AIP-155: a retry with the same id returns the first answer; one is made
 up when not given) and ``--dry-run`` (the checks and the answer, nothing changed). Cancel needs role
-ReplayConnectorEvents, pause/resume ConnectorOperator.
+ReplayConnectorEvents, pause/resume and circuit open/close ConnectorOperator.
 """
 
 from __future__ import annotations
@@ -116,6 +119,105 @@ def resume(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+_CIRCUIT_STATE = {
+    pb.CIRCUIT_STATE_CLOSED: "closed",
+    pb.CIRCUIT_STATE_OPEN: "open",
+    pb.CIRCUIT_STATE_HALF_OPEN: "half_open",
+}
+
+
+def _circuit_state(c: pb.Circuit) -> str:
+    name = _CIRCUIT_STATE.get(c.state, "unknown")
+    return f"{name} (forced)" if c.forced else name
+
+
+def circuit_table(circuits: Any) -> None:
+    """The circuits of ``connector admin stats`` / ``circuit list``."""
+    table(
+        [
+            "pack",
+            "target",
+            "state",
+            "reason",
+            "since",
+            "open_until",
+            "failures",
+            "probes",
+            "waiting",
+            "in_flight",
+        ],
+        [
+            (
+                f"{c.pack_name} ({c.installed_pack_id})",
+                c.target,
+                _circuit_state(c),
+                c.reason or "-",
+                when(c.change_time, c.HasField("change_time")),
+                when(c.open_until, c.HasField("open_until")),
+                f"{c.consecutive_failures} in a row, {c.window_failures}/{c.window_outcomes} in window",
+                f"{c.probes_in_flight}/{c.policy.half_open_probes}",
+                c.waiting,
+                c.in_flight,
+            )
+            for c in circuits
+        ],
+    )
+
+
+def circuit_list(client: Client, args: argparse.Namespace) -> int:
+    pack = resolve_pack_id(client, args.pack) if args.pack else 0
+    response: pb.GetQueueStatsResponse = client.call(
+        "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=pack)
+    )
+    if args.json:
+        for c in response.circuits:
+            print(to_json(c))
+        return 0
+    if not response.circuits:
+        print("no circuit breakers")
+        return 0
+    circuit_table(response.circuits)
+    if response.circuits_truncated:
+        print(f"(first {len(response.circuits)} circuits shown)")
+    return 0
+
+
+def _circuit_change(client: Client, args: argparse.Namespace, *, open_: bool) -> int:
+    kind = pb.OpenCircuitRequest if open_ else pb.CloseCircuitRequest
+    request = kind(
+        installed_pack_id=resolve_pack_id(client, args.pack),
+        target=args.target,
+        reason=args.reason,
+        dry_run=args.dry_run,
+        request_id=_request_id(args),
+    )
+    response = client.call("OpenCircuit" if open_ else "CloseCircuit", request)
+    c = response.circuit
+    line = f"{c.pack_name} ({c.installed_pack_id}) {c.target}: {_circuit_state(c)}"
+    if args.json:
+        print(to_json(response))
+    elif not response.changed:
+        print(f"already {'open' if open_ else 'closed'} (unchanged): {line}")
+    else:
+        verb = (
+            ("would open" if open_ else "would close")
+            if response.dry_run
+            else ("opened" if open_ else "closed")
+        )
+        print(f"{verb}: {line}")
+        if open_ and not response.dry_run:
+            print(f"close with: connector admin circuit close {args.pack} {args.target} --reason ...")
+    return 0
+
+
+def circuit_open(client: Client, args: argparse.Namespace) -> int:
+    return _circuit_change(client, args, open_=True)
+
+
+def circuit_close(client: Client, args: argparse.Namespace) -> int:
+    return _circuit_change(client, args, open_=False)
+
+
 def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     def command(name: str, help_text: str, run: Callable[..., int]) -> Any:
         p = groups.add_parser(name, parents=[common], help=help_text, description=help_text)
@@ -141,3 +243,22 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p = command("resume", "end a pause (role ConnectorOperator)", resume)
     p.add_argument("pack", help="pack id or name")
     p.add_argument("--queue-class", help="the queue class pause to end (default: the whole-pack pause)")
+    circuit = groups.add_parser(
+        "circuit", help="circuit breakers per handler target (docs/adr/012-circuit-breakers.md)"
+    ).add_subparsers(dest="circuit_command", required=True)
+    p = circuit.add_parser(
+        "list", parents=[common], help="circuit breakers and their state (role ViewConnectorEvents)"
+    )
+    p.set_defaults(admin_run=circuit_list)
+    p.add_argument("pack", nargs="?", help="pack id or name (default: every pack)")
+    for name, run, text in (
+        ("open", circuit_open, "force a handler target's circuit open until closed (role ConnectorOperator)"),
+        ("close", circuit_close, "close a handler target's circuit (role ConnectorOperator)"),
+    ):
+        p = circuit.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(admin_run=run)
+        p.add_argument("--dry-run", action="store_true", help="check and answer, change nothing")
+        p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
+        p.add_argument("pack", help="pack id or name")
+        p.add_argument("target", help="the circuit's target, as `connector admin circuit list` shows it")
+        p.add_argument("--reason", required=True, help="why (kept on the circuit and in the audit log)")

@@ -620,6 +620,9 @@ circuit = Table(
     Column("reason", Text, nullable=True),
     _ts("changed_at", nullable=False, default_now=True),
     Column("opened_count", BigInteger, nullable=False, server_default=text("0")),
+    # The last operator change (OpenCircuit / CloseCircuit): who (key:<id>) and why.
+    Column("actor", Text, nullable=True),
+    Column("note", Text, nullable=True),
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "circuit_key"),
     CheckConstraint(_in("state", ("closed", "open", "half_open")), name="state"),
@@ -629,6 +632,13 @@ circuit = Table(
         name="policy",
     ),
     CheckConstraint("state <> 'open' OR forced OR open_until IS NOT NULL", name="open_until"),
+    # Circuits not closed, for the stats (they list those first).
+    Index(
+        "ix_connector_circuit_not_closed",
+        "installed_pack_id",
+        "circuit_key",
+        postgresql_where=text("state <> 'closed'"),
+    ),
 )
 
 

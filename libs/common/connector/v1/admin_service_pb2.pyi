@@ -12,6 +12,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CircuitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CIRCUIT_STATE_UNSPECIFIED: _ClassVar[CircuitState]
+    CIRCUIT_STATE_CLOSED: _ClassVar[CircuitState]
+    CIRCUIT_STATE_OPEN: _ClassVar[CircuitState]
+    CIRCUIT_STATE_HALF_OPEN: _ClassVar[CircuitState]
+
 class LaneKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LANE_KIND_UNSPECIFIED: _ClassVar[LaneKind]
@@ -46,6 +53,11 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_CONCURRENCY_LIMITED: _ClassVar[WaitReason]
     WAIT_REASON_DEBOUNCED: _ClassVar[WaitReason]
     WAIT_REASON_COALESCED: _ClassVar[WaitReason]
+    WAIT_REASON_CIRCUIT_OPEN: _ClassVar[WaitReason]
+CIRCUIT_STATE_UNSPECIFIED: CircuitState
+CIRCUIT_STATE_CLOSED: CircuitState
+CIRCUIT_STATE_OPEN: CircuitState
+CIRCUIT_STATE_HALF_OPEN: CircuitState
 LANE_KIND_UNSPECIFIED: LaneKind
 LANE_KIND_SOURCE: LaneKind
 LANE_KIND_TARGET_MUTATION: LaneKind
@@ -72,6 +84,7 @@ WAIT_REASON_RATE_LIMITED: WaitReason
 WAIT_REASON_CONCURRENCY_LIMITED: WaitReason
 WAIT_REASON_DEBOUNCED: WaitReason
 WAIT_REASON_COALESCED: WaitReason
+WAIT_REASON_CIRCUIT_OPEN: WaitReason
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -258,7 +271,7 @@ class QueueStats(_message.Message):
     def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., queue_class: _Optional[str] = ..., depth_by_state: _Optional[_Mapping[str, int]] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., in_flight: _Optional[int] = ..., retry_rate: _Optional[float] = ..., dead_rate: _Optional[float] = ..., due: _Optional[int] = ..., paused: _Optional[bool] = ...) -> None: ...
 
 class GetQueueStatsResponse(_message.Message):
-    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses", "rate_limits", "rate_limits_truncated", "concurrency", "concurrency_truncated", "debounce", "debounce_truncated")
+    __slots__ = ("queues", "receipts_unrouted", "oldest_unrouted_age", "active_claimants", "receipts_routing", "receipts_failed", "pauses", "rate_limits", "rate_limits_truncated", "concurrency", "concurrency_truncated", "debounce", "debounce_truncated", "circuits", "circuits_truncated")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +285,8 @@ class GetQueueStatsResponse(_message.Message):
     CONCURRENCY_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     DEBOUNCE_FIELD_NUMBER: _ClassVar[int]
     DEBOUNCE_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    CIRCUITS_FIELD_NUMBER: _ClassVar[int]
+    CIRCUITS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[QueueStats]
     receipts_unrouted: int
     oldest_unrouted_age: _duration_pb2.Duration
@@ -285,7 +300,9 @@ class GetQueueStatsResponse(_message.Message):
     concurrency_truncated: bool
     debounce: _containers.RepeatedCompositeFieldContainer[DebounceStats]
     debounce_truncated: bool
-    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ..., debounce: _Optional[_Iterable[_Union[DebounceStats, _Mapping]]] = ..., debounce_truncated: _Optional[bool] = ...) -> None: ...
+    circuits: _containers.RepeatedCompositeFieldContainer[Circuit]
+    circuits_truncated: bool
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ..., debounce: _Optional[_Iterable[_Union[DebounceStats, _Mapping]]] = ..., debounce_truncated: _Optional[bool] = ..., circuits: _Optional[_Iterable[_Union[Circuit, _Mapping]]] = ..., circuits_truncated: _Optional[bool] = ...) -> None: ...
 
 class DebounceStats(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "window", "max_wait", "waiting", "parked", "next_due_in", "last_executed_work_id")
@@ -310,6 +327,112 @@ class DebounceStats(_message.Message):
     next_due_in: _duration_pb2.Duration
     last_executed_work_id: int
     def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., work_type: _Optional[str] = ..., key: _Optional[str] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., parked: _Optional[int] = ..., next_due_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_executed_work_id: _Optional[int] = ...) -> None: ...
+
+class CircuitPolicy(_message.Message):
+    __slots__ = ("consecutive_failures", "failure_ratio", "window", "min_outcomes", "open", "half_open_probes")
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    HALF_OPEN_PROBES_FIELD_NUMBER: _ClassVar[int]
+    consecutive_failures: int
+    failure_ratio: float
+    window: _duration_pb2.Duration
+    min_outcomes: int
+    open: _duration_pb2.Duration
+    half_open_probes: int
+    def __init__(self, consecutive_failures: _Optional[int] = ..., failure_ratio: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_outcomes: _Optional[int] = ..., open: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ...) -> None: ...
+
+class Circuit(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "target", "work_type", "state", "forced", "open_until", "reason", "change_time", "opened_count", "consecutive_failures", "window_outcomes", "window_failures", "probes_in_flight", "policy", "waiting", "in_flight", "actor", "note")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    OPEN_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_TIME_FIELD_NUMBER: _ClassVar[int]
+    OPENED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PROBES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    target: str
+    work_type: str
+    state: CircuitState
+    forced: bool
+    open_until: _timestamp_pb2.Timestamp
+    reason: str
+    change_time: _timestamp_pb2.Timestamp
+    opened_count: int
+    consecutive_failures: int
+    window_outcomes: int
+    window_failures: int
+    probes_in_flight: int
+    policy: CircuitPolicy
+    waiting: int
+    in_flight: int
+    actor: str
+    note: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., target: _Optional[str] = ..., work_type: _Optional[str] = ..., state: _Optional[_Union[CircuitState, str]] = ..., forced: _Optional[bool] = ..., open_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., opened_count: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., window_outcomes: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., policy: _Optional[_Union[CircuitPolicy, _Mapping]] = ..., waiting: _Optional[int] = ..., in_flight: _Optional[int] = ..., actor: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class OpenCircuitRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "target", "reason", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    target: str
+    reason: str
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., target: _Optional[str] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class OpenCircuitResponse(_message.Message):
+    __slots__ = ("circuit", "changed", "dry_run")
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    changed: bool
+    dry_run: bool
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CloseCircuitRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "target", "reason", "dry_run", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    target: str
+    reason: str
+    dry_run: bool
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., target: _Optional[str] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CloseCircuitResponse(_message.Message):
+    __slots__ = ("circuit", "changed", "dry_run")
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    changed: bool
+    dry_run: bool
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ConcurrencyStats(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "limit", "slots_taken", "waiting", "parked", "in_flight")

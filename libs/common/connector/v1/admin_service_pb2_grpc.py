@@ -170,6 +170,16 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.FromString,
                 _registered_method=True)
+        self.OpenCircuit = channel.unary_unary(
+                '/connector.v1.AdminService/OpenCircuit',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.OpenCircuitRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.OpenCircuitResponse.FromString,
+                _registered_method=True)
+        self.CloseCircuit = channel.unary_unary(
+                '/connector.v1.AdminService/CloseCircuit',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -386,6 +396,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenCircuit(self, request, context):
+        """Force a handler target's circuit breaker open (docs/adr/012-circuit-breakers.md): its items are
+        not claimed (no attempt spent) until CloseCircuit; no claim commits an item of the target after
+        the open has committed. Items already claimed finish (role ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseCircuit(self, request, context):
+        """Close a circuit breaker (opened by its failures or by OpenCircuit): its counts start again and
+        its items are claimed as they come due (role ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -518,6 +545,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.TraceDelivery,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.SerializeToString,
+            ),
+            'OpenCircuit': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenCircuit,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.OpenCircuitRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.OpenCircuitResponse.SerializeToString,
+            ),
+            'CloseCircuit': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseCircuit,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1228,6 +1265,60 @@ class AdminService:
             '/connector.v1.AdminService/TraceDelivery',
             connector_dot_v1_dot_admin__service__pb2.TraceDeliveryRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.TraceDeliveryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenCircuit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/OpenCircuit',
+            connector_dot_v1_dot_admin__service__pb2.OpenCircuitRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.OpenCircuitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseCircuit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/CloseCircuit',
+            connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -138,20 +138,18 @@ WITH o AS (
                        %(trail)s::int[], %(succ)s::int[], %(fail)s::int[])
     AS o(pack, circuit_key, lead, inner_run, trail, succ, fail)
 ), l AS (
-  SELECT k.installed_pack_id, k.circuit_key FROM connector_circuit k
+  SELECT k.installed_pack_id, k.circuit_key, k.state, k.probe_ids, k.window_start, k.window_s
+  FROM connector_circuit k
   JOIN o ON o.pack = k.installed_pack_id AND o.circuit_key = k.circuit_key
-  WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.circuit_key = ANY (%(keys)s::text[])
-    AND (k.state <> 'closed' OR o.fail > 0 OR k.consecutive > 0 OR k.failure_ratio IS NOT NULL)
+  WHERE (k.state <> 'closed' OR o.fail > 0 OR k.consecutive > 0 OR k.failure_ratio IS NOT NULL)
   ORDER BY k.installed_pack_id, k.circuit_key
   FOR NO KEY UPDATE OF k
-), x AS (
-  SELECT k.installed_pack_id, k.circuit_key, o.lead, o.inner_run, o.trail, o.succ, o.fail,
-         k.state = 'half_open' AND k.probe_ids && %(failed)s::bigint[] AS probe_failed,
-         k.state = 'half_open' AND k.probe_ids && %(succeeded)s::bigint[] AS probe_ok,
-         clock_timestamp() >= k.window_start + make_interval(secs => k.window_s) AS new_window
-  FROM connector_circuit k
-  JOIN l ON l.installed_pack_id = k.installed_pack_id AND l.circuit_key = k.circuit_key
-  JOIN o ON o.pack = k.installed_pack_id AND o.circuit_key = k.circuit_key
+), x AS (  -- from the locked (newest) versions: nobody changes them before the update below
+  SELECT l.installed_pack_id, l.circuit_key, o.lead, o.inner_run, o.trail, o.succ, o.fail,
+         l.state = 'half_open' AND l.probe_ids && %(failed)s::bigint[] AS probe_failed,
+         l.state = 'half_open' AND l.probe_ids && %(succeeded)s::bigint[] AS probe_ok,
+         clock_timestamp() >= l.window_start + make_interval(secs => l.window_s) AS new_window
+  FROM l JOIN o ON o.pack = l.installed_pack_id AND o.circuit_key = l.circuit_key
 )
 UPDATE connector_circuit k SET
   consecutive = CASE
@@ -190,11 +188,11 @@ RETURNING k.installed_pack_id, k.circuit_key, k.state,
 # re-checked on the newest version (still closed). Counts start again.
 CIRCUIT_OPEN = """
 WITH l AS (
-  SELECT k.installed_pack_id, k.circuit_key FROM connector_circuit k
-  WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.circuit_key = ANY (%(keys)s::text[])
-    AND (k.installed_pack_id, k.circuit_key) IN (SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[]))
+  SELECT k.installed_pack_id, k.circuit_key
+  FROM unnest(%(packs)s::bigint[], %(keys)s::text[]) AS t(pack, circuit_key)
+  JOIN connector_circuit k ON k.installed_pack_id = t.pack AND k.circuit_key = t.circuit_key
   ORDER BY k.installed_pack_id, k.circuit_key
-  FOR UPDATE
+  FOR UPDATE OF k
 )
 UPDATE connector_circuit k SET
   state = 'open', open_until = clock_timestamp() + make_interval(secs => k.open_s),
@@ -203,7 +201,8 @@ UPDATE connector_circuit k SET
   changed_at = clock_timestamp(), opened_count = k.opened_count + 1, consecutive = 0,
   window_start = clock_timestamp(), window_outcomes = 0, window_failures = 0, probe_ids = '{}'
 FROM l
-WHERE k.installed_pack_id = l.installed_pack_id AND k.circuit_key = l.circuit_key AND k.state = 'closed'
+WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.circuit_key = ANY (%(keys)s::text[])
+  AND k.installed_pack_id = l.installed_pack_id AND k.circuit_key = l.circuit_key AND k.state = 'closed'
 RETURNING k.installed_pack_id, k.circuit_key, k.reason
 """
 
@@ -297,7 +296,7 @@ CIRCUIT_COLUMNS = """
   k.installed_pack_id, k.circuit_key, k.work_type, k.state, k.forced, k.open_until, k.reason,
   k.changed_at, k.opened_count, k.consecutive, k.window_outcomes, k.window_failures,
   cardinality(k.probe_ids) AS probes_in_flight, k.consecutive_failures, k.failure_ratio, k.window_s,
-  k.min_outcomes, k.open_s, k.half_open_probes,
+  k.min_outcomes, k.open_s, k.half_open_probes, k.actor, k.note,
   CASE WHEN k.state = 'open' AND NOT k.forced AND k.open_until <= now() THEN 'half_open' ELSE k.state END
     AS effective_state,
   greatest(0, extract(epoch FROM k.open_until - now()))::float8 AS open_for_s
@@ -318,7 +317,7 @@ UPDATE connector_circuit k SET
   changed_at = clock_timestamp(),
   opened_count = k.opened_count + CASE WHEN %(open)s AND k.state <> 'open' THEN 1 ELSE 0 END,
   consecutive = 0, window_start = clock_timestamp(), window_outcomes = 0, window_failures = 0,
-  probe_ids = '{{}}'
+  probe_ids = '{{}}', actor = %(actor)s, note = %(note)s
 FROM l
 WHERE k.installed_pack_id = l.installed_pack_id AND k.circuit_key = l.circuit_key
 RETURNING {CIRCUIT_COLUMNS}
@@ -330,30 +329,41 @@ WHERE k.installed_pack_id = %(pack)s AND k.circuit_key = %(key)s
 """
 
 
-async def circuit_set(conn: Conn, pack: int, key: str, *, open_: bool) -> dict[str, Any] | None:
-    """Force ``(pack, key)`` open (until closed by an operator) or close it; ``None``: no such
-    circuit. In the caller's transaction (the admin action records its audit row with it)."""
-    return await fetch_dict(conn, CIRCUIT_SET, {"pack": pack, "key": key, "open": open_})
+async def circuit_set(
+    conn: Conn, pack: int, key: str, *, open_: bool, actor: str | None = None, note: str | None = None
+) -> dict[str, Any] | None:
+    """Force ``(pack, key)`` open (until closed by an operator) or close it, recording who and why;
+    ``None``: no such circuit."""
+    return await fetch_dict(
+        conn, CIRCUIT_SET, {"pack": pack, "key": key, "open": open_, "actor": actor, "note": note}
+    )
 
 
 async def circuit_get(conn: Conn, pack: int, key: str) -> dict[str, Any] | None:
     return await fetch_dict(conn, CIRCUIT_GET, {"pack": pack, "key": key})
 
 
-# Per circuit of a pack (or of every pack), bounded, not-closed ones first: its state and its
-# WorkItems waiting and in flight (index reads of ``ix_connector_work_item_circuit_key``).
+# Per circuit of a pack (or of every pack), bounded, not-closed ones first (the partial index
+# ``ix_connector_circuit_not_closed``), each in (pack, key) order: its state and its WorkItems
+# waiting and in flight (index reads of ``ix_connector_work_item_circuit_key``).
 CIRCUIT_STATS = f"""
-SELECT {CIRCUIT_COLUMNS}, p.name AS pack_name,
+SELECT s.*, p.name AS pack_name,
        (SELECT count(*) FROM connector_work_item w
-        WHERE w.installed_pack_id = k.installed_pack_id AND w.circuit_key = k.circuit_key
+        WHERE w.installed_pack_id = s.installed_pack_id AND w.circuit_key = s.circuit_key
           AND w.state IN ('pending', 'retry')) AS waiting,
        (SELECT count(*) FROM connector_work_item w
-        WHERE w.installed_pack_id = k.installed_pack_id AND w.circuit_key = k.circuit_key
+        WHERE w.installed_pack_id = s.installed_pack_id AND w.circuit_key = s.circuit_key
           AND w.state = 'processing') AS in_flight
-FROM connector_circuit k JOIN connector_installed_pack p ON p.installed_pack_id = k.installed_pack_id
-WHERE {{where}}
-ORDER BY k.state = 'closed', k.installed_pack_id, k.circuit_key
-LIMIT %(limit)s
+FROM (
+  (SELECT {CIRCUIT_COLUMNS}, 0 AS listed FROM connector_circuit k
+   WHERE {{where}} AND k.state <> 'closed' ORDER BY k.installed_pack_id, k.circuit_key LIMIT %(limit)s)
+  UNION ALL
+  (SELECT {CIRCUIT_COLUMNS}, 1 FROM connector_circuit k
+   WHERE {{where}} AND k.state = 'closed' ORDER BY k.installed_pack_id, k.circuit_key LIMIT %(limit)s)
+  ORDER BY listed, installed_pack_id, circuit_key LIMIT %(limit)s
+) s
+JOIN connector_installed_pack p ON p.installed_pack_id = s.installed_pack_id
+ORDER BY s.listed, s.installed_pack_id, s.circuit_key
 """
 
 

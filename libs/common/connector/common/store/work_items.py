@@ -201,10 +201,12 @@ _FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after, c.work_type, c.debounce
 _FLOW_IN = _FLOW_OUT.replace("c.", "w.")
 CIRCUIT_GATE = f"""
 ), circ_seen AS (
-  SELECT d.pack, d.circuit_key,
-         k.state = 'closed' OR (k.state = 'open' AND (k.forced OR k.open_until > now())) AS readonly
+  SELECT d.pack, d.circuit_key, k.readonly
   FROM (SELECT DISTINCT c.pack, c.circuit_key FROM cand_all c WHERE c.circuit_key IS NOT NULL) d
-  JOIN connector_circuit k ON k.installed_pack_id = d.pack AND k.circuit_key = d.circuit_key
+  CROSS JOIN LATERAL (
+    SELECT k.state = 'closed' OR (k.state = 'open' AND (k.forced OR k.open_until > now())) AS readonly
+    FROM connector_circuit k WHERE k.installed_pack_id = d.pack AND k.circuit_key = d.circuit_key
+    LIMIT 1) k  -- LIMIT: a primary-key probe per circuit (not pulled up into a join of the table)
 ), circ AS (
   SELECT s.pack, s.circuit_key, k.state, k.forced, k.open_until, k.open_s, 0 AS free, false AS probing
   FROM circ_seen s CROSS JOIN LATERAL (
@@ -1043,7 +1045,7 @@ WORK_ITEM_SELECT_COLUMNS = """
   w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
   w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
   w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key,
-  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by"""
+  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by, w.circuit_key AS w_circuit_key"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from psycopg import AsyncConnection
 
 from connector.common.eventlog import events, safe_token
 from connector.common.schema import PAUSE_WHOLE_PACK, WORK_CANCELLABLE
-from connector.common.store import authority, pauses, work_items
+from connector.common.store import authority, circuits, pauses, work_items
 from connector.common.store.lanes import lanes_of
 from connector.executor.admin.errors import (
     Reason,
@@ -230,6 +230,59 @@ def log_pause(event: str, r: PauseResult, *, actor: str, request_id: str, reason
         installed_pack_id=int(r.pause["installed_pack_id"]),
         pack=r.pack_name,
         queue_class=r.pause["queue_class"],
+        actor=actor,
+        note=reason,
+        request_id=safe_token(request_id),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Circuit breakers: manual open / close (docs/adr/012-circuit-breakers.md)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitResult:
+    row: dict[str, Any]  # the circuit after (dry run or unchanged: as it is)
+    pack_name: str
+    changed: bool
+
+
+async def circuit_set(
+    conn: Conn, pack: int, target: str, *, open_: bool, actor: str, reason: str, dry_run: bool
+) -> CircuitResult:
+    """Force a circuit open (until closed here) or close it, in the caller's transaction. Idempotent:
+    opening a forced-open circuit or closing a closed one changes nothing (``changed = false``).
+    The change takes the circuit row ``FOR UPDATE``: it waits for the claims in flight, and no claim
+    committing after it admits an item of the target (``store.circuits``)."""
+    found = await authority.pack_lock(conn, {"pack": pack})
+    if found is None:
+        raise not_found(Reason.PACK_NOT_FOUND, f"pack {pack} not found")
+    row = await circuits.circuit_get(conn, pack, target)
+    if row is None:
+        raise not_found(
+            Reason.CIRCUIT_NOT_FOUND,
+            f"pack {pack} has no circuit breaker on target {target!r} (GetQueueStats lists them)",
+        )
+    name = str(found["name"])
+    already = bool(row["forced"]) if open_ else (row["state"] == circuits.CLOSED and not row["forced"])
+    if already or dry_run:
+        return CircuitResult(row, name, not already)
+    after = await circuits.circuit_set(conn, pack, target, open_=open_, actor=actor, note=reason)
+    assert after is not None  # the row exists (circuits are never deleted)
+    return CircuitResult(after, name, True)
+
+
+def log_circuit(r: CircuitResult, *, actor: str, reason: str, request_id: str) -> None:
+    """The audit line, after commit."""
+    opened = r.row["state"] == circuits.OPEN
+    events("executor").emit(
+        "circuit_opened" if opened else "circuit_closed",
+        "operator",
+        "circuit breaker opened by an operator" if opened else "circuit breaker closed by an operator",
+        installed_pack_id=int(r.row["installed_pack_id"]),
+        pack=r.pack_name,
+        target=r.row["circuit_key"],
         actor=actor,
         note=reason,
         request_id=safe_token(request_id),

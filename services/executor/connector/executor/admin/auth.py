@@ -68,6 +68,8 @@ METHOD_ROLES: dict[str, Role] = {
     "CancelWorkItem": Role.REPLAY,
     "PausePack": Role.OPERATOR,
     "ResumePack": Role.OPERATOR,
+    "OpenCircuit": Role.OPERATOR,
+    "CloseCircuit": Role.OPERATOR,
     "ApplyPack": Role.OPERATOR,
     "ActivateGeneration": Role.OPERATOR,
     "QuiesceLegacy": Role.OPERATOR,

@@ -221,6 +221,45 @@ def debounce(row: dict[str, Any]) -> admin_service_pb2.DebounceStats:
     return msg
 
 
+_CIRCUIT_STATES = {
+    "closed": admin_service_pb2.CIRCUIT_STATE_CLOSED,
+    "open": admin_service_pb2.CIRCUIT_STATE_OPEN,
+    "half_open": admin_service_pb2.CIRCUIT_STATE_HALF_OPEN,
+}
+
+
+def circuit(row: dict[str, Any], pack_name: str | None = None) -> admin_service_pb2.Circuit:
+    """A ``store.circuits`` row (``CIRCUIT_COLUMNS``, plus the stats' counts when present)."""
+    return admin_service_pb2.Circuit(
+        installed_pack_id=int(row["installed_pack_id"]),
+        pack_name=_text(pack_name if pack_name is not None else row.get("pack_name")),
+        target=_text(row["circuit_key"]),
+        work_type=_text(row["work_type"]),
+        state=_CIRCUIT_STATES.get(str(row["effective_state"]), admin_service_pb2.CIRCUIT_STATE_UNSPECIFIED),
+        forced=bool(row["forced"]),
+        open_until=ts(row["open_until"]),
+        reason=_text(row["reason"]),
+        change_time=ts(row["changed_at"]),
+        opened_count=int(row["opened_count"]),
+        consecutive_failures=int(row["consecutive"]),
+        window_outcomes=int(row["window_outcomes"]),
+        window_failures=int(row["window_failures"]),
+        probes_in_flight=int(row["probes_in_flight"]),
+        policy=admin_service_pb2.CircuitPolicy(
+            consecutive_failures=int(row["consecutive_failures"]),
+            failure_ratio=float(row["failure_ratio"] or 0.0),
+            window=duration(timedelta(seconds=float(row["window_s"]))),
+            min_outcomes=int(row["min_outcomes"]),
+            open=duration(timedelta(seconds=float(row["open_s"]))),
+            half_open_probes=int(row["half_open_probes"]),
+        ),
+        waiting=int(row.get("waiting") or 0),
+        in_flight=int(row.get("in_flight") or 0),
+        actor=_text(row["actor"]),
+        note=_text(row["note"], SUMMARY_MAX),
+    )
+
+
 def concurrency(row: dict[str, Any]) -> admin_service_pb2.ConcurrencyStats:
     """A ``store.flow.concurrency_stats`` row as a ConcurrencyStats."""
     return admin_service_pb2.ConcurrencyStats(

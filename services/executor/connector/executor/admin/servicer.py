@@ -343,6 +343,33 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             actions.log_pause("pack_resumed", done[0], actor=actor, request_id=request_id, reason=None)
         return response
 
+    async def OpenCircuit(self, request: pb.OpenCircuitRequest, context: Any) -> pb.OpenCircuitResponse:
+        return await self._circuit("OpenCircuit", request, pb.OpenCircuitResponse, open_=True)
+
+    async def CloseCircuit(self, request: pb.CloseCircuitRequest, context: Any) -> pb.CloseCircuitResponse:
+        return await self._circuit("CloseCircuit", request, pb.CloseCircuitResponse, open_=False)
+
+    async def _circuit(self, method: str, request: Any, response_type: Any, *, open_: bool) -> Any:
+        pack = _positive_id(request.installed_pack_id, "installed_pack_id")
+        if not request.target:
+            raise invalid_argument("target is required (as GetQueueStats lists it)", field="target")
+        reason = actions.check_reason(request.reason)
+        actor, dry = _actor(), request.dry_run
+        request_id = "" if dry else request.request_id
+        done: list[actions.CircuitResult] = []
+
+        async def body(conn: Any) -> Any:
+            r = await actions.circuit_set(
+                conn, pack, request.target, open_=open_, actor=actor, reason=reason, dry_run=dry
+            )
+            done.append(r)
+            return response_type(circuit=convert.circuit(r.row, r.pack_name), changed=r.changed, dry_run=dry)
+
+        response = await self._mutate(method, request_id, response_type, body)
+        if done and done[0].changed and not dry:
+            actions.log_circuit(done[0], actor=actor, reason=reason, request_id=request_id)
+        return response
+
     # -- receipts -------------------------------------------------------------------------------
 
     async def ListReceiptFailures(
@@ -419,6 +446,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         response.concurrency_truncated = result.concurrency_truncated
         response.debounce.extend(convert.debounce(r) for r in result.debounce)
         response.debounce_truncated = result.debounce_truncated
+        response.circuits.extend(convert.circuit(r) for r in result.circuits)
+        response.circuits_truncated = result.circuits_truncated
         return response
 
     async def ListBlockedLanes(

@@ -33,7 +33,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.schema import PAUSE_WHOLE_PACK
-from connector.common.store import authority, flow, pauses, receipts, work_items
+from connector.common.store import authority, circuits, flow, pauses, receipts, work_items
 from connector.common.store import debounce as debounce_store
 from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
@@ -85,6 +85,9 @@ class QueueStats:
     #: ``store.debounce.debounce_stats`` rows (at most ``RATE_KEYS_SHOWN``) and whether more exist.
     debounce: list[dict[str, Any]] = field(default_factory=list)
     debounce_truncated: bool = False
+    #: ``store.circuits.circuit_stats`` rows (at most ``RATE_KEYS_SHOWN``) and whether more exist.
+    circuits: list[dict[str, Any]] = field(default_factory=list)
+    circuits_truncated: bool = False
 
 
 #: Rate-limit (and concurrency) keys GetQueueStats lists (the per-key counts are index reads of
@@ -104,6 +107,7 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
     rate_rows = await flow.rate_limit_stats(conn, pack, RATE_KEYS_SHOWN + 1)
     slot_rows = await flow.concurrency_stats(conn, pack, RATE_KEYS_SHOWN + 1)
     debounce_rows = await debounce_store.debounce_stats(conn, pack, RATE_KEYS_SHOWN + 1)
+    circuit_rows = await circuits.circuit_stats(conn, pack, RATE_KEYS_SHOWN + 1)
     paused_keys = {(int(p["installed_pack_id"]), str(p["queue_class"])) for p in paused}
     totals: dict[int, QueueRow] = {}
     for pack_id, row in packs.items():
@@ -169,6 +173,8 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
         concurrency_truncated=len(slot_rows) > RATE_KEYS_SHOWN,
         debounce=debounce_rows[:RATE_KEYS_SHOWN],
         debounce_truncated=len(debounce_rows) > RATE_KEYS_SHOWN,
+        circuits=circuit_rows[:RATE_KEYS_SHOWN],
+        circuits_truncated=len(circuit_rows) > RATE_KEYS_SHOWN,
     )
 
 

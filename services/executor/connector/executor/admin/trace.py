@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connector.common.store import authority, events, processes, receipts, work_items
+from connector.common.store import circuits as circuit_store
 from connector.common.store import pauses as pause_store
 from connector.common.store.lanes import LaneKind, LaneMember, lane_position_batch, lanes_of
 from connector.common.store.receipts import DeliveryFilter
@@ -125,6 +126,38 @@ def _blocked_wait(work_id: int, lanes: list[LaneView], now: datetime) -> Wait:
     )
 
 
+def _circuit_wait(c: dict[str, Any], run_after: datetime | None, now: datetime) -> Wait | None:
+    """CIRCUIT_OPEN while the item's circuit holds it back (``None``: closed, or a probe slot free)."""
+    state, target = str(c["effective_state"]), c["circuit_key"]
+    since = f" since {_when(c.get('changed_at'))} ({c.get('reason') or '-'})"
+    if state == "closed":
+        return None
+    if state == "open" and c.get("forced"):
+        who = f" by {c.get('actor') or '?'}: {convert.summary(c.get('note'))}"
+        return Wait(
+            pb.WAIT_REASON_CIRCUIT_OPEN,
+            f"the circuit breaker of handler target {target!r} was opened{who}{since}; no attempt is"
+            f" spent; connector admin circuit close to resume",
+            until=run_after if run_after is not None and run_after > now else None,
+        )
+    if state == "open":
+        until = c.get("open_until")
+        return Wait(
+            pb.WAIT_REASON_CIRCUIT_OPEN,
+            f"the circuit breaker of handler target {target!r} is open{since}: probes from"
+            f" {_when(until)}; no attempt is spent (connector admin circuit list)",
+            until=until,
+        )
+    if int(c.get("probes_in_flight") or 0) >= int(c.get("half_open_probes") or 1):
+        return Wait(
+            pb.WAIT_REASON_CIRCUIT_OPEN,
+            f"the circuit breaker of handler target {target!r} is half-open with its"
+            f" {c.get('half_open_probes')} probe(s) in flight{since}: it waits for their outcome",
+            until=run_after if run_after is not None and run_after > now else None,
+        )
+    return None
+
+
 def why_not_running(
     item: dict[str, Any],
     lanes: list[LaneView],
@@ -132,16 +165,18 @@ def why_not_running(
     active_claimants: int,
     now: datetime,
     pauses: dict[tuple[int, str], dict[str, Any]] | None = None,
+    circuits: dict[tuple[int, str], dict[str, Any]] | None = None,
 ) -> Wait:
     """Why the WorkItem ``item`` (a ``w_*`` row) is not running at ``now`` (the database clock), or
     that it is. ``lanes``: its lanes' positions; ``claim_authority``: its pack generation's
     (``store.authority.claim_authority_list``); ``active_claimants``: executors claiming WorkItems
     with a fresh heartbeat; ``pauses``: the pause rows by (pack, queue class or '*')
-    (``store.pauses.pause_list``), for who paused and why.
+    (``store.pauses.pause_list``), for who paused and why; ``circuits``: the circuit rows of its
+    handler target by (pack, target) (``store.circuits.circuit_get``).
 
     Order: terminal and fenced states first, then the lease, then the lanes, then what keeps a ready
-    item from its claim, in the claim's own order: claim path, pause, a concurrency slot (parked), a
-    rate-limit budget (deferred), run_after, claimants.
+    item from its claim, in the claim's own order: claim path, pause, an open circuit breaker, a
+    concurrency slot (parked), a rate-limit budget (deferred), run_after, claimants.
     """
     pauses = pauses or {}
     state = item["w_state"]
@@ -224,6 +259,9 @@ def why_not_running(
             f"{what} is paused{why}; claims skip it until connector admin resume",
         )
     run_after = item.get("w_run_after")
+    circuit = (circuits or {}).get((int(item["w_installed_pack_id"]), str(item.get("w_circuit_key"))))
+    if circuit is not None and (wait := _circuit_wait(circuit, run_after, now)) is not None:
+        return wait
     if run_after is not None and run_after >= PARKED_AT and item.get("w_concurrency_key") is not None:
         return Wait(
             pb.WAIT_REASON_CONCURRENCY_LIMITED,
@@ -421,6 +459,17 @@ async def trace_delivery(
             # Who paused and why: one read of the pause rows (operator actions: a small table).
             for p in await pause_store.pause_list(conn):
                 pause_rows[(int(p["installed_pack_id"]), str(p["queue_class"]))] = p
+        circuit_rows: dict[tuple[int, str], dict[str, Any]] = {}
+        for pack, key in sorted(
+            {
+                (int(w["w_installed_pack_id"]), str(w["w_circuit_key"]))
+                for w in item_rows
+                if w.get("w_circuit_key")
+            }
+        ):
+            c = await circuit_store.circuit_get(conn, pack, key)  # a delivery fans out to a few
+            if c is not None:
+                circuit_rows[(pack, key)] = c
     now: datetime = row["db_now"]
     body = bytes(row["r_body"]) if with_body and row.get("r_body") is not None else None
     scheme, key_ref = verification_parts(row.get("r_verification"))
@@ -466,6 +515,7 @@ async def trace_delivery(
             claimants,
             now,
             pause_rows,
+            circuit_rows,
         )
 
         by_event[int(w["w_event_id"])].work_items.append(

@@ -57,12 +57,15 @@ def upgrade() -> None:
     sa.Column('reason', sa.Text(), nullable=True),
     sa.Column('changed_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('opened_count', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('actor', sa.Text(), nullable=True),
+    sa.Column('note', sa.Text(), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.CheckConstraint("state <> 'open' OR forced OR open_until IS NOT NULL", name=op.f('ck_connector_circuit_open_until')),
     sa.CheckConstraint("state IN ('closed', 'open', 'half_open')", name=op.f('ck_connector_circuit_state')),
     sa.CheckConstraint('consecutive_failures >= 0 AND (failure_ratio IS NULL OR (failure_ratio > 0 AND failure_ratio <= 1)) AND window_s > 0 AND min_outcomes >= 1 AND open_s > 0 AND half_open_probes >= 1', name=op.f('ck_connector_circuit_policy')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'circuit_key', name=op.f('pk_connector_circuit'))
     )
+    op.create_index('ix_connector_circuit_not_closed', 'connector_circuit', ['installed_pack_id', 'circuit_key'], unique=False, postgresql_where=sa.text("state <> 'closed'"))
     op.create_table('connector_claim_authority',
     sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
     sa.Column('generation', sa.Integer(), nullable=False),
@@ -413,6 +416,7 @@ def downgrade() -> None:
     op.drop_table('connector_cutover_receipt')
     op.drop_table('connector_concurrency_limit')
     op.drop_table('connector_claim_authority')
+    op.drop_index('ix_connector_circuit_not_closed', table_name='connector_circuit', postgresql_where=sa.text("state <> 'closed'"))
     op.drop_table('connector_circuit')
     op.drop_table('connector_admin_request')
     # ### end Alembic commands ###
