@@ -128,12 +128,15 @@ def drain(
     vacuum_s: float = 0.0,
     rate: tuple[int, float, int] | None = None,
     debounce_keys: int = 0,
+    breaker: bool = False,
 ) -> dict[str, Any]:
     """``rate``: every item gets one of 100 random rate-limit keys, each key (limit, period_s,
     burst) (docs/adr/011-rate-limits.md). ``debounce_keys``: the work type is debounced and every
     item gets one of that many random keys, created through the materializer's insert in batches of
     1,000 (docs/packs.md#debounce); the drain ends when every item is ``succeeded`` or
-    ``coalesced`` (rate = items, i.e. events, per second; ``executions`` says how many ran)."""
+    ``coalesced`` (rate = items, i.e. events, per second; ``executions`` says how many ran).
+    ``breaker``: the work type declares a circuit breaker (docs/adr/012-circuit-breakers.md) that
+    stays closed (the handler never fails): every item carries the handler target's circuit."""
     import psycopg
 
     from benchmarks.common import LANES, fresh_migrated_database
@@ -145,6 +148,12 @@ def drain(
         wt = seed.python_work_type(handler)
         if debounce_keys:
             wt["debounce"] = {"window_s": DEBOUNCE_WINDOW_S, "key": "{/k}"}
+        circuit: str | None = None
+        if breaker:
+            from connector.common.packs import HandlerSpec, circuit_target
+
+            wt["circuit_breaker"] = BREAKER
+            circuit = circuit_target(HandlerSpec(kind="python", target=handler))
         pack = seed.seed_pack(db, "bench", {"w": wt}, authority=False)
         if debounce_keys:
             dkeys = [f"d{rnd.randrange(debounce_keys)}" for _ in range(n)]
@@ -168,6 +177,8 @@ def drain(
                 target_lanes=part if lanes == "target" else None,
                 rate_keys=part if rate else None,
                 rate_limit=rate or (1, 1.0, 1),
+                circuit_keys=[circuit] * m if circuit else None,
+                circuit=BREAKER if circuit else None,
             )
         db.execute("VACUUM ANALYZE connector_work_item")
         db.execute("CHECKPOINT")
@@ -422,6 +433,9 @@ RATE_BINDING_ITEMS = 10_000
 # setup, so every key is due at the start.
 DEBOUNCE_KEYS = 1_000
 DEBOUNCE_WINDOW_S = 0.01
+# A declared circuit breaker that stays closed (docs/adr/012-circuit-breakers.md): the cost of the
+# gate (a KEY SHARE lock of the target's circuit row per claim) and of the feed when nothing fails.
+BREAKER = {"consecutive_failures": 5, "open_s": 30}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,6 +590,36 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {'debounce1000-1p':14s} {res['items_per_s']:>8,} items/s  ({res['executions']} "
                 f"executions covering {res['items']} items; vs the unlimited drain of this run: {ratio})",
+                flush=True,
+            )
+        for name, procs, ref_key in (
+            ("breaker-closed-1p", 1, "executor.drain_per_s"),
+            ("breaker-closed-2p", 2, "executor.drain_2proc_per_s"),
+        ):
+            if only and name not in only:
+                continue
+            res = drain(n, procs=procs, lanes=None, claim_batch=args.claim_batch, breaker=True)
+            reference = next((r for r in rows if r["key"] == ref_key), None)
+            ratio = round(res["items_per_s"] / reference["value"], 3) if reference else None
+            rows.append(
+                make_row(
+                    f"executor.drain_breaker_closed{'_2proc' if procs > 1 else ''}_per_s",
+                    f"executor no-op drain, a declared circuit breaker that stays closed, {procs} process"
+                    + ("es" if procs > 1 else ""),
+                    res["items_per_s"],
+                    "items/s",
+                    extra={
+                        **extra_base,
+                        "processes": procs,
+                        "circuit_breaker": BREAKER,
+                        "vs_unlimited": ratio,
+                        **res,
+                    },
+                )
+            )
+            print(
+                f"  {name:14s} {res['items_per_s']:>8,} items/s  (breaker declared, closed; vs the unlimited "
+                f"drain of this run: {ratio})",
                 flush=True,
             )
         if not only or "with-event-1p" in only:

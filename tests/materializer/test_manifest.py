@@ -235,3 +235,35 @@ def test_debounce_defaults() -> None:
     assert deb is not None and deb.key == "{work_type}" and deb.max_wait == 20
     m = parse_manifest(manifest(work_types={"sync": work_type(debounce={"window_s": 50_000})}))
     assert m.work_types["sync"].debounce is not None and m.work_types["sync"].debounce.max_wait == 86_400
+
+
+@pytest.mark.parametrize(
+    ("breaker", "handler", "message"),
+    [
+        ({"consecutive_failures": 0}, None, "a breaker that can never open"),
+        ({"failure_ratio": 1.5}, None, "less than or equal to 1"),
+        ({"open_s": 0}, None, "greater than 0"),
+        ({"half_open_probes": 0}, None, "greater than or equal to 1"),
+        ({"nope": 1}, None, "Extra inputs are not permitted"),
+        ({}, {"kind": "http", "target": "crm.internal/hooks"}, "needs an http(s) handler target with a host"),
+        ({"consecutive_failures": 3}, None, None),
+    ],
+)
+def test_circuit_breakers_are_validated(breaker: dict, handler: dict | None, message: str | None) -> None:
+    """docs/packs.md, "Circuit breakers": the policy's bounds, a trigger that can fire, an HTTP target
+    with a host (the circuit's key); the same rules on a route's override."""
+    wt = work_type(circuit_breaker=breaker, **({"handler": handler} if handler else {}))
+    if message is None:
+        parsed = parse_manifest(manifest(work_types={"sync": wt}))
+        assert parsed.work_types["sync"].circuit_breaker is not None
+        return
+    errors = _errors(manifest(work_types={"sync": wt}))
+    assert any(message in e for e in errors), errors
+    doc = manifest(work_types={"sync": work_type(**({"handler": handler} if handler else {}))})
+    doc["routes"][0]["fan_out"] = [{"work_type": "sync", "circuit_breaker": breaker}]
+    assert any(message in e for e in _errors(doc)), _errors(doc)
+
+
+def test_circuit_breakers_are_not_combined_with_debounce() -> None:
+    doc = manifest(work_types={"sync": work_type(debounce={"window_s": 1}, circuit_breaker={})})
+    assert any("circuit_breaker cannot be combined with debounce" in e for e in _errors(doc))

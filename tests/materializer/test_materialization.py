@@ -167,3 +167,26 @@ def test_rate_limit_key_default_template_override_and_missing_parts() -> None:
     assert plan.work[0].rate_limit is not None and plan.work[0].rate_limit.limit == 3
     plan = _plan(manifest(), {"type": "t", "data": {"id": "7"}})
     assert isinstance(plan, EventDraft) and plan.work[0].rate_key is None
+
+
+def test_circuit_key_is_the_handler_target_without_secrets() -> None:
+    """The circuit key is the handler target's scheme and host:port (never user info, path or
+    query); work types calling one host share it; a route's override changes the policy, not the
+    circuit; no breaker: no key."""
+    url = "https://user:s3cret@CRM.internal/hooks/sync?token=abc"
+    wt = {"handler": {"kind": "http", "target": url}, "circuit_breaker": {"consecutive_failures": 3}}
+    other = {"handler": {"kind": "http", "target": "https://crm.internal:443/notes"}, "circuit_breaker": {}}
+    doc = manifest(work_types={"sync": wt, "notes": other, "plain": work_type()})
+    doc["routes"][0]["fan_out"] = [
+        {"work_type": "sync"},
+        {"work_type": "notes", "circuit_breaker": {"consecutive_failures": 9, "open_s": 5}},
+        {"work_type": "plain"},
+    ]
+    plan = _plan(doc, {"type": "t", "data": {"id": "7"}})
+    assert isinstance(plan, EventDraft)
+    sync, notes, plain = plan.work
+    assert sync.circuit_key == notes.circuit_key == "https://crm.internal:443"
+    assert sync.circuit is not None and sync.circuit.consecutive_failures == 3
+    assert notes.circuit is not None and (notes.circuit.consecutive_failures, notes.circuit.open_s) == (9, 5)
+    assert plain.circuit_key is None and plain.circuit is None
+    assert "s3cret" not in str(plan.work) and "token" not in str(sync.circuit_key)
