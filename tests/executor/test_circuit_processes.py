@@ -138,8 +138,8 @@ def test_two_processes_claim_only_probes_while_the_circuit_is_open(db, db_url, s
     b = spawn(extra_env={"CONNECTOR_EXECUTOR_POLL_INTERVAL_S": "0.2"})
     a.wait_registered(db)
     b.wait_registered(db)
-    ids = seed.seed_items(db, pack, N, circuit_keys=[target.key] * N, circuit=POLICY)
-    seed.seed_items(db, control, N)
+    ids = seed.seed_items(db, pack, N, circuit_keys=[target.key] * N, circuit=POLICY, max_attempts=1000)
+    seed.seed_items(db, control, N, max_attempts=1000)  # the control retries all through the outage
     db.execute("NOTIFY connector_work")
     # The outage lasts until the circuit has opened three times (it opened, probed and re-opened).
     wait_for(
@@ -148,7 +148,16 @@ def test_two_processes_claim_only_probes_while_the_circuit_is_open(db, db_url, s
         "the circuit re-opened twice",
     )
     target.down = False
-    wait_for(lambda: states(db).get("succeeded", 0) == 2 * N, 120, f"{2 * N} succeeded")
+    try:
+        wait_for(lambda: states(db).get("succeeded", 0) == 2 * N, 120, f"{2 * N} succeeded")
+    except AssertionError:
+        print("states", states(db), "circuit", db.execute("SELECT * FROM connector_circuit").fetchall())
+        print("transitions", _transitions(db)[-10:])
+        print(db.execute("""SELECT installed_pack_id, state, count(*), min(run_after - now()), max(run_after - now()),
+                                   max(attempts) FROM connector_work_item WHERE state <> 'succeeded'
+                            GROUP BY 1, 2""").fetchall())
+        print(a.log_tail(), b.log_tail())
+        raise
     log = _transitions(db)
     first_open = next(t for s, _, t in log if s == "open")
     closed = [t for s, _, t in log if s == "closed" and t > first_open]
@@ -179,7 +188,7 @@ def test_two_processes_claim_only_probes_while_the_circuit_is_open(db, db_url, s
     # Manual open: the pack's new items wait (deferred, no attempt) until the manual close.
     asyncio.run(_set(db_url, pack, target.key, True))
     opened_at = _transitions(db)[-1][2]
-    more = seed.seed_items(db, pack, 50, circuit_keys=[target.key] * 50, circuit=POLICY)
+    more = seed.seed_items(db, pack, 50, circuit_keys=[target.key] * 50, circuit=POLICY, max_attempts=1000)
     db.execute("NOTIFY connector_work")
     wait_for(
         lambda: (

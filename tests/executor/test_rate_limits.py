@@ -206,7 +206,7 @@ async def test_sampler_gauges_per_pack_and_work_type(db, adb) -> None:
     labels = {
         tuple(sorted(s.labels))
         for metric in m.REGISTRY.collect()
-        if metric.name.startswith("connector_executor_rate_limit")
+        if metric.name.startswith("connector_executor_rate_limit_")  # the gauges, not rate_limited_total
         for s in metric.samples
     }
     assert labels == {("pack", "state", "work_type")}
