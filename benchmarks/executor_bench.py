@@ -135,7 +135,7 @@ def drain(
     item gets one of that many random keys, created through the materializer's insert in batches of
     1,000 (docs/packs.md#debounce); the drain ends when every item is ``succeeded`` or
     ``coalesced`` (rate = items, i.e. events, per second; ``executions`` says how many ran).
-    ``breaker``: the work type declares a circuit breaker (docs/adr/012-circuit-breakers.md) that
+    ``breaker``: the work type declares a circuit breaker (docs/adr/013-circuit-breakers.md) that
     stays closed (the handler never fails): every item carries the handler target's circuit."""
     import psycopg
 
@@ -433,7 +433,7 @@ RATE_BINDING_ITEMS = 10_000
 # setup, so every key is due at the start.
 DEBOUNCE_KEYS = 1_000
 DEBOUNCE_WINDOW_S = 0.01
-# A declared circuit breaker that stays closed (docs/adr/012-circuit-breakers.md): the cost of the
+# A declared circuit breaker that stays closed (docs/adr/013-circuit-breakers.md): the cost of the
 # gate (a KEY SHARE lock of the target's circuit row per claim) and of the feed when nothing fails.
 BREAKER = {"consecutive_failures": 5, "open_s": 30}
 

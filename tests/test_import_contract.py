@@ -102,7 +102,7 @@ WRITERS: dict[str, frozenset[str]] = {
     # materializer: debounce key rows (locked before the insert) and parking of a key's live item
     "debounce_declare": frozenset({MATERIALIZER}),
     "debounce_schedule": frozenset({MATERIALIZER}),
-    # materializer: the circuit rows of the WorkItems it inserts (docs/adr/012-circuit-breakers.md)
+    # materializer: the circuit rows of the WorkItems it inserts (docs/adr/013-circuit-breakers.md)
     "circuit_declare": frozenset({MATERIALIZER}),
     # executor: outcomes fed to the circuits with finalize / reclaim; admin: manual open / close
     "circuit_record": frozenset({EXECUTOR_ROLE}),

@@ -1,5 +1,5 @@
 """OpenCircuit / CloseCircuit, circuits in GetQueueStats and CIRCUIT_OPEN in TraceDelivery
-(docs/adr/012-circuit-breakers.md): a forced open stops the claims of the target until it is
+(docs/adr/013-circuit-breakers.md): a forced open stops the claims of the target until it is
 closed, both are audited (actor, reason, log line), idempotent, with dry runs and request ids; the
 role is ConnectorOperator."""
 

@@ -1,4 +1,4 @@
-"""Circuit breakers across real executor processes (docs/adr/012-circuit-breakers.md): two
+"""Circuit breakers across real executor processes (docs/adr/013-circuit-breakers.md): two
 ``connector executor`` processes x 16 workers call one HTTP target (a server in this test) for a
 pack with a breaker and for a control pack without one, at the same time. The target answers 503
 until the test brings it back.
@@ -153,9 +153,12 @@ def test_two_processes_claim_only_probes_while_the_circuit_is_open(db, db_url, s
     except AssertionError:
         print("states", states(db), "circuit", db.execute("SELECT * FROM connector_circuit").fetchall())
         print("transitions", _transitions(db)[-10:])
-        print(db.execute("""SELECT installed_pack_id, state, count(*), min(run_after - now()), max(run_after - now()),
-                                   max(attempts) FROM connector_work_item WHERE state <> 'succeeded'
-                            GROUP BY 1, 2""").fetchall())
+        left = db.execute(
+            """SELECT installed_pack_id, state, count(*), min(run_after - now()), max(run_after - now()),
+                      max(attempts)
+               FROM connector_work_item WHERE state <> 'succeeded' GROUP BY 1, 2"""
+        )
+        print(left.fetchall())
         print(a.log_tail(), b.log_tail())
         raise
     log = _transitions(db)

@@ -1,5 +1,5 @@
 """Circuit breakers in the claim statement and the finalize / reclaim feed
-(docs/adr/012-circuit-breakers.md), against a real database: a closed circuit admits everything; N
+(docs/adr/013-circuit-breakers.md), against a real database: a closed circuit admits everything; N
 failures in a row (or a failure ratio) open it, under ``FOR UPDATE`` after the claims in flight;
 an open circuit's items are deferred without an attempt; after ``open_s`` at most
 ``half_open_probes`` probes run at once across concurrent claimers; a probe's success closes it,

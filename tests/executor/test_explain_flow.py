@@ -48,7 +48,7 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
                FROM generate_series(1, %s) i""",
             (pack, KEYS, KEYS, CIRCUITS, READY),
         )
-        # Circuit breakers (docs/adr/012-circuit-breakers.md) on an eighth of the rows, closed.
+        # Circuit breakers (docs/adr/013-circuit-breakers.md) on an eighth of the rows, closed.
         db.execute(
             """INSERT INTO connector_circuit (installed_pack_id, circuit_key, work_type,
                  consecutive_failures, window_s, min_outcomes, open_s, half_open_probes)

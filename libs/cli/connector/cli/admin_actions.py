@@ -244,7 +244,7 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("pack", help="pack id or name")
     p.add_argument("--queue-class", help="the queue class pause to end (default: the whole-pack pause)")
     circuit = groups.add_parser(
-        "circuit", help="circuit breakers per handler target (docs/adr/012-circuit-breakers.md)"
+        "circuit", help="circuit breakers per handler target (docs/adr/013-circuit-breakers.md)"
     ).add_subparsers(dest="circuit_command", required=True)
     p = circuit.add_parser(
         "list", parents=[common], help="circuit breakers and their state (role ViewConnectorEvents)"

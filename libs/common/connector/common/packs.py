@@ -253,7 +253,7 @@ class DebouncePolicy(_Model):
 
 
 class CircuitBreaker(_Model):
-    """A circuit breaker on the work type's handler target (docs/adr/012-circuit-breakers.md): one
+    """A circuit breaker on the work type's handler target (docs/adr/013-circuit-breakers.md): one
     circuit per pack and target (``circuit_target``: the HTTP URL's scheme and authority, the gRPC
     target's authority, the python callable), shared by every work type of the pack that calls it.
 

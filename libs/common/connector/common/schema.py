@@ -359,7 +359,7 @@ work_item = Table(
     # executed item. Per-key state: ``connector_debounce``. NULL when the work type has no debounce.
     Column("debounce_key", Text, nullable=True),
     Column("covered_by", BigInteger, nullable=True),
-    # Circuit-breaker key (docs/adr/012-circuit-breakers.md): the handler target of a work type that
+    # Circuit-breaker key (docs/adr/013-circuit-breakers.md): the handler target of a work type that
     # declares ``circuit_breaker`` (``connector_circuit (installed_pack_id, circuit_key)``: the claim
     # admits the item only while that circuit is closed, or as one of its half-open probes); NULL
     # when the work type declares none.
@@ -585,7 +585,7 @@ debounce = Table(
 )
 
 
-# One row per (pack, circuit key): a circuit breaker of a handler target (docs/adr/012-circuit-breakers.md).
+# One row per (pack, circuit key): a circuit breaker of a handler target (docs/adr/013-circuit-breakers.md).
 # The materializer creates it (and re-declares a changed policy) in the transaction that inserts the
 # key's WorkItems. ``state``: ``closed`` (everything passes), ``open`` (nothing passes until
 # ``open_until``; a ``forced`` open, from the admin API, until an operator closes it) or

@@ -397,7 +397,7 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OpenCircuit(self, request, context):
-        """Force a handler target's circuit breaker open (docs/adr/012-circuit-breakers.md): its items are
+        """Force a handler target's circuit breaker open (docs/adr/013-circuit-breakers.md): its items are
         not claimed (no attempt spent) until CloseCircuit; no claim commits an item of the target after
         the open has committed. Items already claimed finish (role ConnectorOperator).
         """

@@ -1,5 +1,5 @@
 """Every statement on ``connector_circuit``: circuit breakers per handler target
-(docs/adr/012-circuit-breakers.md).
+(docs/adr/013-circuit-breakers.md).
 
 The claim statement (``work_items.WORK_ITEM_CLAIM_BATCH``) is the gate: it admits a circuit's items
 while the circuit is closed, and at most ``half_open_probes`` probes at once while it is half-open
@@ -34,7 +34,7 @@ from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
 
-#: Outcome codes the feed takes (the executor classifies; docs/adr/012-circuit-breakers.md).
+#: Outcome codes the feed takes (the executor classifies; docs/adr/013-circuit-breakers.md).
 SUCCESS = "s"
 FAILURE = "f"
 NEUTRAL = "n"

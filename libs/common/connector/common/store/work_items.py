@@ -120,7 +120,7 @@ class ClaimedRow(NamedTuple):
     concurrency_key: str | None
     #: The debounce key: the executor reads the items this execution covers (docs/packs.md#debounce).
     debounce_key: str | None
-    #: The circuit (handler target) its outcome feeds (docs/adr/012-circuit-breakers.md).
+    #: The circuit (handler target) its outcome feeds (docs/adr/013-circuit-breakers.md).
     circuit_key: str | None
 
 
@@ -181,7 +181,7 @@ SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', {", ".join(["NULL"]
 FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 """
 
-# Circuit breakers (docs/adr/012-circuit-breakers.md, ``store.circuits``): a gate before the flow
+# Circuit breakers (docs/adr/013-circuit-breakers.md, ``store.circuits``): a gate before the flow
 # limits, so a candidate it holds back spends no budget and takes no slot. ``cand_all`` is the
 # candidate read; ``cand`` what the circuits let through (all of it when no candidate has a
 # circuit: the CTEs read no row). The window's circuit rows are read in the statement's snapshot to
@@ -953,7 +953,7 @@ async def work_item_reclaim_expired(conn: Conn, *, limit: int = 500) -> list[Rec
     params = {"ids": [int(r[0]) for r in cands], "tokens": [int(r[1]) for r in cands], "packs": packs}
     slots = {int(r[0]): (int(r[2]), str(r[5])) for r in cands if r[5] is not None}
     # A reclaimed lease says nothing about the target (its holder died or stalled): neutral for the
-    # circuit, but a half-open circuit's probe slot is given back (docs/adr/012-circuit-breakers.md).
+    # circuit, but a half-open circuit's probe slot is given back (docs/adr/013-circuit-breakers.md).
     circuits = {int(r[0]): (int(r[2]), str(r[6]), NEUTRAL) for r in cands if r[6] is not None}
     if slots or circuits:
         # A reclaimed item gives its concurrency slot back in the transaction that moves it out of
@@ -1788,7 +1788,7 @@ class WorkRow:
     #: Debounce key and window; its row is declared and locked in the same transaction, before the
     #: insert (``debounce.debounce_declare``), which also gives ``run_after`` (docs/packs.md#debounce).
     debounce: DebounceKey | None = None
-    #: Circuit (the handler target) and breaker policy (docs/adr/012-circuit-breakers.md); its row
+    #: Circuit (the handler target) and breaker policy (docs/adr/013-circuit-breakers.md); its row
     #: is declared in the same transaction (``circuits.circuit_declare``).
     circuit: CircuitKey | None = None
 

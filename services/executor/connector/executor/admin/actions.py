@@ -237,7 +237,7 @@ def log_pause(event: str, r: PauseResult, *, actor: str, request_id: str, reason
 
 
 # ------------------------------------------------------------------------------------------------
-# Circuit breakers: manual open / close (docs/adr/012-circuit-breakers.md)
+# Circuit breakers: manual open / close (docs/adr/013-circuit-breakers.md)
 # ------------------------------------------------------------------------------------------------
 
 

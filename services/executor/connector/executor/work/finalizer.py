@@ -44,7 +44,7 @@ CIRCUIT_NEUTRAL_CLASSES = frozenset({"lease_exhausted", "handler_unavailable", "
 
 
 def circuit_outcome(out: Outcome | None) -> str:
-    """What an outcome tells the handler target's circuit breaker (docs/adr/012-circuit-breakers.md):
+    """What an outcome tells the handler target's circuit breaker (docs/adr/013-circuit-breakers.md):
     a **failure** is a retry — a retryable failure, a timeout, a connection error, an HTTP 5xx / 408 /
     429, an exception — the target could not do it now; a **success** is a success or a permanent
     failure (the target answered: the request was at fault, not the destination); **neutral**:

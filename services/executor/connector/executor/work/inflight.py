@@ -38,7 +38,7 @@ class InFlight(HandlerContext):
         self.concurrency_key: str | None = row[_CONCURRENCY_KEY]
         #: The item's debounce key: the claimer reads what its execution covers (docs/packs.md#debounce).
         self.debounce_key: str | None = row[_DEBOUNCE_KEY]
-        #: The item's circuit (its handler target, docs/adr/012-circuit-breakers.md): its outcome feeds it.
+        #: The item's circuit (its handler target, docs/adr/013-circuit-breakers.md): its outcome feeds it.
         self.circuit_key: str | None = row[_CIRCUIT_KEY]
         self.runtime: Any = None  # the work type's runtime (handler, retry policy, timeout)
         self.started = False
