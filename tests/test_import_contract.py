@@ -110,6 +110,9 @@ WRITERS: dict[str, frozenset[str]] = {
     # executor: concurrency slots given back with finalize / reclaim, and their periodic check
     "slots_release": frozenset({EXECUTOR_ROLE}),
     "concurrency_check": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    "flow_keys_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    "rate_limit_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    "concurrency_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
     # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
     "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_claim_plain_batch": frozenset({EXECUTOR_ROLE}),

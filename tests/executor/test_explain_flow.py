@@ -208,6 +208,23 @@ def test_slot_release_wake_check_and_stats_probe_by_key(big, mode) -> None:
     assert probe["Actual Loops"] == len(keys) and probe["Actual Rows"] == 1  # one parked item per key
 
 
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_idle_key_retirement_probes_by_key(big, mode) -> None:
+    """A page of 500 keys of each table, each checked by one probe of its per-key index (every key
+    here still has ready items: nothing is deleted); never the WorkItem table."""
+    db, _pack = big
+    params = {"after_pack": -1, "after_key": "", "limit": 500, "idle_s": 0.0}
+    for query, index in (
+        (flow.RATE_LIMIT_RETIRE, "ix_connector_work_item_rate_key"),
+        (flow.CONCURRENCY_RETIRE, "ix_connector_work_item_concurrency_key"),
+    ):
+        nodes = explain_in_rollback(db, query, params, mode)
+        assert not _seq_scans(nodes), (query[:60], _seq_scans(nodes))
+        [probe] = [n for n in nodes if n.get("Index Name") == index]
+        assert probe["Actual Loops"] <= 500 and probe["Actual Rows"] <= 500, probe
+        assert _buffers(nodes[0]) < 10_000, (query[:60], _buffers(nodes[0]))  # ~10 per key of the page
+
+
 def test_control_stats_without_the_key_index_scan_the_table(big) -> None:
     db, pack = big
     setup = ("DROP INDEX ix_connector_work_item_rate_key",)

@@ -426,22 +426,23 @@ work_item = Table(
         "work_id",
         postgresql_where=text(f"target_mutation_lane_key IS NOT NULL AND {LANE_HOLDING_PREDICATE}"),
     ),
-    # Rate-limited items per key, waiting or in flight (stats per key; docs/adr/011-rate-limits.md).
-    # Unlimited items have no entry.
+    # Rate-limited items per key that still need their key row (stats per key: waiting or in flight;
+    # the idle-key retirement: any such item keeps the key, ``flow.FLOW_KEY_HOLDING``; a dead or
+    # cancelled item may be replayed, a blocked one promoted). Unlimited items have no entry.
     Index(
         "ix_connector_work_item_rate_key",
         "installed_pack_id",
         "rate_key",
         "state",
-        postgresql_where=text("rate_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"),
+        postgresql_where=text("rate_key IS NOT NULL AND state <> 'succeeded'"),
     ),
-    # Concurrency-limited items per key, waiting or in flight (stats and the slot check).
+    # Concurrency-limited items per key, likewise (stats, the slot check, the idle-key retirement).
     Index(
         "ix_connector_work_item_concurrency_key",
         "installed_pack_id",
         "concurrency_key",
         "state",
-        postgresql_where=text("concurrency_key IS NOT NULL AND state IN ('pending', 'retry', 'processing')"),
+        postgresql_where=text("concurrency_key IS NOT NULL AND state <> 'succeeded'"),
     ),
     # Parked items per key, oldest first: the ones a released slot wakes.
     Index(

@@ -183,6 +183,10 @@ class ExecutorSettings(UpkeepSettings):
     #: Admin request ids (AIP-155 de-duplication window) older than this are deleted; 0 = keep forever.
     retention_admin_requests_s: float = Field(default=86_400.0, ge=0)
     retention_interval_s: float = Field(default=60.0, gt=0)
+    #: Rate-limit and concurrency key rows no WorkItem needs (every item of the key succeeded or
+    #: deleted), whose budget is full / with no slot taken, and at least this old, are deleted by the
+    #: reclaimer's periodic check (``flow.flow_keys_retire``); 0 = keep them forever.
+    flow_key_idle_s: float = Field(default=3_600.0, ge=0)
     #: Receipts per sweep chunk (one transaction each).
     retention_batch: int = Field(default=1_000, ge=1, le=100_000)
 

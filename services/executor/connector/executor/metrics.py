@@ -172,6 +172,12 @@ CONCURRENCY_REPAIRS = Counter(
     ["what"],
     registry=REGISTRY,
 )
+FLOW_KEYS_RETIRED = Counter(
+    "connector_executor_flow_keys_retired_total",
+    "Idle rate-limit and concurrency key rows deleted (no WorkItem needed them; flow_key_idle_s)",
+    ["table"],
+    registry=REGISTRY,
+)
 RATE_LIMIT_KEYS = Gauge(
     "connector_executor_rate_limit_keys",
     "Rate-limit keys per pack and work type; state: all, exhausted (no budget now)",

@@ -31,14 +31,23 @@ class RateKey:
     burst: int
 
 
+# Idle key rows are deleted (``flow_keys_retire``) under this lock, taken exclusively; every
+# declaration takes it shared for the rest of its transaction (the one that inserts the key's
+# WorkItems). So a retirement's check "no WorkItem needs this key" runs after every declaring
+# transaction before it has committed (it sees their WorkItems), and a declaration after it re-creates
+# a key it deleted (``ON CONFLICT DO NOTHING`` finds no row). Declarations never wait on each other.
+FLOW_KEYS_LOCK_CLASS = 7234104
+KEYS_LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({FLOW_KEYS_LOCK_CLASS}, 0)"
+
 # Keys sorted by (pack, key). New keys are inserted with their budget full (``tat`` now, so
 # ``burst`` claims may go at once); a key whose declared limit changed gets the new limit, keeping
 # its ``tat``. Only rows whose limit differs are updated, so an unchanged key is not locked (the
 # claim's ``SKIP LOCKED`` would otherwise skip it while this transaction runs).
-RATE_LIMIT_DECLARE = """
-WITH d AS (
-  SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[],
-                       %(periods)s::float8[], %(bursts)s::int[])
+RATE_LIMIT_DECLARE = f"""
+WITH lk AS MATERIALIZED ({KEYS_LOCK_SHARED}
+), d AS (
+  SELECT d.* FROM lk, unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[],
+                             %(periods)s::float8[], %(bursts)s::int[])
     AS d(pack, rate_key, work_type, limit_n, period_s, burst)
 ), ins AS (
   INSERT INTO connector_rate_limit (installed_pack_id, rate_key, work_type, limit_n, period_s, burst)
@@ -151,9 +160,10 @@ class SlotKey:
 
 # Like RATE_LIMIT_DECLARE: new keys start with no slot taken; a changed limit applies at once (a
 # lower one lets the items in flight finish: nothing is taken back).
-CONCURRENCY_DECLARE = """
-WITH d AS (
-  SELECT * FROM unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[])
+CONCURRENCY_DECLARE = f"""
+WITH lk AS MATERIALIZED ({KEYS_LOCK_SHARED}
+), d AS (
+  SELECT d.* FROM lk, unnest(%(packs)s::bigint[], %(keys)s::text[], %(work_types)s::text[], %(limits)s::int[])
     AS d(pack, concurrency_key, work_type, max_in_flight)
 ), ins AS (
   INSERT INTO connector_concurrency_limit (installed_pack_id, concurrency_key, work_type, max_in_flight)
@@ -375,3 +385,131 @@ async def concurrency_stats(conn: Conn, pack: int | None, limit: int = 1000) -> 
     cur = await conn.execute(CONCURRENCY_STATS, {"pack": pack, "limit": limit})
     cols = [d.name for d in cur.description or ()]
     return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+
+
+# --------------------------------------------------------------------------------------------------
+# Idle key rows
+# --------------------------------------------------------------------------------------------------
+
+#: A key row is idle, and deleted, once no WorkItem needs it: every WorkItem of the key is
+#: ``succeeded`` (the states in ``ix_connector_work_item_rate_key`` / ``_concurrency_key``: a dead or
+#: cancelled one may be replayed, a blocked one promoted), its budget is full (``tat`` at least
+#: ``idle_s`` in the past: a new row would start the same) or no slot is taken, and it is at least
+#: ``idle_s`` old. A new WorkItem of the key re-creates it (the materializer's declaration).
+FLOW_KEYS_RETIRE_LOCK = f"SELECT pg_advisory_xact_lock({FLOW_KEYS_LOCK_CLASS}, 0)"
+
+# One page of keys after the cursor, in key order, locked SKIP LOCKED (a claim holding a key is left
+# for the next round), deleted through their primary key (both columns ``= ANY`` of the page, so a
+# generic plan probes the index too instead of hashing the key table). Returns the page's size, how
+# many rows were deleted and the page's last key. The second statement of the retirement's
+# transaction: its snapshot follows the exclusive lock.
+RATE_LIMIT_RETIRE = """
+WITH page AS (
+  SELECT k.installed_pack_id, k.rate_key FROM connector_rate_limit k
+  WHERE (k.installed_pack_id, k.rate_key) > (%(after_pack)s::bigint, %(after_key)s::text)
+  ORDER BY k.installed_pack_id, k.rate_key
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+), gone AS (
+  DELETE FROM connector_rate_limit k USING page p
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT p.installed_pack_id FROM page p))
+    AND k.rate_key = ANY (ARRAY(SELECT p.rate_key FROM page p))
+    AND k.installed_pack_id = p.installed_pack_id AND k.rate_key = p.rate_key
+    AND k.tat <= now() - make_interval(secs => %(idle_s)s::float8)
+    AND k.created_at <= now() - make_interval(secs => %(idle_s)s::float8)
+    AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                    WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
+                      AND w.state <> 'succeeded')
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM gone), l.installed_pack_id, l.rate_key
+FROM (SELECT 1) one
+LEFT JOIN (SELECT p.installed_pack_id, p.rate_key FROM page p
+           ORDER BY p.installed_pack_id DESC, p.rate_key DESC LIMIT 1) l ON true
+"""
+
+CONCURRENCY_RETIRE = """
+WITH page AS (
+  SELECT k.installed_pack_id, k.concurrency_key FROM connector_concurrency_limit k
+  WHERE (k.installed_pack_id, k.concurrency_key) > (%(after_pack)s::bigint, %(after_key)s::text)
+  ORDER BY k.installed_pack_id, k.concurrency_key
+  LIMIT %(limit)s
+  FOR UPDATE SKIP LOCKED
+), gone AS (
+  DELETE FROM connector_concurrency_limit k USING page p
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT p.installed_pack_id FROM page p))
+    AND k.concurrency_key = ANY (ARRAY(SELECT p.concurrency_key FROM page p))
+    AND k.installed_pack_id = p.installed_pack_id AND k.concurrency_key = p.concurrency_key
+    AND k.in_flight = 0
+    AND k.created_at <= now() - make_interval(secs => %(idle_s)s::float8)
+    AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                    WHERE w.installed_pack_id = k.installed_pack_id
+                      AND w.concurrency_key = k.concurrency_key AND w.state <> 'succeeded')
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM gone), l.installed_pack_id, l.concurrency_key
+FROM (SELECT 1) one
+LEFT JOIN (SELECT p.installed_pack_id, p.concurrency_key FROM page p
+           ORDER BY p.installed_pack_id DESC, p.concurrency_key DESC LIMIT 1) l ON true
+"""
+
+
+@dataclass(slots=True)
+class KeyCursor:
+    """Where the retirement of one key table continues (it walks the keys a few pages per round)."""
+
+    pack: int = -1
+    key: str = ""
+
+
+async def _retire_page(
+    conn: Conn, statement: str, cursor: KeyCursor, idle_s: float, limit: int
+) -> tuple[int, bool]:
+    """One page of ``statement`` after ``cursor`` in one transaction (the exclusive keys lock first);
+    moves the cursor. Returns (rows deleted, whether the table's end was reached)."""
+    params = {"after_pack": cursor.pack, "after_key": cursor.key, "limit": limit, "idle_s": float(idle_s)}
+    async with conn.transaction():
+        await conn.execute(FLOW_KEYS_RETIRE_LOCK)
+        cur = await conn.execute(statement, params)
+        row = await cur.fetchone()
+    assert row is not None
+    if int(row[0]) < limit:  # the end of the table: start over next time
+        cursor.pack, cursor.key = -1, ""
+        return int(row[1]), True
+    cursor.pack, cursor.key = int(row[2]), str(row[3])
+    return int(row[1]), False
+
+
+async def rate_limit_retire(
+    conn: Conn, cursor: KeyCursor, *, idle_s: float, limit: int = 500
+) -> tuple[int, bool]:
+    """Delete the idle rate-limit keys of one page after ``cursor`` (see ``RATE_LIMIT_RETIRE``)."""
+    return await _retire_page(conn, RATE_LIMIT_RETIRE, cursor, idle_s, limit)
+
+
+async def concurrency_retire(
+    conn: Conn, cursor: KeyCursor, *, idle_s: float, limit: int = 500
+) -> tuple[int, bool]:
+    """Delete the idle concurrency keys of one page after ``cursor`` (see ``CONCURRENCY_RETIRE``)."""
+    return await _retire_page(conn, CONCURRENCY_RETIRE, cursor, idle_s, limit)
+
+
+async def flow_keys_retire(
+    conn: Conn,
+    cursors: tuple[KeyCursor, KeyCursor],
+    *,
+    idle_s: float,
+    limit: int = 500,
+    pages: int = 4,
+) -> tuple[int, int]:
+    """Delete idle rate-limit and concurrency key rows: at most ``pages`` pages of ``limit`` keys of
+    each table per call, continuing from ``cursors`` (rate, concurrency; wrapped at the table's end),
+    each page one short transaction. Returns the rows deleted (rate, concurrency)."""
+    deleted = [0, 0]
+    for i, (retire, cursor) in enumerate(zip((rate_limit_retire, concurrency_retire), cursors, strict=True)):
+        for _ in range(pages):
+            n, end = await retire(conn, cursor, idle_s=idle_s, limit=limit)
+            deleted[i] += n
+            if end:
+                break
+    return deleted[0], deleted[1]

@@ -64,6 +64,7 @@ class EngineConfig:
     pack_budgets: dict[str, int] = field(default_factory=dict)
     fair: bool = True
     handler_threads: int = 0  # 0: workers
+    flow_key_idle_s: float = 3_600.0  # idle flow key rows older than this are deleted (0: never)
 
     @property
     def capacity(self) -> int:
@@ -244,6 +245,7 @@ def engine_config_from_settings(cfg: Any, **overrides: Any) -> EngineConfig:
         pack_max_inflight=getattr(cfg, "pack_max_inflight", 0),
         pack_budgets=parse_budgets(getattr(cfg, "pack_budgets", "")),
         handler_threads=getattr(cfg, "handler_threads", 0),
+        flow_key_idle_s=getattr(cfg, "flow_key_idle_s", 3_600.0),
     )
     for k, v in overrides.items():
         setattr(ec, k, v)

@@ -3,7 +3,8 @@ back to ``retry`` (``dead`` when attempts are exhausted) with ``work_item_reclai
 re-checks state, token and expiry in the same statement, so any number of reclaimers is safe. A
 reclaimed item gives its concurrency slot back in the same transaction. Every
 ``CHECK_EVERY`` rounds it also runs the concurrency-slot check (``flow.concurrency_check``: recount
-each key's slots from its processing rows, wake parked items with free slots; healthy: nothing).
+each key's slots from its processing rows, wake parked items with free slots; healthy: nothing) and
+deletes idle rate-limit and concurrency key rows (``flow.flow_keys_retire``, ``flow_key_idle_s``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Reclaimer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._rounds = 0
+        self._key_cursors = (flow.KeyCursor(), flow.KeyCursor())  # where the idle-key walk continues
 
     async def run(self) -> None:
         e = self.engine
@@ -38,6 +40,7 @@ class Reclaimer:
                 self._rounds += 1
                 if self._rounds % CHECK_EVERY == 0:
                     await self.check_slots()
+                    await self.retire_keys()
             except asyncio.CancelledError:
                 raise
             except psycopg.errors.DeadlockDetected:
@@ -59,6 +62,20 @@ class Reclaimer:
             e.scheduler.mark_ready({r.installed_pack_id for r in rows})
             e.wake.set()
         return rows
+
+    async def retire_keys(self) -> tuple[int, int]:
+        """Delete idle flow key rows (a few pages per table per call)."""
+        e = self.engine
+        idle_s = e.cfg.flow_key_idle_s
+        if idle_s <= 0:
+            return (0, 0)
+        async with e.pool.connection() as conn:
+            rate, slots = await flow.flow_keys_retire(conn, self._key_cursors, idle_s=idle_s)
+        if rate:
+            m.FLOW_KEYS_RETIRED.labels("rate_limit").inc(rate)
+        if slots:
+            m.FLOW_KEYS_RETIRED.labels("concurrency").inc(slots)
+        return rate, slots
 
     async def check_slots(self) -> flow.SlotCheck:
         e = self.engine
