@@ -236,10 +236,17 @@ SELECT %(id)s, %(token)s, %(attempt)s, %(covered)s, %(events)s, %(phase)s, %(pid
 
 @work_handler(needs_event=False)
 async def record_debounce(ctx: HandlerContext) -> Outcome | None:
-    """One row per execution of a debounced item: what it covers (``ctx.coalesced_*``) and whether
-    it succeeded (``ok``) or failed its first attempt (``fail``: items with ``work_id % mod == 0``
-    under ``EXECUTOR_TEST_FAIL_FIRST_MOD``, after ``EXECUTOR_TEST_FAIL_SLEEP_S``; the others sleep
-    ``EXECUTOR_TEST_SLEEP_S`` + jitter)."""
+    """Rows per execution of a debounced item: ``start`` when called, then what it covers
+    (``ctx.coalesced_*``, in both rows) and whether it succeeded (``ok``) or failed its first
+    attempt (``fail``: items with ``work_id % mod == 0`` under ``EXECUTOR_TEST_FAIL_FIRST_MOD``,
+    after ``EXECUTOR_TEST_FAIL_SLEEP_S``; the others sleep ``EXECUTOR_TEST_SLEEP_S`` + jitter).
+    ``EXECUTOR_TEST_HOLD_AFTER`` holds executions as ``record`` does."""
+    global _started
+    await _debounce_effect(ctx, "start")
+    _started += 1
+    hold = int(_env_f("EXECUTOR_TEST_HOLD_AFTER"))
+    if hold and _started > hold:
+        await asyncio.Event().wait()  # held: only the process's death ends this execution
     failing = _fails_first(ctx)
     sleep = (
         _env_f("EXECUTOR_TEST_FAIL_SLEEP_S")
@@ -248,6 +255,11 @@ async def record_debounce(ctx: HandlerContext) -> Outcome | None:
     )
     if sleep:
         await asyncio.sleep(sleep)
+    await _debounce_effect(ctx, "fail" if failing else "ok")
+    return Outcome.retry(0.05, "test_first_attempt") if failing else None
+
+
+async def _debounce_effect(ctx: HandlerContext, phase: str) -> None:
     conn = await _aconn()
     assert _lock is not None
     async with _lock:
@@ -259,8 +271,7 @@ async def record_debounce(ctx: HandlerContext) -> Outcome | None:
                 "attempt": ctx.attempt,
                 "covered": list(ctx.coalesced_work_ids),
                 "events": list(ctx.coalesced_event_ids),
-                "phase": "fail" if failing else "ok",
+                "phase": phase,
                 "pid": os.getpid(),
             },
         )
-    return Outcome.retry(0.05, "test_first_attempt") if failing else None

@@ -64,10 +64,10 @@ async def _complete(adb, rows) -> None:
 async def test_a_burst_is_one_execution_of_its_newest_item(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     # Two materializer batches for key a (3 + 2 items), one for b; a plain item beside them.
-    a = await seed.seed_debounced(adb, pack, ["a"] * 3, window_s=0.3)
-    b = await seed.seed_debounced(adb, pack, ["b"], window_s=0.3)
-    a += await seed.seed_debounced(adb, pack, ["a"] * 2, window_s=0.3)
-    plain = await seed.seed_debounced(adb, pack, [None], window_s=0.3)
+    a = await seed.seed_debounced(adb, pack, ["a"] * 3, window_s=2.0)
+    b = await seed.seed_debounced(adb, pack, ["b"], window_s=2.0)
+    a += await seed.seed_debounced(adb, pack, ["a"] * 2, window_s=2.0)
+    plain = await seed.seed_debounced(adb, pack, [None], window_s=2.0)
     assert _live(db) == sorted([a[-1], b[0], plain[0]])  # only each key's newest is live
     # Before the window passed only the plain item runs.
     first = await _claim(adb, pack)
@@ -110,7 +110,7 @@ async def test_a_retry_behind_a_newer_item_is_covered_by_it(db, adb) -> None:
     x = await seed.seed_debounced(adb, pack, ["k"], window_s=0.2)
     await _wait_due(db, x[0])
     (xr,) = await _claim(adb, pack)
-    n = await seed.seed_debounced(adb, pack, ["k"], window_s=1.0)
+    n = await seed.seed_debounced(adb, pack, ["k"], window_s=2.5)  # not due by the next claim
     fail = FailBatch()
     fail.add(xr[0], xr[1], FailOp.RETRY, delay=0.0, failure_class="x", summary="y")
     await work_items.work_item_finalize(adb, [], [], fail)
@@ -126,6 +126,8 @@ async def test_a_retry_behind_a_newer_item_is_covered_by_it(db, adb) -> None:
     rows = await _claim(adb, pack)
     assert [r[0] for r in rows] == n
     assert _states(db)[x[0]] == ("coalesced", n[0])
+    outcome = db.execute("SELECT outcome FROM connector_work_item WHERE work_id = %s", (x[0],)).fetchone()[0]
+    assert outcome == "coalesced"  # covered at N's claim: N's handler lists it
 
 
 async def test_a_retry_overtaken_by_a_newer_execution_is_not_run_again(db, adb) -> None:
@@ -144,6 +146,8 @@ async def test_a_retry_overtaken_by_a_newer_execution_is_not_run_again(db, adb) 
     await work_items.work_item_finalize(adb, [], [], fail)
     assert await _claim(adb, pack) == []
     assert _states(db)[x[0]] == ("coalesced", n[0])
+    outcome = db.execute("SELECT outcome FROM connector_work_item WHERE work_id = %s", (x[0],)).fetchone()[0]
+    assert outcome == "overtaken"  # N's handler, already running, was not told
     # N's own retry runs again: it is the newest.
     fail = FailBatch()
     fail.add(nr[0], nr[1], FailOp.RETRY, delay=0.0, failure_class="x", summary="y")
@@ -153,21 +157,37 @@ async def test_a_retry_overtaken_by_a_newer_execution_is_not_run_again(db, adb) 
 
 
 async def test_max_wait_bounds_a_continuous_stream(db, adb) -> None:
-    """An item every 0.1 s with a 0.5 s window would never go quiet; max_wait 1 s makes the newest
-    run about a second after the first of the stream."""
+    """Items keep arriving faster than the window: each new newest is due at ``least(its creation +
+    window_s, the oldest waiting item's creation + max_wait_s)`` (database times; never before its
+    own creation), so the stream runs by the bound — and once it ran, the next burst starts its own
+    bound. The checks read the database's times, not this test's speed."""
     pack = seed.seed_pack(db, "p", WT)
-    t0 = time.monotonic()
     ids: list[int] = []
     claimed: list[int] = []
+    t0 = time.monotonic()
     while not claimed:
-        assert time.monotonic() - t0 < 10, "the stream never executed"
+        assert time.monotonic() - t0 < 20, "the stream never executed"
         ids += await seed.seed_debounced(adb, pack, ["k"], window_s=0.5, max_wait_s=1.0)
+        due, expected = db.execute(
+            """SELECT w.run_after,
+                      greatest(w.created_at,
+                               least(w.created_at + interval '0.5 s', f.created_at + interval '1 s'))
+               FROM connector_work_item w, connector_work_item f
+               WHERE w.work_id = %s AND f.work_id = %s""",
+            (ids[-1], ids[0]),
+        ).fetchone()
+        assert due == expected  # (never before its own creation)
         claimed = [r[0] for r in await _claim(adb, pack)]
-        await asyncio.sleep(0.1)
-    assert claimed == [ids[-1]] or claimed == [ids[-2]]
-    assert len(ids) >= 5  # the window alone never passed
+        await asyncio.sleep(0.05)
+    assert claimed[0] in ids[-2:]  # the newest when it came due (one may have arrived since)
     states = _states(db)
     assert all(states[w][0] == "coalesced" for w in ids if w < claimed[0])
+    # The next burst: its first item's bound counts from its own creation.
+    nxt = await seed.seed_debounced(adb, pack, ["k"], window_s=0.5, max_wait_s=1.0)
+    due, created = db.execute(
+        "SELECT run_after, created_at FROM connector_work_item WHERE work_id = %s", (nxt[0],)
+    ).fetchone()
+    assert (due - created).total_seconds() == 0.5
 
 
 async def test_a_key_row_held_elsewhere_leaves_its_candidates_alone(db, db_url, adb) -> None:

@@ -32,7 +32,7 @@ import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import ROOT, wait_for
+from tests.executor.helpers import ROOT, kill_9, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -137,13 +137,13 @@ async def _run(db: psycopg.Connection, adb: Any, spawn: Any, control: str | None
     return keys
 
 
-async def test_two_processes_coalesce_bursts_in_order_and_lose_nothing(db, adb, spawn) -> None:
-    keys = await _run(db, adb, spawn, None)
+def _check(db: psycopg.Connection, keys: dict[int, str], *, processes: int = 2) -> None:
+    """Every check of the module docstring (the source lane's too)."""
     ids = sorted(keys)
     rows = {
         int(r[0]): r
         for r in db.execute(
-            "SELECT work_id, state, covered_by, attempts, created_at FROM connector_work_item"
+            "SELECT work_id, state, covered_by, attempts, created_at, outcome FROM connector_work_item"
             " WHERE work_id = ANY(%s)",
             (ids,),
         ).fetchall()
@@ -171,10 +171,11 @@ async def test_two_processes_coalesce_bursts_in_order_and_lose_nothing(db, adb, 
         while rows[root][1] == "coalesced":
             root = int(rows[root][2])
         assert rows[root][1] == "succeeded"
-    # What the executions list: an item that never ran is listed by an execution of an item on its
-    # chain of covers (the covering execution's own, or — when the item that covered it failed
-    # after a newer one had started — by that failed attempt); no item is listed by two succeeded
-    # executions; what is listed is older than the executed item, and of its key.
+    # What the executions list: an item that never ran was given to a handler call of an item on its
+    # chain of covers (the covering execution's own, or — when the item that covered it failed or
+    # died after a newer one had started — that attempt's; ``start`` rows record every call); no item
+    # is listed by two succeeded executions; what is listed is older than the executed item, and of
+    # its key.
     listed: dict[int, int] = {}
     seen_by: dict[int, set[int]] = {}
     for work_id, covered, _ in ok:
@@ -187,20 +188,22 @@ async def test_two_processes_coalesce_bursts_in_order_and_lose_nothing(db, adb, 
         for c in covered:
             assert c < work_id and keys[c] == keys[work_id]
             seen_by.setdefault(c, set()).add(int(work_id))
+    # Walk w's chain of covers: a handler call of some cover lists w, unless the chain reaches a
+    # cover that was *overtaken* (coalesced into a newer execution that had started already: that
+    # handler was not told) before any call of a cover listed it.
     never_ran = [w for w in coalesced if rows[w][3] == 0]
     assert never_ran
     for w in never_ran:
-        chain, c = set(), int(rows[w][2])
-        while True:
-            chain.add(c)
-            if rows[c][1] != "coalesced":
+        c = int(rows[w][2])
+        while c not in seen_by.get(w, set()):
+            assert rows[c][1] == "coalesced", f"{w}: its cover {c} ran, but no call of it listed {w}"
+            if rows[c][5] == "overtaken":
                 break
             c = int(rows[c][2])
-        assert seen_by.get(w, set()) & chain, f"{w} was listed by no execution of its covers {chain}"
     assert not set(listed) & executed
     # Executions in order per key; both processes took part; the source lane kept its order.
     assert _order_violations(db, keys) == 0
-    assert len({r[2] for r in ok}) == 2
+    assert len({r[2] for r in ok}) == processes
     lane_rows = db.execute(
         """SELECT w.source_lane_key, l.work_id FROM test_claim_log l
            JOIN connector_work_item w ON w.work_id = l.work_id
@@ -211,6 +214,63 @@ async def test_two_processes_coalesce_bursts_in_order_and_lose_nothing(db, adb, 
         assert work_id >= last.get(lane, 0), f"lane {lane}: {work_id} after {last[lane]}"
         last[lane] = work_id
     assert lane_rows
+
+
+async def test_two_processes_coalesce_bursts_in_order_and_lose_nothing(db, adb, spawn) -> None:
+    keys = await _run(db, adb, spawn, None)
+    _check(db, keys)
+
+
+async def test_kill_9_and_lease_expiry_lose_nothing_and_keep_the_order(db, adb, spawn) -> None:
+    """A holds every debounced execution after its first 20 and is killed while items keep
+    arriving; B reclaims A's orphans after their leases expire. An orphan that newer items of its
+    key overtook meanwhile is coalesced into them, one that is still its key's newest runs again:
+    the same checks hold over every claim, A's included."""
+    pack = _pack(db)
+    env = {**_env(None), "CONNECTOR_EXECUTOR_LEASE_S": "2"}
+    a = spawn(extra_env={**env, "EXECUTOR_TEST_HOLD_AFTER": "20"})
+    a_id = a.wait_registered(db)
+    rnd = random.Random(77)
+    keys = await _feed(db, adb, pack, 2.0, rnd)
+    wait_for(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s"
+                " AND debounce_key IS NOT NULL",
+                (a_id,),
+            ).fetchone()[0]
+            >= 4
+        ),
+        30,
+        "A holds debounced items",
+    )
+    b = spawn(extra_env=env)
+    b.wait_registered(db)
+    kill_9(db, a, "A's sessions gone")
+    orphans = [
+        int(r[0])
+        for r in db.execute(
+            "SELECT work_id FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s"
+            " AND debounce_key IS NOT NULL",
+            (a_id,),
+        ).fetchall()
+    ]
+    assert orphans
+    keys.update(await _feed(db, adb, pack, 3.0, rnd))
+    wait_for(lambda: _open(db) == 0, 120, "every item finished or coalesced")
+    assert b.stop() == 0
+    _check(db, keys)
+    # Each orphan was re-run by B (claimed again) or covered by a newer execution of its key.
+    rows = dict(
+        db.execute(
+            "SELECT work_id, state FROM connector_work_item WHERE work_id = ANY(%s)", (orphans,)
+        ).fetchall()
+    )
+    reclaimed = db.execute(
+        "SELECT count(DISTINCT work_id) FROM test_claim_log WHERE work_id = ANY(%s) AND token > 1", (orphans,)
+    ).fetchone()[0]
+    assert set(rows.values()) <= {"succeeded", "coalesced"}
+    assert reclaimed + sum(1 for s in rows.values() if s == "coalesced") >= len(orphans)
 
 
 async def test_control_an_overtaken_retry_run_again_breaks_the_order(db, adb, spawn) -> None:

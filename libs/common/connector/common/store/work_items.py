@@ -359,8 +359,8 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
     ON k.pack = c.pack AND k.work_type = c.work_type AND k.debounce_key = c.debounce_key
   WHERE c.debounce_key IS NOT NULL AND c.rate_key IS NULL AND c.concurrency_key IS NULL
 ), dcover AS (
-  SELECT x.work_id, t.into FROM (
-    SELECT k.pack, k.work_type, k.debounce_key,
+  SELECT x.work_id, t.into, t.late FROM (
+    SELECT k.pack, k.work_type, k.debounce_key, k.newest < k.last_claimed_id AS late,
            CASE WHEN k.newest < k.last_claimed_id THEN k.last_claimed_id ELSE k.newest END AS into,
            CASE WHEN k.newest < k.last_claimed_id THEN k.newest + 1 ELSE k.newest END AS below
     FROM dkeys k
@@ -374,8 +374,9 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
   ) x
 ), dcoalesced AS (
   UPDATE connector_work_item x
-  SET state = 'coalesced', outcome = 'coalesced', covered_by = d.into, lease_owner = NULL,
-      lease_until = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+  SET state = 'coalesced', outcome = CASE WHEN d.late THEN 'overtaken' ELSE 'coalesced' END,
+      covered_by = d.into, lease_owner = NULL, lease_until = NULL, finished_at = clock_timestamp(),
+      updated_at = clock_timestamp()
   FROM dcover d
   WHERE x.work_id = ANY (ARRAY(SELECT d.work_id FROM dcover d)) AND x.work_id = d.work_id
 ), dparked AS (

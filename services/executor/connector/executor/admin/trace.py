@@ -200,11 +200,17 @@ def why_not_running(
         )
     if state == "coalesced":
         cover = int(item.get("w_covered_by") or 0)
+        how = (
+            "whose execution had started before this one's retry came up (it overtook it; that"
+            " handler was not told about this one)"
+            if item.get("w_outcome") == "overtaken"
+            else "whose execution covers it"
+        )
         return Wait(
             pb.WAIT_REASON_COALESCED,
             f"coalesced at {_when(item.get('w_finished_at'))} into work item {cover}, a newer item of"
-            f" debounce key {item.get('w_debounce_key')!r} whose execution covers it (it did not run"
-            f" itself; connector admin trace of {cover} shows that execution)",
+            f" debounce key {item.get('w_debounce_key')!r} {how} (it did not run again itself;"
+            f" connector admin trace of {cover} shows that execution)",
             blocking_work_id=cover,
         )
     if state == "reconciled_legacy_terminal":
