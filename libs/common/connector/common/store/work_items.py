@@ -242,11 +242,9 @@ CIRCUIT_GATE = f"""
   FROM circ_verdict v
   WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM circ_verdict v WHERE v.locked AND NOT v.ok))
     AND d.work_id = v.work_id
-), cand AS (
-  SELECT c.work_id, c.pack, c.qc, {_FLOW_OUT} FROM cand_all c WHERE c.circuit_key IS NULL
-  UNION ALL
-  SELECT c.work_id, c.pack, c.qc, {_FLOW_OUT}
-  FROM cand_all c JOIN circ_verdict v ON v.work_id = c.work_id WHERE v.ok"""
+), cand AS (  -- a filter, not a join: the planner's row estimates stay those of the candidate read
+  SELECT c.work_id, c.pack, c.qc, {_FLOW_OUT} FROM cand_all c
+  WHERE c.circuit_key IS NULL OR c.work_id = ANY (ARRAY(SELECT v.work_id FROM circ_verdict v WHERE v.ok))"""
 
 # The probes the claim admitted (after the flow limits), added to their circuits' ``probe_ids``; a
 # circuit whose ``open_s`` passed becomes half-open with them.
