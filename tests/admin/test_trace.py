@@ -114,6 +114,15 @@ async def test_the_reason_of_every_wait(admin: Admin, seed: Seed) -> None:
         and "(delay)" in got[behind_delayed].wait.detail
     )
     assert "handler_error" in got[dead].wait.detail and f"dlq replay {dead}" in got[dead].wait.detail
+    # A due item says how its priority ranks it (docs/adr/014-priorities.md); without a head, nothing.
+    assert "ranked as if due" not in got[due].wait.detail and "in claim order" in got[due].wait.detail
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET priority = 50, priority_head_s = 50 WHERE work_id = %s", (due,)
+    )
+    ranked = (await _item_trace(admin, due)).wait
+    assert (
+        ranked.reason == pb.WAIT_REASON_DUE and "(priority 50: ranked as if due 50 s earlier" in ranked.detail
+    )
     assert got[running].wait.lease_owner == "executor-1" and got[running].wait.HasField("until")
     assert got[expired].wait.lease_owner == "executor-1"
     # Backoff: until is the item's run_after.

@@ -23,9 +23,12 @@ from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 _PACK_SEQ = 0
 
 
-def manifest(name: str, work_types: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A valid manifest with the given work types and one route fanning out to all of them."""
-    doc = {
+def manifest(
+    name: str, work_types: dict[str, dict[str, Any]], queue_classes: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A valid manifest with the given work types (and ``queue_classes``, when given) and one route
+    fanning out to all of them."""
+    doc: dict[str, Any] = {
         "name": name,
         "namespace": name,
         "work_types": work_types,
@@ -38,6 +41,8 @@ def manifest(name: str, work_types: dict[str, dict[str, Any]]) -> dict[str, Any]
             }
         ],
     }
+    if queue_classes is not None:
+        doc["queue_classes"] = queue_classes
     Manifest.model_validate(doc)
     return doc
 
@@ -72,9 +77,10 @@ def seed_pack(
     *,
     generation: int = 1,
     authority: bool = True,
+    queue_classes: dict[str, Any] | None = None,
 ) -> int:
     """Install a pack generation (active, WorkItem-owned with an install receipt when ``authority``)."""
-    doc = manifest(name, work_types)
+    doc = manifest(name, work_types, queue_classes)
     row = conn.execute(
         """INSERT INTO connector_installed_pack (name, namespace, active_generation)
            VALUES (%s, %s, %s)
@@ -144,6 +150,8 @@ def seed_items(
     concurrency: int = 1,
     circuit_keys: Sequence[str | None] | None = None,
     circuit: dict[str, Any] | None = None,
+    heads: Sequence[float] | None = None,
+    run_afters: Sequence[float] | None = None,
 ) -> list[int]:
     """Insert ``n`` receipts, events and WorkItems in delivery order; returns the work ids.
 
@@ -152,7 +160,9 @@ def seed_items(
     ``rate_keys`` give each item's rate-limit key (None: unlimited); their key rows are declared with
     ``rate_limit`` = (limit, period_s, burst), as the materializer does (``flow.RATE_LIMIT_DECLARE``);
     ``concurrency_keys`` likewise, each key with at most ``concurrency`` in flight; ``circuit_keys``
-    likewise, each circuit with the breaker policy ``circuit`` (``packs.CircuitBreaker`` fields)."""
+    likewise, each circuit with the breaker policy ``circuit`` (``packs.CircuitBreaker`` fields).
+    ``heads`` give each item's ``priority_head_s`` (claim order, docs/adr/014-priorities.md; default
+    0) and ``run_afters`` each item's due time in seconds from now (default ``run_after_s``)."""
     if n == 0:
         return []
     src = list(source_lanes) if source_lanes is not None else [None] * n
@@ -161,7 +171,9 @@ def seed_items(
     rk = list(rate_keys) if rate_keys is not None else [None] * n
     ck = list(concurrency_keys) if concurrency_keys is not None else [None] * n
     cb = list(circuit_keys) if circuit_keys is not None else [None] * n
-    assert len(src) == len(tgt) == len(lab) == len(rk) == len(ck) == len(cb) == n
+    hd = [float(h) for h in heads] if heads is not None else [0.0] * n
+    ra = [float(r) for r in run_afters] if run_afters is not None else [float(run_after_s)] * n
+    assert len(src) == len(tgt) == len(lab) == len(rk) == len(ck) == len(cb) == len(hd) == len(ra) == n
     circuits = sorted({k for k in cb if k is not None})
     if circuits:
         pol = CircuitBreaker.model_validate(circuit or {})
@@ -209,9 +221,10 @@ def seed_items(
     rows = conn.execute(
         """
         WITH seq AS (
-          SELECT i, s, t, l, k, c, b FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[],
-                                              %(rk)s::text[], %(ck)s::text[], %(cb)s::text[])
-            WITH ORDINALITY AS x(s, t, l, k, c, b, i)
+          SELECT i, s, t, l, k, c, b, h, ra FROM unnest(%(src)s::text[], %(tgt)s::text[], %(lab)s::text[],
+                                              %(rk)s::text[], %(ck)s::text[], %(cb)s::text[],
+                                              %(hd)s::float8[], %(ra)s::float8[])
+            WITH ORDINALITY AS x(s, t, l, k, c, b, h, ra, i)
         ), receipts AS (
           INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
             content_type, received_at, payload_sha256, body, verification, router_status)
@@ -229,11 +242,11 @@ def seed_items(
         )
         INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type, queue_class,
           state, run_after, max_attempts, delivery_seq, source_lane_key, target_mutation_lane_key,
-          dead_blocks_lane, rate_key, concurrency_key, circuit_key)
+          dead_blocks_lane, rate_key, concurrency_key, circuit_key, priority_head_s)
         SELECT e.event_id, %(pack)s, %(gen)s, %(wt)s, %(qc)s,
                CASE WHEN seq.s IS NULL AND seq.t IS NULL THEN 'pending' ELSE 'blocked' END,
-               now() + make_interval(secs => %(ra)s), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s,
-               seq.k, seq.c, seq.b
+               now() + make_interval(secs => seq.ra), %(ma)s, e.receipt_id, seq.s, seq.t, %(dbl)s,
+               seq.k, seq.c, seq.b, seq.h
         FROM events e JOIN seq ON e.idempotency_key = %(tag)s || ':' || seq.i
         ORDER BY seq.i
         RETURNING work_id
@@ -251,7 +264,8 @@ def seed_items(
             "gen": generation,
             "wt": work_type,
             "qc": queue_class,
-            "ra": run_after_s,
+            "ra": ra,
+            "hd": hd,
             "ma": max_attempts,
             "dbl": dead_blocks_lane,
         },

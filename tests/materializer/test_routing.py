@@ -57,15 +57,18 @@ async def test_fan_out_creates_one_event_and_its_work_items(adb, make_router) ->
     items = await rows(
         adb,
         """SELECT w.work_type, w.queue_class, w.state, w.priority, w.max_attempts, w.delivery_seq,
-                  w.source_lane_key, round(extract(epoch FROM w.created_at - w.run_after))::int
+                  w.source_lane_key, round(extract(epoch FROM w.created_at - w.run_after))::int,
+                  w.priority_head_s
            FROM connector_work_item w JOIN connector_event e USING (event_id)
            WHERE e.receipt_id = %s ORDER BY work_id""",
         (ids[0],),
     )
     assert items == [
-        ("sync", "crm", "pending", 10, 4, ids[0], None, 10),  # priority = a 10 s head start
-        ("audit", "default", "pending", -5, 10, ids[0], None, -5),
-        ("notify", "bulk", "pending", 0, 10, ids[0], None, 0),
+        # Due at once (run_after = now); priority is the head start in the claim order, 1 s a point
+        # by default, counted from the queue class's lowest priority when that is negative (ADR 014).
+        ("sync", "crm", "pending", 10, 4, ids[0], None, 0, 10.0),
+        ("audit", "default", "pending", -5, 10, ids[0], None, 0, 0.0),
+        ("notify", "bulk", "pending", 0, 10, ids[0], None, 0, 0.0),
     ]
     # Running again finds nothing to do and duplicates nothing.
     assert (await router.drain()).claimed == 0

@@ -124,7 +124,14 @@ async def _load_routes(
             )
             out[int(row["route_id"])] = None
             continue
-        route = ActiveRoute(int(row["route_id"]), int(row["route_version"]), spec.key, spec, work_types)
+        route = ActiveRoute(
+            int(row["route_id"]),
+            int(row["route_version"]),
+            spec.key,
+            spec,
+            work_types,
+            manifest.priority_heads(),
+        )
         out[int(row["route_id"])] = (route, str(row["name"]))
     for missing in ids - out.keys():
         out[missing] = None

@@ -118,6 +118,8 @@ class WorkDraft:
     #: Circuit key (the handler target) and its breaker policy; None: no breaker.
     circuit_key: str | None = None
     circuit: CircuitBreaker | None = None
+    #: Head start in the claim order (docs/adr/014-priorities.md; ``packs.priority_heads``).
+    priority_head_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +199,8 @@ class WorkSpec:
     #: The handler target's circuit (``packs.circuit_target``) when a breaker is declared.
     circuit_key: str | None = None
     circuit: CircuitBreaker | None = None
+    #: Head start in the claim order (docs/adr/014-priorities.md; ``packs.priority_heads``).
+    priority_head_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +253,7 @@ def compile_route(route: ActiveRoute) -> CompiledRoute:
                 work_type=fan.work_type,
                 queue_class=wt.queue_class,
                 priority=wt.priority,
+                priority_head_s=route.priority_heads.get(fan.work_type, 0.0),
                 max_attempts=wt.retry.max_attempts,
                 source_lane=compile_template(template, bounded=False) if template is not None else None,
                 source_lane_template=template,
@@ -379,6 +384,7 @@ def plan_receipt(
                     work_type=spec.work_type,
                     queue_class=spec.queue_class,
                     priority=spec.priority,
+                    priority_head_s=spec.priority_head_s,
                     max_attempts=spec.max_attempts,
                     source_lane_key=source_key,
                     target_lane_key=target_key,
@@ -523,6 +529,7 @@ def work_row(
         work_type=w.work_type,
         queue_class=w.queue_class,
         priority=w.priority,
+        priority_head_s=w.priority_head_s,
         max_attempts=w.max_attempts,
         delivery_seq=delivery_seq,
         source_lane_key=w.source_lane_key,

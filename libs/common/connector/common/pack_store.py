@@ -29,6 +29,7 @@ from connector.common.packs import (
     RouteSpec,
     WorkTypeSpec,
     canonical_json,
+    priority_heads,
     route_effective_config,
     sha256_hex,
 )
@@ -328,6 +329,9 @@ class ActiveRoute:
     spec: RouteSpec
     #: The work types of the route's fan-out, from the generation's manifest.
     work_types: Mapping[str, WorkTypeSpec]
+    #: Work type → ``priority_head_s`` of its items (``packs.priority_heads`` of the manifest;
+    #: missing: 0, due order).
+    priority_heads: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +397,7 @@ def _active_pack(row: Mapping[str, Any]) -> ActivePack:
     try:
         raw_types = row["manifest"].get("work_types", {}) if isinstance(row["manifest"], dict) else {}
         work_types = {name: WorkTypeSpec.model_validate(spec) for name, spec in raw_types.items()}
+        heads = priority_heads(row["manifest"])
         routes: dict[str, ActiveRoute] = {}
         for r in row["routes"]:
             spec = RouteSpec.model_validate(r["config"])
@@ -402,6 +407,7 @@ def _active_pack(row: Mapping[str, Any]) -> ActivePack:
                 route_key=spec.key,
                 spec=spec,
                 work_types={f.work_type: work_types[f.work_type] for f in spec.fan_out},
+                priority_heads={f.work_type: heads.get(f.work_type, 0.0) for f in spec.fan_out},
             )
     except (ValidationError, KeyError, TypeError, AttributeError) as exc:
         log.error(

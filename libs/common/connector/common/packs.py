@@ -283,6 +283,25 @@ class CircuitBreaker(_Model):
         return self
 
 
+#: Default ``QueueClassSpec.priority_step_s``: one priority point is worth one second of waiting
+#: (the head start priorities gave before they kept it through retries and delays).
+DEFAULT_PRIORITY_STEP_S = 1.0
+#: The largest step: 100 points x a day is effectively strict priority (ADR 014).
+MAX_PRIORITY_STEP_S = 86_400.0
+
+
+class QueueClassSpec(_Model):
+    """Claim order within one queue class of the pack (docs/adr/014-priorities.md). A due item
+    ranks by ``due time - head`` with ``head = (priority - lowest) x priority_step_s`` (``lowest``:
+    the queue class's lowest work-type priority when negative, else 0), so an item of priority
+    ``p`` is claimed before every item of priority ``q`` that became due less than
+    ``(p - q) x priority_step_s`` earlier, and is never claimed after an item of the queue class
+    that became due more than ``(highest - p) x priority_step_s`` later: that is its starvation
+    bound. ``priority_step_s: 0`` ignores priorities (due order)."""
+
+    priority_step_s: float = Field(default=DEFAULT_PRIORITY_STEP_S, ge=0, le=MAX_PRIORITY_STEP_S)
+
+
 class HandlerSpec(_Model):
     kind: Literal["python", "grpc", "http"]
     #: python: ``module:function``; grpc: ``host:port``; http: URL.
@@ -328,7 +347,8 @@ def _http_authority(url: str) -> tuple[str | None, int, str]:
 class WorkTypeSpec(_Model):
     handler: HandlerSpec
     queue_class: str = Field(default="default", pattern=NAME_PATTERN)
-    #: Higher runs earlier among due items of its queue class (bounded head start, see docs/adr).
+    #: Higher is claimed earlier among due items of its queue class, through retries and delays;
+    #: how much earlier: the queue class's ``priority_step_s`` per point (docs/adr/014-priorities.md).
     priority: int = Field(default=0, ge=-100, le=100)
     retry: RetryPolicy = RetryPolicy()
     lanes: LanePolicy = LanePolicy()
@@ -397,6 +417,8 @@ class Manifest(_Model):
     description: str = ""
     work_types: dict[str, WorkTypeSpec] = Field(min_length=1)
     routes: tuple[RouteSpec, ...] = Field(min_length=1)
+    #: Per queue class settings (claim order of priorities); a class not listed has the defaults.
+    queue_classes: dict[str, QueueClassSpec] = {}
 
     @model_validator(mode="after")
     def _references(self, info: ValidationInfo) -> Manifest:
@@ -408,6 +430,10 @@ class Manifest(_Model):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def priority_heads(self) -> dict[str, float]:
+        """Work type → its items' ``priority_head_s`` (``priority_heads``)."""
+        return priority_heads(self.model_dump(mode="json"))
 
     def route(self, key: str) -> RouteSpec | None:
         for r in self.routes:
@@ -479,6 +505,26 @@ def _spec_uses_header(spec: Any) -> bool:
     )
 
 
+def priority_heads(data: Mapping[str, Any]) -> dict[str, float]:
+    """Work type → head start of its items in the claim order, in seconds (``priority_head_s``,
+    docs/adr/014-priorities.md): ``(priority - lowest) x priority_step_s`` of its queue class,
+    ``lowest`` the class's lowest priority when negative, else 0 — never negative, and exactly
+    ``priority x step`` while no priority of the class is negative. Works on a validated
+    manifest's document (defaults filled in or not)."""
+    work_types = _as_dict(data.get("work_types"))
+    classes = _as_dict(data.get("queue_classes"))
+    lowest: dict[str, int] = {}
+    for spec in work_types.values():
+        qc = str(_as_dict(spec).get("queue_class", "default"))
+        lowest[qc] = min(lowest.get(qc, 0), int(_as_dict(spec).get("priority", 0)))
+    heads: dict[str, float] = {}
+    for name, spec in work_types.items():
+        qc = str(_as_dict(spec).get("queue_class", "default"))
+        step = float(_as_dict(classes.get(qc)).get("priority_step_s", DEFAULT_PRIORITY_STEP_S))
+        heads[name] = (int(_as_dict(spec).get("priority", 0)) - lowest[qc]) * step
+    return heads
+
+
 def reference_errors(data: Mapping[str, Any]) -> list[str]:
     """Every cross-reference problem of a manifest document (work types, fields, templates, lanes).
 
@@ -489,6 +535,10 @@ def reference_errors(data: Mapping[str, Any]) -> list[str]:
     for name in work_types:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             problems.append(f"work_types.{name}: invalid name (lowercase letters, digits, _.- ; 63 max)")
+    used = {str(_as_dict(spec).get("queue_class", "default")) for spec in work_types.values()}
+    for qc in _as_dict(data.get("queue_classes")):
+        if qc not in used:
+            problems.append(f"queue_classes.{qc}: no work type has this queue class; used: {sorted(used)}")
     routes = data.get("routes")
     if not isinstance(routes, list | tuple):
         return problems

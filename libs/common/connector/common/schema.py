@@ -82,6 +82,23 @@ WORK_READY = ("pending", "retry")
 #: ``run_after`` of a WorkItem parked for a concurrency slot (docs/adr/011-rate-limits.md): a finite
 #: date (not ``'infinity'``, whose differences with ``now()`` are errors in due-time and age reads).
 PARKED = "'9999-01-01 00:00:00+00'"
+
+
+def claim_rank(alias: str = "") -> str:
+    """The claim order of a ready WorkItem (docs/adr/014-priorities.md): its due time less its
+    priority head start, in seconds since the epoch — ``run_after - priority_head_s``. The ready
+    index is built on this expression and the claim orders by it; every statement that wants that
+    index spells it with this function (the planner matches the expression, not a name). Written
+    with immutable functions only (``timestamptz - interval`` is merely stable), so it can be
+    indexed: ``timestamptz - timestamptz`` and ``date_part(text, interval)`` are immutable."""
+    col = f"{alias}." if alias else ""
+    return f"(date_part('epoch', {col}run_after - {EPOCH}) - {col}priority_head_s)"
+
+
+#: The epoch as a timestamptz literal (a constant after parsing, so ``claim_rank`` stays immutable).
+EPOCH = "'1970-01-01 00:00:00+00'::timestamptz"
+#: ``now()`` on the ``claim_rank`` scale: a ready item with rank at most this may be due.
+NOW_RANK = f"date_part('epoch', now() - {EPOCH})"
 WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled", "coalesced")
 # What CancelWorkItem may discard: not claimed (no lease), not rollback-fenced, not already final.
 WORK_CANCELLABLE = ("pending", "blocked", "retry", "dead")
@@ -338,6 +355,10 @@ work_item = Table(
     Column("state", Text, nullable=False, server_default=text("'pending'")),
     _ts("run_after", nullable=False, default_now=True),
     Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    # Seconds of head start in the claim order (``claim_rank``): ``(priority - the queue class's
+    # lowest priority, if negative) x priority_step_s`` of its manifest, so never negative
+    # (docs/adr/014-priorities.md). 0 for every item of a queue class that declares no priority.
+    Column("priority_head_s", Float, nullable=False, server_default=text("0")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False, server_default=text("25")),
     # Receipt order of the event: lanes run their members in (delivery_seq, work_id) order.
@@ -389,14 +410,19 @@ work_item = Table(
         name="processing_has_lease",
     ),
     CheckConstraint("state <> 'coalesced' OR covered_by IS NOT NULL", name="coalesced_has_cover"),
-    # Ready candidates, in due order: the claim statement's only read. Partial on the ready states,
-    # so blocked lane members, in-flight and terminal rows never enter the candidate window.
+    # Ready candidates, in claim order (due time less the priority head start, ``claim_rank``):
+    # the claim statement's only read. Partial on the ready states, so blocked lane members,
+    # in-flight and terminal rows never enter the candidate window. With no priorities the rank
+    # is ``run_after`` itself. ``run_after`` last: the due check ``run_after <= now()`` is then an
+    # index condition, so a prioritized row ranked ahead but not yet due is skipped in the index,
+    # without a heap visit (docs/adr/014-priorities.md).
     Index(
         "ix_connector_work_item_ready",
         "installed_pack_id",
         "queue_class",
-        "run_after",
+        text(claim_rank()),
         "work_id",
+        "run_after",
         postgresql_where=text(_in("state", WORK_READY)),
     ),
     # In-flight rows by id: fenced by-id renew/finalize/reclaim and the reclaim candidate read.

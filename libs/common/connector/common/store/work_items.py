@@ -14,7 +14,9 @@ The WorkItem row is the sole distributed execution authority. Rules every claim-
 here follows:
 
 * **Claim** is one statement: per (pack, queue class) group a candidate read of the partial ready
-  index ``ORDER BY run_after, work_id LIMIT n FOR UPDATE SKIP LOCKED`` (never waits on a row), then a
+  index, due rows in claim order (``schema.claim_rank``: the due time less the priority head start,
+  docs/adr/014-priorities.md) ``ORDER BY claim_rank, work_id LIMIT n FOR UPDATE SKIP LOCKED``
+  (never waits on a row), then a
   primary-key update of exactly those rows that sets ``processing``, ``lease_token + 1`` (strictly
   increasing per row), the owner and ``lease_until`` from the *database* clock. The update re-checks
   no state: the candidates are locked by this statement with their conditions re-evaluated on the
@@ -64,7 +66,7 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, PARKED
+from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
 from connector.common.store.circuits import NEUTRAL, CircuitKey, Transition, circuit_record
 from connector.common.store.debounce import DebounceKey, debounce_lock, debounce_unpark_newest
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
@@ -141,9 +143,9 @@ def _candidates(out: str, inner: str) -> str:
   CROSS JOIN LATERAL (
     SELECT w.work_id, {inner} FROM connector_work_item w
     WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
-      AND w.state IN ('pending', 'retry') AND w.run_after <= now()
+      AND w.state IN ('pending', 'retry') AND {claim_rank("w")} <= {NOW_RANK} AND w.run_after <= now()
       AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0
-    ORDER BY w.run_after, w.work_id
+    ORDER BY {claim_rank("w")}, w.work_id
     LIMIT g.n
     FOR UPDATE OF w SKIP LOCKED
   ) c"""
@@ -197,8 +199,8 @@ FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
 # A circuit row held by another claim or feed at that instant leaves its candidates untouched.
 PROBE_RECHECK_S = 2.0
 #: The columns the flow statement's candidates carry (after ``work_id, pack, qc``).
-_FLOW_OUT = "c.rate_key, c.concurrency_key, c.run_after, c.work_type, c.debounce_key"
-_FLOW_IN = _FLOW_OUT.replace("c.", "w.")
+_FLOW_OUT = "c.rate_key, c.concurrency_key, c.rank, c.work_type, c.debounce_key"
+_FLOW_IN = f"w.rate_key, w.concurrency_key, {claim_rank('w')} AS rank, w.work_type, w.debounce_key"
 CIRCUIT_GATE = f"""
 ), circ_seen AS (
   SELECT d.pack, d.circuit_key, k.readonly
@@ -230,7 +232,7 @@ CIRCUIT_GATE = f"""
               WHEN k.state = 'open' AND k.forced THEN now() + make_interval(secs => k.open_s)
               ELSE now() + make_interval(secs => least(k.open_s, {PROBE_RECHECK_S})) END AS due
   FROM (SELECT c.work_id, c.pack, c.qc, c.circuit_key,
-               row_number() OVER (PARTITION BY c.pack, c.circuit_key ORDER BY c.run_after, c.work_id) AS r
+               row_number() OVER (PARTITION BY c.pack, c.circuit_key ORDER BY c.rank, c.work_id) AS r
         FROM cand_all c WHERE c.circuit_key IS NOT NULL) q
   LEFT JOIN (SELECT c.pack, c.circuit_key, c.state, c.forced, c.open_until, c.open_s,
                     c.probing AND (c.state = 'half_open' OR (c.state = 'open' AND NOT c.forced
@@ -288,8 +290,8 @@ WORK_ITEM_CLAIM_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand_all AS ({_candidates(_FLOW_OUT + ", c.circuit_key", _FLOW_IN + ", w.circuit_key")}{CIRCUIT_GATE}
 ), cranked AS (
-  SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after,
-         row_number() OVER (PARTITION BY c.pack, c.concurrency_key ORDER BY c.run_after, c.work_id) AS r
+  SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.rank,
+         row_number() OVER (PARTITION BY c.pack, c.concurrency_key ORDER BY c.rank, c.work_id) AS r
   FROM cand c WHERE c.concurrency_key IS NOT NULL
 ), slots AS (
   SELECT s.installed_pack_id AS pack, s.concurrency_key, greatest(0, s.max_in_flight - s.in_flight) AS free
@@ -300,16 +302,16 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
     FOR UPDATE SKIP LOCKED
   ) s
 ), cverdict AS (
-  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, q.run_after,
+  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, q.rank,
          s.free IS NOT NULL AS locked, q.r <= s.free AS ok
   FROM cranked q LEFT JOIN slots s ON s.pack = q.pack AND s.concurrency_key = q.concurrency_key
 ), ranked AS (
   SELECT x.work_id, x.pack, x.qc, x.rate_key, x.concurrency_key,
-         row_number() OVER (PARTITION BY x.pack, x.rate_key ORDER BY x.run_after, x.work_id) AS r
-  FROM (SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.run_after
+         row_number() OVER (PARTITION BY x.pack, x.rate_key ORDER BY x.rank, x.work_id) AS r
+  FROM (SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.rank
         FROM cand c WHERE c.rate_key IS NOT NULL AND c.concurrency_key IS NULL
         UNION ALL
-        SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.run_after
+        SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.rank
         FROM cverdict v WHERE v.rate_key IS NOT NULL AND v.ok) x
 ), budget AS (
   SELECT k.installed_pack_id AS pack, k.rate_key, greatest(k.tat, now()) AS base,
@@ -535,20 +537,34 @@ RETURNING w.work_id, w.state, w.installed_pack_id
 # Which (pack, queue class) groups have ready rows, when their first row is due (seconds from the
 # database's now; <= 0 means due) and whether the group is paused (the claimer leaves paused groups
 # out of its allocation; the claim statement is what enforces a pause). A skip scan: one index
-# descent per group, and one primary-key probe of the (tiny) pause table.
-WORK_ITEM_READY_GROUPS = """
+# descent per group, and one primary-key probe of the (tiny) pause table. The index is in claim
+# order (``claim_rank``), so a group's first row is its first by rank: with no priorities, its
+# earliest due row, as before. With priorities the first-ranked row may be a prioritized one that
+# is not due yet while another is: then one more descent looks for a due row (rank <= now, the
+# only place a due row can be: heads are never negative). When none is due the group reports its
+# first-ranked row's due time, which may be later than the earliest: the next discovery (every
+# poll interval) corrects it, so a due row waits at most one poll for it (docs/adr/014-priorities.md).
+WORK_ITEM_READY_GROUPS = f"""
 WITH RECURSIVE g AS (
   (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
    FROM connector_work_item w WHERE w.state IN ('pending', 'retry')
-   ORDER BY w.installed_pack_id, w.queue_class, w.run_after, w.work_id LIMIT 1)
+   ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1)
   UNION ALL
   SELECT n.pack, n.qc, n.run_after FROM g CROSS JOIN LATERAL (
     SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
     FROM connector_work_item w
     WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
-    ORDER BY w.installed_pack_id, w.queue_class, w.run_after, w.work_id LIMIT 1) n
+    ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1) n
 )
-SELECT g.pack, g.qc, extract(epoch FROM g.run_after - now())::float8,
+SELECT g.pack, g.qc,
+       CASE WHEN g.run_after > now() AND (
+              SELECT true FROM connector_work_item w
+              WHERE w.installed_pack_id = g.pack AND w.queue_class = g.qc
+                AND w.state IN ('pending', 'retry') AND {claim_rank("w")} <= {NOW_RANK}
+                AND w.run_after <= now()
+              ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")} LIMIT 1)
+            THEN 0::float8
+            ELSE extract(epoch FROM g.run_after - now())::float8 END,
        EXISTS (SELECT 1 FROM connector_pause p
                WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused
 FROM g
@@ -1044,7 +1060,8 @@ WORK_ITEM_SELECT_COLUMNS = """
   w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
   w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
   w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key,
-  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by, w.circuit_key AS w_circuit_key"""
+  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by, w.circuit_key AS w_circuit_key,
+  w.priority_head_s AS w_priority_head_s"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1149,6 +1166,7 @@ UPDATE connector_work_item w SET
   generation = v.generation,
   queue_class = v.queue_class,
   priority = v.priority,
+  priority_head_s = v.priority_head_s,
   max_attempts = v.max_attempts,
   dead_blocks_lane = v.dead_blocks_lane,
   attempts = 0,
@@ -1161,10 +1179,10 @@ UPDATE connector_work_item w SET
   finished_at = NULL,
   updated_at = clock_timestamp()
 FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
-            %(priorities)s::smallint[], %(max_attempts)s::int[], %(dead_blocks)s::boolean[],
-            %(seen_states)s::text[])
-  AS v(work_id, seen_replay_count, generation, queue_class, priority, max_attempts, dead_blocks_lane,
-       seen_state)
+            %(priorities)s::smallint[], %(heads)s::float8[], %(max_attempts)s::int[],
+            %(dead_blocks)s::boolean[], %(seen_states)s::text[])
+  AS v(work_id, seen_replay_count, generation, queue_class, priority, priority_head_s, max_attempts,
+       dead_blocks_lane, seen_state)
 WHERE w.work_id = v.work_id AND w.state IN ('dead', 'cancelled') AND w.state = v.seen_state
   AND w.replay_count = v.seen_replay_count
 RETURNING w.work_id
@@ -1186,6 +1204,8 @@ class Replayable:
     dead_blocks_lane: bool
     lanes: tuple[Lane, ...]
     seen_state: str = "dead"
+    #: The active generation's head start for its work type (``packs.priority_heads``).
+    priority_head_s: float = 0.0
 
 
 async def work_item_list_dead(
@@ -1244,6 +1264,7 @@ async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> 
             "generations": [r.generation for r in todo],
             "queue_classes": [r.queue_class for r in todo],
             "priorities": [r.priority for r in todo],
+            "heads": [float(r.priority_head_s) for r in todo],
             "max_attempts": [r.max_attempts for r in todo],
             "dead_blocks": [r.dead_blocks_lane for r in todo],
             "seen_states": [r.seen_state for r in todo],
@@ -1426,10 +1447,9 @@ SELECT qc.installed_pack_id, qc.queue_class,
   (SELECT count(*) FROM connector_work_item w
    WHERE w.installed_pack_id = qc.installed_pack_id AND w.queue_class = qc.queue_class
      AND w.state IN ('pending', 'retry') AND w.run_after <= now()) AS due,
-  (SELECT now() - w.run_after FROM connector_work_item w
+  (SELECT now() - min(w.run_after) FROM connector_work_item w
    WHERE w.installed_pack_id = qc.installed_pack_id AND w.queue_class = qc.queue_class
-     AND w.state IN ('pending', 'retry') AND w.run_after <= now()
-   ORDER BY w.run_after LIMIT 1) AS oldest_due_age
+     AND w.state IN ('pending', 'retry') AND w.run_after <= now()) AS oldest_due_age
 FROM qc WHERE qc.queue_class IS NOT NULL
 """
 
@@ -1738,20 +1758,20 @@ async def work_item_legacy_mirror_insert(conn: Conn, values: dict[str, Any]) -> 
 
 WORK_ITEM_INSERT_COLUMNS = (
     ("event_id", "int8"), ("installed_pack_id", "int8"), ("generation", "int4"), ("work_type", "text"),
-    ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("max_attempts", "int4"),
-    ("delivery_seq", "int8"), ("source_lane_key", "text"), ("target_mutation_lane_key", "text"),
-    ("dead_blocks_lane", "bool"), ("traceparent", "text"), ("rate_key", "text"),
-    ("concurrency_key", "text"), ("debounce_key", "text"), ("circuit_key", "text"),
+    ("queue_class", "text"), ("state", "text"), ("priority", "int2"), ("priority_head_s", "float8"),
+    ("max_attempts", "int4"), ("delivery_seq", "int8"), ("source_lane_key", "text"),
+    ("target_mutation_lane_key", "text"), ("dead_blocks_lane", "bool"), ("traceparent", "text"),
+    ("rate_key", "text"), ("concurrency_key", "text"), ("debounce_key", "text"), ("circuit_key", "text"),
 )  # fmt: skip
 
-# Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. Priority is a
-# bounded head start: run_after = now() - priority seconds (docs/adr/004-materializer.md); a delay
-# (``not_before``, NULL without one; ``greatest`` ignores NULL) is never shortened by it.
+# Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. ``run_after``
+# is the due time: now, or a delay's instant (``not_before``, NULL without one; ``greatest`` ignores
+# NULL; a past one is due now). Priority is not in it: the claim orders by ``schema.claim_rank``
+# (due time less ``priority_head_s``, docs/adr/014-priorities.md), so it survives retries and delays.
 _INSERT_INPUT = (*WORK_ITEM_INSERT_COLUMNS, ("not_before", "timestamptz"))
 WORK_ITEM_INSERT_BATCH = f"""
 INSERT INTO connector_work_item ({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, run_after)
-SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)},
-       greatest(now() - make_interval(secs => priority), not_before)
+SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, greatest(now(), not_before)
 FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in _INSERT_INPUT)})
   WITH ORDINALITY AS w({", ".join(c for c, _ in _INSERT_INPUT)}, ord)
 ORDER BY ord
@@ -1774,6 +1794,8 @@ class WorkRow:
     source_lane_key: str | None
     target_lane_key: str | None
     dead_blocks_lane: bool
+    #: Head start in the claim order, seconds (``packs.priority_heads``; docs/adr/014-priorities.md).
+    priority_head_s: float = 0.0
     #: W3C traceparent the attempts' spans continue (docs/tracing.md).
     traceparent: str | None = None
     #: Not runnable before this instant (a work type's delay, docs/packs.md); None: at once.
@@ -1810,6 +1832,7 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.queue_class,
             "blocked" if w.source_lane_key is not None or w.target_lane_key is not None else "pending",
             w.priority,
+            float(w.priority_head_s),
             w.max_attempts,
             w.delivery_seq,
             w.source_lane_key,

@@ -148,6 +148,7 @@ def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Repla
         generation=generation,
         queue_class=spec.queue_class,
         priority=spec.priority,
+        priority_head_s=manifest.priority_heads().get(work_type, 0.0),
         max_attempts=spec.retry.max_attempts,
         dead_blocks_lane=lanes.dead_head == "block",
         lanes=tuple(lanes_of(int(pack_id), item["source_lane_key"], item["target_mutation_lane_key"])),

@@ -328,10 +328,16 @@ def why_not_running(
             pb.WAIT_REASON_NO_CLAIMANT,
             "due, but no executor claiming WorkItems has a fresh heartbeat (connector admin processes)",
         )
+    head = float(item.get("w_priority_head_s") or 0.0)
+    ranked = (
+        f" (priority {item.get('w_priority')}: ranked as if due {head:g} s earlier, docs/packs.md#priorities)"
+        if head > 0
+        else ""
+    )
     return Wait(
         pb.WAIT_REASON_DUE,
-        f"due since {_when(run_after)}: the next claim with a free slot in queue class"
-        f" {item['w_queue_class']!r} takes it",
+        f"due since {_when(run_after)}{ranked}: the next claim with a free slot in queue class"
+        f" {item['w_queue_class']!r} takes it in claim order",
     )
 
 

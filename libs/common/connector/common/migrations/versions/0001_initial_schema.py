@@ -315,6 +315,7 @@ def upgrade() -> None:
     sa.Column('state', sa.Text(), server_default=sa.text("'pending'"), nullable=False),
     sa.Column('run_after', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('priority', sa.SmallInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('priority_head_s', sa.Float(), server_default=sa.text('0'), nullable=False),
     sa.Column('attempts', sa.Integer(), server_default=sa.text('0'), nullable=False),
     sa.Column('max_attempts', sa.Integer(), server_default=sa.text('25'), nullable=False),
     sa.Column('delivery_seq', sa.BigInteger(), nullable=False),
@@ -358,7 +359,7 @@ def upgrade() -> None:
     op.create_index('ix_connector_work_item_installed_pack_id_generation_state', 'connector_work_item', ['installed_pack_id', 'generation', 'state'], unique=False, postgresql_where=sa.text("state <> 'succeeded'"))
     op.create_index('ix_connector_work_item_processing', 'connector_work_item', ['work_id'], unique=False, postgresql_where=sa.text("state = 'processing'"))
     op.create_index('ix_connector_work_item_rate_key', 'connector_work_item', ['installed_pack_id', 'rate_key', 'state'], unique=False, postgresql_where=sa.text("rate_key IS NOT NULL AND state <> 'succeeded'"))
-    op.create_index('ix_connector_work_item_ready', 'connector_work_item', ['installed_pack_id', 'queue_class', 'run_after', 'work_id'], unique=False, postgresql_where=sa.text("state IN ('pending', 'retry')"))
+    op.create_index('ix_connector_work_item_ready', 'connector_work_item', ['installed_pack_id', 'queue_class', sa.literal_column("(date_part('epoch', run_after - '1970-01-01 00:00:00+00'::timestamptz) - priority_head_s)"), 'work_id', 'run_after'], unique=False, postgresql_where=sa.text("state IN ('pending', 'retry')"))
     op.create_index('ix_connector_work_item_source_lane', 'connector_work_item', ['installed_pack_id', 'source_lane_key', 'delivery_seq', 'work_id'], unique=False, postgresql_where=sa.text("source_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
     op.create_index('ix_connector_work_item_target_lane', 'connector_work_item', ['installed_pack_id', 'target_mutation_lane_key', 'delivery_seq', 'work_id'], unique=False, postgresql_where=sa.text("target_mutation_lane_key IS NOT NULL AND (state IN ('pending', 'blocked', 'processing', 'retry', 'awaiting_legacy_outcome') OR (state = 'dead' AND dead_blocks_lane))"))
     op.create_index('uq_connector_work_item_source_lane_processing', 'connector_work_item', ['installed_pack_id', 'source_lane_key'], unique=True, postgresql_where=sa.text("state = 'processing' AND source_lane_key IS NOT NULL"))
