@@ -257,3 +257,27 @@ async def test_what_a_failed_execution_covered_goes_with_it_into_the_next(db, ad
     assert [r[0] for r in await _claim(adb, pack)] == n
     covered = await debounce.debounce_covered_batch(adb, n)
     assert [w for w, _ in covered[n[0]]] == [*a, x]
+
+
+async def test_sampler_gauge_per_pack_and_work_type(db, adb) -> None:
+    """Live (a key's newest) and parked items per pack and work type, never by key."""
+    from connector.executor import metrics as m
+    from connector.executor.work import stats_sampler
+
+    pack = seed.seed_pack(db, "p", WT)
+    await seed.seed_debounced(adb, pack, ["a", "a", "a", "b", "b", "c"], window_s=30.0)
+    await stats_sampler.sample_once(adb, 1.0)
+
+    def gauge(state: str) -> float | None:
+        return m.REGISTRY.get_sample_value(
+            "connector_executor_debounce_items", {"pack": "p", "work_type": "w", "state": state}
+        )
+
+    assert (gauge("live"), gauge("parked")) == (3, 3)
+    labels = {
+        tuple(sorted(s.labels))
+        for metric in m.REGISTRY.collect()
+        if metric.name == "connector_executor_debounce_items"
+        for s in metric.samples
+    }
+    assert labels == {("pack", "state", "work_type")}

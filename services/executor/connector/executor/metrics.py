@@ -178,6 +178,13 @@ FLOW_KEYS_RETIRED = Counter(
     ["table"],
     registry=REGISTRY,
 )
+DEBOUNCE_ITEMS = Gauge(
+    "connector_executor_debounce_items",
+    "Waiting debounced WorkItems per pack and work type; state: live (the newest of its key: its "
+    "window running, or due), parked (a newer item of its key will cover it) (docs/packs.md#debounce)",
+    ["pack", "work_type", "state"],
+    registry=REGISTRY,
+)
 RATE_LIMIT_KEYS = Gauge(
     "connector_executor_rate_limit_keys",
     "Rate-limit keys per pack and work type; state: all, exhausted (no budget now)",

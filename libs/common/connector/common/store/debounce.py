@@ -209,3 +209,22 @@ WHERE w.work_id = (
 
 async def debounce_unpark_newest(conn: Conn, pack: int, work_type: str, key: str) -> None:
     await conn.execute(DEBOUNCE_UNPARK_NEWEST, {"pack": pack, "work_type": work_type, "key": key})
+
+
+# The sampler's gauge per (pack, work type): waiting debounced items, live (a key's newest: its
+# window running or due) and parked (to be covered by a newer one). Reads the waiting debounced
+# items only (``ix_connector_work_item_debounce``); never the claim loop.
+DEBOUNCE_SAMPLE = f"""
+SELECT w.installed_pack_id, w.work_type,
+       count(*) FILTER (WHERE w.run_after <> {PARKED}) AS live,
+       count(*) FILTER (WHERE w.run_after = {PARKED}) AS parked
+FROM connector_work_item w
+WHERE w.debounce_key IS NOT NULL AND w.state IN ('pending', 'retry')
+GROUP BY 1, 2
+"""
+
+
+async def debounce_sample(conn: Conn) -> list[tuple[int, str, int, int]]:
+    """``(pack, work type, live items, parked items)``."""
+    cur = await conn.execute(DEBOUNCE_SAMPLE)
+    return [(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in await cur.fetchall()]

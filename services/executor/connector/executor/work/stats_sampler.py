@@ -7,7 +7,8 @@ their retry time. Active claimants: registered ``work_item`` processes with a fr
 three heartbeats); stale processes: registered rows of any service whose heartbeat is older;
 paused packs and queue classes (``connector_pause``, a handful of rows) with how long each has been;
 rate-limit and concurrency keys and their items per (pack, work type) (``flow.rate_limit_sample``,
-``flow.concurrency_sample``); every circuit breaker's state per (pack, target)
+``flow.concurrency_sample``); waiting debounced items per (pack, work type), live and parked
+(``debounce.debounce_sample``); every circuit breaker's state per (pack, target)
 (``circuits.circuit_sample``). The outcome counters of every active work type start at zero here
 (``metrics.outcomes_known``), so a first dead letter is an increase the alerts can see.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.process_registry import process_list
-from connector.common.store import circuits, flow, packs, pauses, work_items
+from connector.common.store import circuits, debounce, flow, packs, pauses, work_items
 from connector.executor import metrics as m
 
 
@@ -58,6 +59,11 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
         m.CONCURRENCY_ITEMS.labels(label, wt, "waiting").set(waiting)
         m.CONCURRENCY_ITEMS.labels(label, wt, "parked").set(parked)
         m.CONCURRENCY_ITEMS.labels(label, wt, "in_flight").set(in_flight)
+    m.DEBOUNCE_ITEMS.clear()
+    for pack, wt, live, parked in await debounce.debounce_sample(conn):
+        label = m.pack_label(pack)
+        m.DEBOUNCE_ITEMS.labels(label, wt, "live").set(live)
+        m.DEBOUNCE_ITEMS.labels(label, wt, "parked").set(parked)
     m.CIRCUIT_STATE.clear()
     m.CIRCUIT_STATE_SECONDS.clear()
     for pack, key, state, for_s in (await circuits.circuit_sample(conn))[: m.MAX_CIRCUIT_TARGETS]:
