@@ -113,6 +113,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "flow_keys_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
     "rate_limit_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
     "concurrency_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
+    "debounce_retire": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
     # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
     "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_claim_plain_batch": frozenset({EXECUTOR_ROLE}),

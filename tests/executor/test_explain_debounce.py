@@ -1,15 +1,16 @@
 """EXPLAIN ANALYZE of the debounce statements (docs/packs.md#debounce) at 1M ready rows.
 
-Half the rows are debounced over 20,000 keys (25 items a key, a key row each): each key's newest item
-is live and due, the older ones parked; for 1,000 keys (d10000..d10999) the parked ones are already
-coalesced into the newest. The claim statement must read the ready index for its window, find the window's key
-rows by primary key (one probe per distinct key), each key's newest waiting item and the items to
-coalesce through ``ix_connector_work_item_debounce``, and update the coalesced, parked and key rows
-by key — with candidates that run (their keys' parked items coalesced) and candidates that are
-superseded (parked); a window without debounced candidates probes no key row. The materializer's
-declaration and scheduling, the handler's covered read, the stats and the cancel's unpark are index
-probes too. Both plan-cache modes (DESIGN §8 trap 5). Control: the covered read without its index
-scans the table (so the scan check can fail).
+Half the rows are debounced over 20,000 keys (25 items a key, a key row each): each key's newest
+item is live and due, the older ones parked; for 1,000 keys (d10000..d10999) the parked ones are
+already coalesced into the newest. The claim statement must read the ready index for its window,
+find the window's key rows by primary key (one probe per distinct key), each key's newest waiting
+item and the items to coalesce through ``ix_connector_work_item_debounce``, and update the
+coalesced, parked and key rows by key — with candidates that run (their keys' parked items
+coalesced) and candidates that are superseded (parked); a window without debounced candidates probes
+no key row. The materializer's declaration and scheduling, the handler's covered read, the stats,
+the cancel's unpark and the idle-key retirement are index probes too. Both plan-cache modes (DESIGN
+§8 trap 5). Control: the covered read without its index scans the table (so the scan check can
+fail).
 """
 
 from __future__ import annotations
@@ -166,6 +167,16 @@ def test_materializer_handler_stats_and_cancel_statements_probe_by_key(big, mode
         (debounce.DEBOUNCE_COVERED_BATCH, {"ids": newest}, 6000),
         (debounce.DEBOUNCE_STATS, {"pack": pack, "limit": 50}, 5000),
         (debounce.DEBOUNCE_LOCK, one, 50),
+        (
+            debounce.DEBOUNCE_RETIRE_LOCK,
+            {"after_pack": -1, "after_wt": "", "after_key": "", "limit": 500},
+            2500,  # 500 key rows locked
+        ),
+        (
+            debounce.DEBOUNCE_RETIRE,
+            {**{k: arrays[k] for k in ("packs", "work_types", "keys")}, "idle_s": 0.0},
+            2000,
+        ),
         (debounce.DEBOUNCE_UNPARK_NEWEST, one, 100),
     ):
         nodes = explain_in_rollback(db, query, params, mode)

@@ -480,15 +480,17 @@ work_item = Table(
             f"concurrency_key IS NOT NULL AND state IN ('pending', 'retry') AND run_after = {PARKED}"
         ),
     ),
-    # Waiting items of a debounce key in creation order: the newest (the one to run), the older ones
-    # the claim coalesces into it and the live one a new arrival parks. Undebounced items have no entry.
+    # Items of a debounce key in creation order: the newest waiting one (the one to run), the older
+    # ones the claim coalesces into it and the live one a new arrival parks; with every other state
+    # but succeeded and coalesced (a dead or cancelled item may be replayed), so that the idle-key
+    # retirement sees whether anything still needs the key. Undebounced items have no entry.
     Index(
         "ix_connector_work_item_debounce",
         "installed_pack_id",
         "work_type",
         "debounce_key",
         "work_id",
-        postgresql_where=text("debounce_key IS NOT NULL AND state IN ('pending', 'retry')"),
+        postgresql_where=text("debounce_key IS NOT NULL AND state NOT IN ('succeeded', 'coalesced')"),
     ),
     # Coalesced items by the item that covered them (the handler's covered set, the trace).
     Index(

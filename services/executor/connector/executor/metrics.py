@@ -174,7 +174,8 @@ CONCURRENCY_REPAIRS = Counter(
 )
 FLOW_KEYS_RETIRED = Counter(
     "connector_executor_flow_keys_retired_total",
-    "Idle rate-limit and concurrency key rows deleted (no WorkItem needed them; flow_key_idle_s)",
+    "Idle rate-limit, concurrency and debounce key rows deleted (no WorkItem needed them; "
+    "flow_key_idle_s); table: rate_limit, concurrency, debounce",
     ["table"],
     registry=REGISTRY,
 )

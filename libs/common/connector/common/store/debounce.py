@@ -228,3 +228,76 @@ async def debounce_sample(conn: Conn) -> list[tuple[int, str, int, int]]:
     """``(pack, work type, live items, parked items)``."""
     cur = await conn.execute(DEBOUNCE_SAMPLE)
     return [(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in await cur.fetchall()]
+
+
+# Idle key rows are deleted (the reclaimer's periodic round, ``flow_key_idle_s``): a key none of
+# whose WorkItems is in any state but succeeded and coalesced (``ix_connector_work_item_debounce``
+# holds every other state: a waiting, running, dead or cancelled item still needs its key), at least
+# ``idle_s`` old, whose last claimed item did not start within ``idle_s``. Nothing is lost: with no
+# open item of the key, ``last_claimed_id`` orders nothing any more, and the next WorkItem of the key
+# re-creates the row (the materializer's declaration). Two statements in one transaction: the page's
+# rows locked ``SKIP LOCKED`` (a materializer or claim holding a key leaves it for the next round; a
+# materializer that comes after waits for this transaction and then inserts the row anew), then the
+# check and the delete in a statement whose snapshot follows the locks (so it sees the WorkItems of
+# every declaration that held a key before).
+DEBOUNCE_RETIRE_LOCK = """
+SELECT k.installed_pack_id, k.work_type, k.debounce_key FROM connector_debounce k
+WHERE (k.installed_pack_id, k.work_type, k.debounce_key) > (%(after_pack)s::bigint, %(after_wt)s::text,
+                                                              %(after_key)s::text)
+ORDER BY k.installed_pack_id, k.work_type, k.debounce_key
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+DEBOUNCE_RETIRE = """
+DELETE FROM connector_debounce k
+USING unnest(%(packs)s::bigint[], %(work_types)s::text[], %(keys)s::text[]) AS p(pack, work_type, key)
+WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.work_type = ANY (%(work_types)s::text[])
+  AND k.debounce_key = ANY (%(keys)s::text[])
+  AND k.installed_pack_id = p.pack AND k.work_type = p.work_type AND k.debounce_key = p.key
+  AND k.created_at <= now() - make_interval(secs => %(idle_s)s::float8)
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item w
+                  WHERE w.installed_pack_id = k.installed_pack_id AND w.work_type = k.work_type
+                    AND w.debounce_key = k.debounce_key AND w.state NOT IN ('succeeded', 'coalesced'))
+  AND NOT EXISTS (SELECT 1 FROM connector_work_item l
+                  WHERE l.work_id = k.last_claimed_id
+                    AND l.started_at > now() - make_interval(secs => %(idle_s)s::float8))
+"""
+
+
+@dataclass(slots=True)
+class DebounceCursor:
+    """Where the idle-key walk continues (a few pages per round, wrapped at the table's end)."""
+
+    pack: int = -1
+    work_type: str = ""
+    key: str = ""
+
+
+async def debounce_retire(
+    conn: Conn, cursor: DebounceCursor, *, idle_s: float, limit: int = 500, pages: int = 4
+) -> int:
+    """Delete idle debounce key rows, at most ``pages`` pages of ``limit`` keys after ``cursor``,
+    each page one short transaction (see ``DEBOUNCE_RETIRE``). Returns the rows deleted."""
+    deleted = 0
+    for _ in range(pages):
+        async with conn.transaction():
+            after = {"after_pack": cursor.pack, "after_wt": cursor.work_type, "after_key": cursor.key}
+            cur = await conn.execute(DEBOUNCE_RETIRE_LOCK, {**after, "limit": limit})
+            page = await cur.fetchall()
+            if page:
+                cur = await conn.execute(
+                    DEBOUNCE_RETIRE,
+                    {
+                        "packs": [int(r[0]) for r in page],
+                        "work_types": [str(r[1]) for r in page],
+                        "keys": [str(r[2]) for r in page],
+                        "idle_s": float(idle_s),
+                    },
+                )
+                deleted += cur.rowcount
+        if len(page) < limit:
+            cursor.pack, cursor.work_type, cursor.key = -1, "", ""
+            break
+        cursor.pack, cursor.work_type, cursor.key = int(page[-1][0]), str(page[-1][1]), str(page[-1][2])
+    return deleted

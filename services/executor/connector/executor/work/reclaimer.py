@@ -4,7 +4,8 @@ re-checks state, token and expiry in the same statement, so any number of reclai
 reclaimed item gives its concurrency slot back in the same transaction. Every
 ``CHECK_EVERY`` rounds it also runs the concurrency-slot check (``flow.concurrency_check``: recount
 each key's slots from its processing rows, wake parked items with free slots; healthy: nothing) and
-deletes idle rate-limit and concurrency key rows (``flow.flow_keys_retire``, ``flow_key_idle_s``).
+deletes idle rate-limit and concurrency key rows (``flow.flow_keys_retire``, ``flow_key_idle_s``) and
+idle debounce key rows (``debounce.debounce_retire``, the same setting).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from connector.common.store import flow, work_items
+from connector.common.store import debounce, flow, work_items
 from connector.executor import metrics as m
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class Reclaimer:
         self.engine = engine
         self._rounds = 0
         self._key_cursors = (flow.KeyCursor(), flow.KeyCursor())  # where the idle-key walk continues
+        self._debounce_cursor = debounce.DebounceCursor()
 
     async def run(self) -> None:
         e = self.engine
@@ -71,6 +73,9 @@ class Reclaimer:
             return (0, 0)
         async with e.pool.connection() as conn:
             rate, slots = await flow.flow_keys_retire(conn, self._key_cursors, idle_s=idle_s)
+            deb = await debounce.debounce_retire(conn, self._debounce_cursor, idle_s=idle_s)
+        if deb:
+            m.FLOW_KEYS_RETIRED.labels("debounce").inc(deb)
         if rate:
             m.FLOW_KEYS_RETIRED.labels("rate_limit").inc(rate)
         if slots:
