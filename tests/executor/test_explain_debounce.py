@@ -1,6 +1,7 @@
 """EXPLAIN ANALYZE of the debounce statements (docs/packs.md#debounce) at 1M ready rows.
 
-Half the rows are debounced over 20,000 keys (25 items a key, a key row each): each key's newest
+Half the rows are debounced over 20,000 keys (25 items a key, a key row each; 180,000 more key
+rows of other work types): each key's newest
 item is live and due, the older ones parked; for 1,000 keys (d10000..d10999) the parked ones are
 already coalesced into the newest. The claim statement must read the ready index for its window,
 find the window's key rows by primary key (one probe per distinct key), each key's newest waiting
@@ -62,6 +63,14 @@ def big() -> Iterator[tuple[psycopg.Connection, int]]:
                  (installed_pack_id, work_type, debounce_key, window_s, max_wait_s)
                SELECT %s, 'w', 'd' || i, 1, 10 FROM generate_series(0, %s - 1) i""",
             (pack, KEYS),
+        )
+        # Key rows of other work types without waiting items (a key table of many pages: on a few
+        # hundred, a sequential scan is the planner's right choice for a page of keys).
+        db.execute(
+            """INSERT INTO connector_debounce
+                 (installed_pack_id, work_type, debounce_key, window_s, max_wait_s)
+               SELECT %s, 'x' || (i %% 10), 'e' || i, 1, 10 FROM generate_series(1, 180000) i""",
+            (pack,),
         )
         # Keys d10000..d10999: their parked items already coalesced into the newest.
         db.execute(
@@ -174,7 +183,7 @@ def test_materializer_handler_stats_and_cancel_statements_probe_by_key(big, mode
         ),
         (
             debounce.DEBOUNCE_RETIRE,
-            {**{k: arrays[k] for k in ("packs", "work_types", "keys")}, "idle_s": 0.0},
+            {**debounce._page_arrays([(pack, "w", k) for k in keys]), "idle_s": 0.0},
             2000,
         ),
         (debounce.DEBOUNCE_UNPARK_NEWEST, one, 100),
@@ -182,6 +191,9 @@ def test_materializer_handler_stats_and_cancel_statements_probe_by_key(big, mode
         nodes = explain_in_rollback(db, query, params, mode)
         assert not _seq_scans(nodes), (query[:60], _seq_scans(nodes))
         assert _buffers(nodes[0]) < bound, (query[:60], _buffers(nodes[0]))
+    retire = {**debounce._page_arrays([(pack, "w", k) for k in keys]), "idle_s": 0.0}
+    nodes = explain_in_rollback(db, debounce.DEBOUNCE_RETIRE, retire, mode)
+    assert _index(nodes, "pk_connector_debounce") and _index(nodes, "ix_connector_work_item_debounce")
     nodes = explain_in_rollback(db, debounce.DEBOUNCE_COVERED_BATCH, {"ids": newest}, mode)
     scans = _index(nodes, "ix_connector_work_item_covered_by")
     assert scans and sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) == 64 * 24

@@ -239,7 +239,10 @@ async def debounce_sample(conn: Conn) -> list[tuple[int, str, int, int]]:
 # rows locked ``SKIP LOCKED`` (a materializer or claim holding a key leaves it for the next round; a
 # materializer that comes after waits for this transaction and then inserts the row anew), then the
 # check and the delete in a statement whose snapshot follows the locks (so it sees the WorkItems of
-# every declaration that held a key before).
+# every declaration that held a key before). The rows are found by primary key through ``= ANY`` of
+# each column's *distinct* values (the index is descended once per combination: a page of one work
+# type is one descent per key; arrays with one entry per key made that the cube of the page size,
+# and the planner rightly preferred to scan the key table), then matched exactly against the page.
 DEBOUNCE_RETIRE_LOCK = """
 SELECT k.installed_pack_id, k.work_type, k.debounce_key FROM connector_debounce k
 WHERE (k.installed_pack_id, k.work_type, k.debounce_key) > (%(after_pack)s::bigint, %(after_wt)s::text,
@@ -252,8 +255,8 @@ FOR UPDATE SKIP LOCKED
 DEBOUNCE_RETIRE = """
 DELETE FROM connector_debounce k
 USING unnest(%(packs)s::bigint[], %(work_types)s::text[], %(keys)s::text[]) AS p(pack, work_type, key)
-WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.work_type = ANY (%(work_types)s::text[])
-  AND k.debounce_key = ANY (%(keys)s::text[])
+WHERE k.installed_pack_id = ANY (%(upacks)s::bigint[]) AND k.work_type = ANY (%(uwork_types)s::text[])
+  AND k.debounce_key = ANY (%(ukeys)s::text[])
   AND k.installed_pack_id = p.pack AND k.work_type = p.work_type AND k.debounce_key = p.key
   AND k.created_at <= now() - make_interval(secs => %(idle_s)s::float8)
   AND NOT EXISTS (SELECT 1 FROM connector_work_item w
@@ -263,6 +266,18 @@ WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.work_type = ANY (%(w
                   WHERE l.work_id = k.last_claimed_id
                     AND l.started_at > now() - make_interval(secs => %(idle_s)s::float8))
 """
+
+
+def _page_arrays(page: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    packs, work_types, keys = [int(r[0]) for r in page], [str(r[1]) for r in page], [str(r[2]) for r in page]
+    return {
+        "packs": packs,
+        "work_types": work_types,
+        "keys": keys,
+        "upacks": sorted(set(packs)),
+        "uwork_types": sorted(set(work_types)),
+        "ukeys": sorted(set(keys)),
+    }
 
 
 @dataclass(slots=True)
@@ -286,15 +301,7 @@ async def debounce_retire(
             cur = await conn.execute(DEBOUNCE_RETIRE_LOCK, {**after, "limit": limit})
             page = await cur.fetchall()
             if page:
-                cur = await conn.execute(
-                    DEBOUNCE_RETIRE,
-                    {
-                        "packs": [int(r[0]) for r in page],
-                        "work_types": [str(r[1]) for r in page],
-                        "keys": [str(r[2]) for r in page],
-                        "idle_s": float(idle_s),
-                    },
-                )
+                cur = await conn.execute(DEBOUNCE_RETIRE, {**_page_arrays(page), "idle_s": float(idle_s)})
                 deleted += cur.rowcount
         if len(page) < limit:
             cursor.pack, cursor.work_type, cursor.key = -1, "", ""
