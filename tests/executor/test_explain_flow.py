@@ -17,11 +17,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from connector.common import testdb
 from connector.common.store import circuits, flow, work_items
 from tests.executor import seed
-from tests.plans import explain_in_rollback, subplan
+from tests.plans import explain_in_rollback, positional, subplan
 
 pytestmark = pytest.mark.slow
 
@@ -284,3 +285,51 @@ def test_circuit_feed_open_and_stats_probe_by_key(big, mode) -> None:
         scans = [r for r in _seq_scans(nodes) if r != "connector_installed_pack"]
         assert not scans, (query[:60], scans)
         assert _buffers(nodes[0]) < bound, (query[:60], _buffers(nodes[0]))
+
+
+def _plan_cost(db, query: str, params: dict[str, Any]) -> float:
+    body, order = positional(query)
+    db.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        db.execute(f"PREPARE cost_q AS {body}")
+        args = sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
+        row = db.execute(sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE cost_q({})").format(args)).fetchone()
+    finally:
+        db.execute("DEALLOCATE ALL")
+    assert row is not None
+    return float(row[0][0]["Plan"]["Total Cost"])
+
+
+def test_the_circuit_gate_keeps_the_flow_statement_plan_cost() -> None:
+    """The gate must not inflate the planner's row estimates: a first version joined the candidates
+    with their verdicts, estimated ~1M rows for a window of 256 and raised the generic plan's cost
+    from 41k to 2M — over jit_above_cost, so every flow claim paid ~2.5 s of JIT compilation
+    (docs/benchmarks.md, "Circuit breakers"). On a 20k backlog the statement with the gate costs at
+    most 1.8x the one without it; control: the join version is far above that."""
+    stmt = work_items.WORK_ITEM_CLAIM_BATCH
+    without = (
+        stmt.replace(work_items.CIRCUIT_GATE, "\n), cand AS (SELECT * FROM cand_all")
+        .replace(work_items.CIRCUIT_PROBES + "\n)", "")
+        .replace(
+            "\n      UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM circ_verdict v WHERE NOT v.ok", ""
+        )
+    )
+    filt = (
+        "  WHERE c.circuit_key IS NULL"
+        " OR c.work_id = ANY (ARRAY(SELECT v.work_id FROM circ_verdict v WHERE v.ok))"
+    )
+    assert without != stmt and filt in stmt
+    joined = stmt.replace(
+        filt,
+        "  WHERE c.circuit_key IS NULL\n  UNION ALL\n  SELECT c.work_id, c.pack, c.qc, "
+        + work_items._FLOW_OUT
+        + "\n  FROM cand_all c JOIN circ_verdict v ON v.work_id = c.work_id WHERE v.ok",
+    )
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
+        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
+        seed.seed_items(db, pack, 20_000)
+        db.execute("VACUUM ANALYZE connector_work_item")
+        params = {**CLAIM, "packs": [pack]}
+        base, gated, control = (_plan_cost(db, q, params) for q in (without, stmt, joined))
+    assert gated <= 1.8 * base, (gated, base)
+    assert control > 10 * base, (control, base)  # the check can fail
