@@ -281,3 +281,32 @@ async def test_cancel_pause_resume_and_stats(cli, seed: Seed) -> None:
     assert code == 0 and out.startswith("not paused")
     code, out, _ = await cli("stats", "--json")
     assert code == 0 and "pauses" not in json.loads(out)
+
+
+async def test_circuit_list_open_close_and_stats(cli, db) -> None:
+    """``connector admin circuit list|open|close`` and the circuits in ``connector admin stats``."""
+    from tests.executor import seed as eseed
+
+    target = "https://crm.internal:443"
+    pack = eseed.seed_pack(db, "shop", {"w": eseed.python_work_type("tests.executor.effects:noop")})
+    eseed.seed_items(db, pack, 2, circuit_keys=[target] * 2, circuit={"consecutive_failures": 5})
+    code, out, _ = await cli("circuit", "list")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["PACK", "TARGET", "STATE"]
+    assert target in out and "closed" in out
+    code, out, _ = await cli("circuit", "open", "shop", target, "--reason", "maintenance", "--dry-run")
+    assert code == 0 and out.startswith("would open: shop (")
+    code, out, _ = await cli("circuit", "open", "shop", target, "--reason", "maintenance")
+    assert code == 0 and out.startswith("opened: shop (") and "open (forced)" in out
+    assert f"close with: connector admin circuit close shop {target}" in out
+    code, out, _ = await cli("circuit", "open", "shop", target, "--reason", "again")
+    assert code == 0 and out.startswith("already open (unchanged)")
+    code, out, _ = await cli("stats")
+    assert code == 0 and target in out and "open (forced)" in out and "manual_open" in out
+    code, _, err = await cli("circuit", "close", "shop", target, "--reason", "x", token=VIEW_REPLAY)
+    assert code == 1 and err.startswith("error: PERMISSION_DENIED ROLE_REQUIRED")
+    code, _, err = await cli("circuit", "close", "shop", "http://nope:80", "--reason", "x")
+    assert code == 1 and "CIRCUIT_NOT_FOUND" in err
+    code, out, _ = await cli("circuit", "close", "shop", target, "--reason", "back")
+    assert code == 0 and out.startswith("closed: shop (")
+    code, out, _ = await cli("circuit", "list", "shop", "--json")
+    assert code == 0 and json.loads(out)["state"] == "CIRCUIT_STATE_CLOSED"  # one circuit: one document
