@@ -300,3 +300,36 @@ async def test_a_closed_circuit_with_successes_is_not_written(db, adb, n) -> Non
     await _finish(adb, rows, [SUCCESS] * 5)
     (after,) = db.execute("SELECT xmin::text FROM connector_circuit").fetchone()  # type: ignore[misc]
     assert before == after
+
+
+async def test_sampler_gauges_per_pack_and_target(db, adb) -> None:
+    """The sampler exports every circuit's state as 1 of closed/open/half_open, labelled pack (name)
+    and target — the circuit key: scheme and host:port, never a path, query or user info (the
+    materializer never puts them in the key; see tests/materializer: the key of a URL with user info
+    and a token)."""
+    from connector.executor import metrics as m
+    from connector.executor.work import stats_sampler
+
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 1, circuit_keys=[KEY], circuit={"consecutive_failures": 1, "open_s": 30})
+    seed.seed_items(db, pack, 1, circuit_keys=["http://other:80"], circuit={"consecutive_failures": 1})
+    rows = await _claim(adb, pack)
+    mine = [r for r in rows if r[-1] == KEY]
+    await _finish(adb, mine, [FAILURE])  # KEY opens
+    await stats_sampler.sample_once(adb, 1.0)
+
+    def gauge(target: str, state: str) -> float | None:
+        return m.REGISTRY.get_sample_value(
+            "connector_executor_circuit_state", {"pack": "p", "target": target, "state": state}
+        )
+
+    assert (gauge(KEY, "open"), gauge(KEY, "closed"), gauge(KEY, "half_open")) == (1, 0, 0)
+    assert (gauge("http://other:80", "closed"), gauge("http://other:80", "open")) == (1, 0)
+    labels = {
+        tuple(sorted(s.labels))
+        for metric in m.REGISTRY.collect()
+        if metric.name.startswith("connector_executor_circuit_state")
+        for s in metric.samples
+    }
+    assert labels <= {("pack", "state", "target"), ("pack", "target")}
+    assert m.circuit_target_label("https://u:p@h/x?token=1") == "other"  # a key of another shape
