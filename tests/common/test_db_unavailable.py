@@ -64,3 +64,25 @@ def test_a_service_started_without_its_database_exits_1_with_one_line(service: s
     assert "Connection refused" in last and "CONNECTOR_DATABASE_URL" in last
     assert "Traceback" not in stderr
     assert PASSWORD not in stderr
+
+
+@pytest.mark.parametrize("disable", [True, False], ids=["default", "control-server-setting"])
+async def test_pooled_connections_run_without_jit(db_url: str, disable: bool) -> None:
+    """Every service pool's connections have ``jit = off`` (the flow claim at a large backlog paid
+    seconds of JIT compilation per execution with the server's default); ``disable_jit = false``
+    leaves the server's setting (``on`` by default: the control)."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as c:
+        server = c.execute("SELECT reset_val FROM pg_settings WHERE name = 'jit'").fetchone()[0]
+    pool = await dbmod.open_pool(
+        f"jit-{disable}", DatabaseSettings(disable_jit=disable), PoolSettings(pool_min_size=1), url=db_url
+    )
+    try:
+        async with pool.connection() as conn:
+            got = (await (await conn.execute("SHOW jit")).fetchone())[0]
+    finally:
+        await pool.close()
+    assert got == ("off" if disable else server), (got, server)
+    if not disable:
+        assert server == "on", "the control needs a server with jit on (PostgreSQL's default)"

@@ -49,10 +49,17 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await conn.set_autocommit(True)
 
 
-def conninfo_with(url: str, *, application_name: str, statement_timeout_ms: int) -> str:
+def conninfo_with(
+    url: str, *, application_name: str, statement_timeout_ms: int, disable_jit: bool = False
+) -> str:
     extra = {"application_name": application_name}
+    options = []
     if statement_timeout_ms:
-        extra["options"] = f"-c statement_timeout={statement_timeout_ms}"
+        options.append(f"-c statement_timeout={statement_timeout_ms}")
+    if disable_jit:
+        options.append("-c jit=off")
+    if options:
+        extra["options"] = " ".join(options)
     return psycopg.conninfo.make_conninfo(url, **extra)
 
 
@@ -75,6 +82,7 @@ async def open_pool(
         url or db.url(),
         application_name=f"connector-{service}",
         statement_timeout_ms=db.statement_timeout_ms,
+        disable_jit=db.disable_jit,
     )
     p: AsyncConnectionPool = AsyncConnectionPool(
         conninfo,
