@@ -621,6 +621,35 @@ GROUP BY 1
 # ------------------------------------------------------------------------------------------------
 
 
+async def _claim(
+    conn: Conn,
+    statement: str,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    owner: str,
+    lease_s: float,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Run one of the claim statements; returns (claimed rows, count rows). Both statements return
+    their per-group count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed
+    ones (UNION ALL)."""
+    cur = await conn.execute(
+        statement,
+        {
+            "packs": list(packs),
+            "queue_classes": list(queue_classes),
+            "limits": list(limits),
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+        prepare=True,
+    )
+    rows = await cur.fetchall()
+    if not rows or rows[-1][0] is not None:  # no count row (they come last)
+        return rows, []
+    return [r for r in rows if r[0] is not None], [r for r in rows if r[0] is None]
+
+
 async def work_item_claim_batch(
     conn: Conn,
     packs: Sequence[int],
@@ -639,32 +668,15 @@ async def work_item_claim_batch(
     seconds until the first candidate deferred for its rate limit is due, per group. Debounced
     candidates that did not run (coalesced, parked behind a newer item, or their key busy: docs/
     packs.md#debounce) are added to ``held_back`` too and, with ``debounced`` given, to it."""
-    cur = await conn.execute(
-        WORK_ITEM_CLAIM_BATCH,
-        {
-            "packs": list(packs),
-            "queue_classes": list(queue_classes),
-            "limits": list(limits),
-            "owner": owner,
-            "lease_s": float(lease_s),
-        },
-        prepare=True,
-    )
-    rows = await cur.fetchall()
-    if not rows or rows[-1][0] is not None:  # the held-back rows come last (UNION ALL)
-        return rows
-    claimed = []
-    for r in rows:
-        if r[0] is not None:
-            claimed.append(r)
-        else:
-            key = (int(r[2]), str(r[4]))
-            if held_back is not None:
-                held_back[key] = held_back.get(key, 0) + int(r[1])
-            if debounced is not None and r[5] == "debounce":
-                debounced[key] = debounced.get(key, 0) + int(r[1])
-            if due_in is not None and r[3] is not None:
-                due_in[key] = max(0.0, int(r[3]) / 1000.0)
+    claimed, counts = await _claim(conn, WORK_ITEM_CLAIM_BATCH, packs, queue_classes, limits, owner, lease_s)
+    for r in counts:
+        key = (int(r[2]), str(r[4]))
+        if held_back is not None:
+            held_back[key] = held_back.get(key, 0) + int(r[1])
+        if debounced is not None and r[5] == "debounce":
+            debounced[key] = debounced.get(key, 0) + int(r[1])
+        if due_in is not None and r[3] is not None:
+            due_in[key] = max(0.0, int(r[3]) / 1000.0)
     return claimed
 
 
@@ -681,27 +693,12 @@ async def work_item_claim_plain_batch(
     """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
     claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
     class)``, is added to ``keyed`` (those groups belong to the flow statement)."""
-    cur = await conn.execute(
-        WORK_ITEM_CLAIM_PLAIN_BATCH,
-        {
-            "packs": list(packs),
-            "queue_classes": list(queue_classes),
-            "limits": list(limits),
-            "owner": owner,
-            "lease_s": float(lease_s),
-        },
-        prepare=True,
+    claimed, counts = await _claim(
+        conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s
     )
-    rows = await cur.fetchall()
-    if not rows or rows[-1][0] is not None:  # the keyed counts come last (UNION ALL)
-        return rows
-    claimed = []
-    for r in rows:
-        if r[0] is not None:
-            claimed.append(r)
-        else:
-            key = (int(r[2]), str(r[4]))
-            keyed[key] = keyed.get(key, 0) + int(r[1])
+    for r in counts:
+        key = (int(r[2]), str(r[4]))
+        keyed[key] = keyed.get(key, 0) + int(r[1])
     return claimed
 
 
