@@ -9,12 +9,14 @@ as the materializer does.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
 
+from connector.common import testdb
 from connector.common.packs import CircuitBreaker, Manifest, sha256_hex
 from connector.common.store.circuits import CIRCUIT_DECLARE
 from connector.common.store.flow import CONCURRENCY_DECLARE, RATE_LIMIT_DECLARE
@@ -127,6 +129,19 @@ def revoke_authority(conn: psycopg.Connection, pack_id: int, generation: int = 1
            WHERE installed_pack_id = %s AND generation = %s""",
         (pack_id, generation),
     )
+
+
+@contextlib.contextmanager
+def detached_queue() -> Iterator[tuple[psycopg.Connection, int]]:
+    """A fresh database with one pack ``p`` (work type ``w``, a no-op handler) whose WorkItems need no
+    events: the WorkItem-to-event foreign key is dropped, so the EXPLAIN tests fill the queue with
+    ``INSERT … SELECT … FROM generate_series`` at a million rows. Yields (autocommit connection, pack)."""
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
+        pack = seed_pack(db, "p", {"w": python_work_type("tests.executor.effects:noop")})
+        db.execute(
+            "ALTER TABLE connector_work_item DROP CONSTRAINT fk_connector_work_item_event_id_connector_event"
+        )
+        yield db, pack
 
 
 def seed_items(

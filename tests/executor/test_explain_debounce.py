@@ -22,7 +22,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common import testdb
 from connector.common.store import debounce, work_items
 from tests.executor import seed
 from tests.plans import explain_in_rollback, subplan
@@ -37,11 +36,7 @@ PARKED = "'9999-01-01 00:00:00+00'"
 
 @pytest.fixture(scope="module")
 def big() -> Iterator[tuple[psycopg.Connection, int]]:
-    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
-        db.execute(
-            "ALTER TABLE connector_work_item DROP CONSTRAINT fk_connector_work_item_event_id_connector_event"
-        )
+    with seed.detached_queue() as (db, pack):
         # Undebounced rows due a minute ago; debounced rows (even i) parked, key (i / 2) mod KEYS.
         db.execute(
             f"""INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type,

@@ -38,11 +38,7 @@ CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 
 
 @pytest.fixture(scope="module")
 def big() -> Iterator[tuple[psycopg.Connection, int]]:
-    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
-        db.execute(
-            "ALTER TABLE connector_work_item DROP CONSTRAINT fk_connector_work_item_event_id_connector_event"
-        )
+    with seed.detached_queue() as (db, pack):
         db.execute(
             """INSERT INTO connector_work_item (event_id, installed_pack_id, generation, work_type,
                  queue_class, state, delivery_seq, run_after, rate_key, concurrency_key, circuit_key)

@@ -19,7 +19,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common import testdb
 from connector.common.store import work_items
 from tests.executor import seed
 from tests.plans import explain_in_rollback
@@ -32,11 +31,7 @@ CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 
 
 @pytest.fixture(scope="module")
 def big() -> Iterator[tuple[psycopg.Connection, int]]:
-    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
-        db.execute(
-            "ALTER TABLE connector_work_item DROP CONSTRAINT fk_connector_work_item_event_id_connector_event"
-        )
+    with seed.detached_queue() as (db, pack):
         # i % 50 in 1..4: prioritized (head 100 s) and due over the last hour; i % 500 = 0:
         # prioritized with a head of 7,200 s, in retry backoff for 10 minutes more: ranked ahead of
         # everything, not due.
