@@ -82,6 +82,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def kill_holder(
+    db: psycopg.Connection,
+    spawn: Callable[..., ExecutorProcess],
+    holder: ExecutorProcess,
+    holder_id: str,
+    key_column: str,
+    at_least: int,
+    env: dict[str, str],
+) -> tuple[ExecutorProcess, list[int]]:
+    """The kill -9 hand-over of the flow proofs: wait until ``holder`` (started with
+    ``EXECUTOR_TEST_HOLD_AFTER``) holds at least ``at_least`` processing items whose ``key_column``
+    is set, start a second executor with ``env``, kill the holder (its sessions gone) and return the
+    second executor and the holder's orphans (its processing items with a key), in work id order."""
+    held = (
+        f"SELECT work_id FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s"
+        f" AND {key_column} IS NOT NULL ORDER BY work_id"
+    )
+    wait_for(
+        lambda: len(db.execute(held, (holder_id,)).fetchall()) >= at_least,
+        30,
+        f"the holder holds items with a {key_column}",
+    )
+    taker = spawn(extra_env=env)
+    taker.wait_registered(db)
+    kill_9(db, holder, "the holder's sessions gone")
+    return taker, [int(r[0]) for r in db.execute(held, (holder_id,)).fetchall()]
+
+
 class ExecutorProcess:
     """A ``connector executor`` child process with its own metrics port."""
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import kill_9, states, wait_for
+from tests.executor.helpers import kill_holder, states, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -141,29 +141,8 @@ def test_kill_9_and_lease_expiry_give_each_slot_back_once(db, spawn) -> None:
     a_id = a.wait_registered(db)
     s = _seed(db, limited, control, 160, random.Random(4))
     db.execute("NOTIFY connector_work")
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s "
-                "AND concurrency_key IS NOT NULL",
-                (a_id,),
-            ).fetchone()[0]
-            >= 4
-        ),
-        30,
-        "A holds limited items",
-    )
-    b = spawn(extra_env=env)
-    b.wait_registered(db)
-    kill_9(db, a, "A's sessions gone")
-    orphans = {
-        r[0]
-        for r in db.execute(
-            "SELECT work_id FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s "
-            "AND concurrency_key IS NOT NULL",
-            (a_id,),
-        ).fetchall()
-    }
+    b, held = kill_holder(db, spawn, a, a_id, "concurrency_key", 4, env)
+    orphans = set(held)
     assert orphans
     wait_for(lambda: states(db).get("succeeded", 0) == 320, 120, "320 succeeded")
     worst = max_overlap(db, s["keys"])

@@ -32,7 +32,7 @@ import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import ROOT, kill_9, wait_for
+from tests.executor.helpers import ROOT, kill_holder, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -232,29 +232,7 @@ async def test_kill_9_and_lease_expiry_lose_nothing_and_keep_the_order(db, adb, 
     a_id = a.wait_registered(db)
     rnd = random.Random(77)
     keys = await _feed(db, adb, pack, 2.0, rnd)
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s"
-                " AND debounce_key IS NOT NULL",
-                (a_id,),
-            ).fetchone()[0]
-            >= 4
-        ),
-        30,
-        "A holds debounced items",
-    )
-    b = spawn(extra_env=env)
-    b.wait_registered(db)
-    kill_9(db, a, "A's sessions gone")
-    orphans = [
-        int(r[0])
-        for r in db.execute(
-            "SELECT work_id FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s"
-            " AND debounce_key IS NOT NULL",
-            (a_id,),
-        ).fetchall()
-    ]
+    b, orphans = kill_holder(db, spawn, a, a_id, "debounce_key", 4, env)
     assert orphans
     keys.update(await _feed(db, adb, pack, 3.0, rnd))
     wait_for(lambda: _open(db) == 0, 120, "every item finished or coalesced")

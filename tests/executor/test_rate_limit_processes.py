@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.executor import effects, seed
-from tests.executor.helpers import kill_9, states, wait_for
+from tests.executor.helpers import kill_holder, states, wait_for
 from tests.executor.test_rate_limits import max_in_window
 
 pytestmark = pytest.mark.slow
@@ -135,29 +135,8 @@ def test_kill_9_and_lease_expiry_spend_budget_again_never_give_it_back(db, spawn
     a_id = a.wait_registered(db)
     s = _seed(db, limited, control, 120, random.Random(5))
     db.execute("NOTIFY connector_work")
-    wait_for(
-        lambda: (
-            db.execute(
-                "SELECT count(*) FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s "
-                "AND rate_key IS NOT NULL",
-                (a_id,),
-            ).fetchone()[0]
-            >= 5
-        ),
-        30,
-        "A holds limited items",
-    )
-    b = spawn(extra_env=env)
-    b.wait_registered(db)
-    kill_9(db, a, "A's sessions gone")
-    orphans = {
-        r[0]
-        for r in db.execute(
-            "SELECT work_id FROM connector_work_item WHERE state = 'processing' AND lease_owner = %s "
-            "AND rate_key IS NOT NULL",
-            (a_id,),
-        ).fetchall()
-    }
+    b, held = kill_holder(db, spawn, a, a_id, "rate_key", 5, env)
+    orphans = set(held)
     assert orphans
     wait_for(lambda: states(db).get("succeeded", 0) == 240, 90, "240 succeeded")
     claims = _claims(db, s["keys"])
