@@ -167,7 +167,22 @@ class DelayPolicy(_Model):
 DEFAULT_RATE_KEY = "{work_type}"
 
 
-class RateLimit(_Model):
+class _KeyedPolicy(_Model):
+    """A flow policy applied per key (rate limit, concurrency, debounce): ``key`` is a template over
+    extracted fields and ``{work_type}``, checked here; a constant key is the whole work type."""
+
+    key: str = DEFAULT_RATE_KEY
+
+    @field_validator("key")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        problems = template_syntax_errors(v)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return v
+
+
+class RateLimit(_KeyedPolicy):
     """At most ``limit`` claims per ``period_s`` seconds per key, across every executor process
     (docs/adr/011-rate-limits.md). The budget is spent when an item is claimed (an attempt that later
     fails, is retried or is fenced off still spent it); an item whose key has no budget is not
@@ -177,17 +192,7 @@ class RateLimit(_Model):
     limit: int = Field(ge=1, le=1_000_000)
     period_s: float = Field(gt=0, le=86_400)
     burst: int = Field(default=1, ge=1, le=1_000_000)
-    #: Key template over extracted fields and ``{work_type}``; a constant key is the whole work type
-    #: (keys are per pack: work types whose keys render equal share one budget).
-    key: str = DEFAULT_RATE_KEY
-
-    @field_validator("key")
-    @classmethod
-    def _template(cls, v: str) -> str:
-        problems = template_syntax_errors(v)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return v
+    # ``key`` (_KeyedPolicy): keys are per pack: work types whose keys render equal share one budget.
 
     @model_validator(mode="after")
     def _burst(self) -> RateLimit:
@@ -196,7 +201,7 @@ class RateLimit(_Model):
         return self
 
 
-class ConcurrencyLimit(_Model):
+class ConcurrencyLimit(_KeyedPolicy):
     """At most ``limit`` WorkItems of a key in flight at once, across every executor process
     (docs/adr/011-rate-limits.md). A separate mechanism from the target mutation lane (one in flight
     per target, in delivery order): this one promises no order. An item whose key is at its limit
@@ -204,23 +209,13 @@ class ConcurrencyLimit(_Model):
     gives its slot back when it is reclaimed, exactly once."""
 
     limit: int = Field(ge=1, le=100_000)
-    #: Key template over extracted fields and ``{work_type}``; a constant key is the whole work type.
-    key: str = DEFAULT_RATE_KEY
-
-    @field_validator("key")
-    @classmethod
-    def _template(cls, v: str) -> str:
-        problems = template_syntax_errors(v)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return v
 
 
 #: The longest debounce window and bound a pack may declare (a day).
 MAX_DEBOUNCE_S = 86_400
 
 
-class DebouncePolicy(_Model):
+class DebouncePolicy(_KeyedPolicy):
     """Coalesce bursts (docs/packs.md#debounce): WorkItems of one key (a template over extracted
     fields and ``{work_type}``; keys are per pack and work type) that wait together become one
     execution of the newest; the older ones end ``coalesced`` into it. The newest runs once
@@ -230,15 +225,6 @@ class DebouncePolicy(_Model):
 
     window_s: float = Field(gt=0, le=MAX_DEBOUNCE_S)
     max_wait_s: float | None = Field(default=None, gt=0, le=MAX_DEBOUNCE_S)
-    key: str = DEFAULT_RATE_KEY
-
-    @field_validator("key")
-    @classmethod
-    def _template(cls, v: str) -> str:
-        problems = template_syntax_errors(v)
-        if problems:
-            raise ValueError("\n".join(problems))
-        return v
 
     @model_validator(mode="after")
     def _bounded(self) -> DebouncePolicy:
