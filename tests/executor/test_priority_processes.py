@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 STEP = 0.04  # seconds per priority point in the tested policy
 HEAD = 100 * STEP  # the high items' head start: the starvation bound B of a low item, 4 s
 EPS = 1.0  # tolerance (seconds), see the module docstring
-BACKLOG = 450  # due, unclaimed high items the feeder keeps per pack (several seconds of work)
+BACKLOG = 1500  # due, unclaimed high items the feeder keeps per pack (~5 s of work: longer than HEAD)
 STREAM_S = 14.0  # how long the high stream and the low arrivals last
 STEPS = {"aged": STEP, "fifo": 0.0, "strict": 5000.0}
 
@@ -128,7 +128,7 @@ def _feed(db: psycopg.Connection, packs: dict[str, int]) -> int:
             head = 100 * STEPS[name]
             short = BACKLOG - _due_high(db, pack)
             if short > 0:
-                k = min(short, 300)
+                k = min(short, 500)
                 n += len(seed.seed_items(db, pack, k, work_type="high", heads=[head] * k))
             if tick % 10 == 0:
                 n += len(seed.seed_items(db, pack, 2, work_type="high", heads=[head] * 2, run_after_s=1.5))
