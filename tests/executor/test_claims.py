@@ -141,6 +141,35 @@ async def test_every_transition_is_fenced_by_the_token(db, adb) -> None:
     assert await work_items.work_item_complete_batch(adb, [a, c], [tok[a], tok[c]]) == []
 
 
+async def test_batched_fencing_matches_each_row_to_its_own_token(db, adb) -> None:
+    """Renew and complete look each row's token up by its position in the (sorted) id array: in a
+    batch of 40 whose tokens all differ, passed in shuffled order with every other token stale, exactly
+    the rows with their current token move. (Passed unsorted to the statement, the binary search
+    would match rows to other rows' tokens: this test fails then.)"""
+    import random
+
+    pack = seed.seed_pack(db, "p", WT)
+    ids = seed.seed_items(db, pack, 40)
+    # Distinct tokens: item i has been claimed (i % 7) + 1 times.
+    db.execute(
+        "UPDATE connector_work_item SET lease_token = (work_id - %s) %% 7 WHERE work_id = ANY(%s)",
+        (ids[0], ids),
+    )
+    tok = {r[0]: r[1] for r in await _claim(adb, pack, 40)}
+    assert len(set(tok.values())) == 7
+    rnd = random.Random(7)
+    order = ids[:]
+    rnd.shuffle(order)
+    fresh = set(order[::2])
+    given = [tok[i] if i in fresh else tok[i] + 1 for i in order]
+    assert await work_items.work_item_renew_lease_batch(adb, order, given, lease_s=60) == fresh
+    done = await work_items.work_item_complete_batch(adb, order, given)
+    assert sorted(done) == sorted(fresh)
+    states = dict(db.execute("SELECT work_id, state FROM connector_work_item WHERE work_id = ANY(%s)", (ids,)))
+    assert {i for i, st in states.items() if st == "succeeded"} == fresh
+    assert {i for i, st in states.items() if st == "processing"} == set(ids) - fresh
+
+
 async def test_retry_with_exhausted_attempts_is_dead(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     (i,) = seed.seed_items(db, pack, 1, max_attempts=2)
