@@ -41,6 +41,14 @@ def subplan(nodes: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     raise AssertionError(f"no subplan {name!r} in {[n.get('Subplan Name') for n in nodes]}")
 
 
+def claimed_update(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes of a claim statement's update of the claimed rows, its root first: the plain claim's
+    top-level update, or the flow claim's ``CTE claimed``."""
+    if nodes[0]["Node Type"] == "ModifyTable":
+        return nodes
+    return subplan(nodes, "CTE claimed")
+
+
 def prepared_explain(
     db: Any, name: str, query: str, params: dict[str, Any]
 ) -> Callable[[], list[dict[str, Any]]]:

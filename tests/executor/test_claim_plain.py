@@ -66,6 +66,59 @@ async def test_without_keyed_candidates_the_plain_claim_returns_only_claims(db, 
     assert all(r[0] is not None for r in rows)
 
 
+async def test_a_plain_claim_of_keyed_candidates_only_takes_nothing(db, adb) -> None:
+    """It reports what it left through its claimed rows, so with nothing claimed it reports nothing;
+    the ready-groups read says the group's first ready row is keyed instead (the claimer's cue)."""
+    pack = seed.seed_pack(db, "p", WT)
+    rated = seed.seed_items(db, pack, 3, rate_keys=["a", "b", "c"], rate_limit=(1, 60.0, 1))
+    keyed: dict = {}
+    assert await _plain(adb, pack, 20, keyed) == [] and keyed == {}
+    assert _untouched(db, rated) == [("pending", 0, 0)] * 3
+    [group] = await work_items.work_item_ready_groups(adb)
+    assert (group.pack, group.queue_class, group.keyed) == (pack, "default", True)
+    free = seed.seed_items(db, pack, 2, run_after_s=-60.0)  # due before the keyed ones: first ranked
+    [group] = await work_items.work_item_ready_groups(adb)
+    assert group.keyed is False
+    rows = await _plain(adb, pack, 20, keyed)
+    assert sorted(r[0] for r in rows) == free and keyed == {(pack, "default"): 3}
+    assert len(rows[0]) == len(work_items.CLAIM_COLUMNS) + 2
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["discovery-flag", "control-no-flag"])
+async def test_a_pack_of_keyed_items_only_is_claimed_through_the_flow_statement(
+    db, executor_factory, monkeypatch, control
+) -> None:
+    """Every ready item keyed: a plain claim takes nothing and cannot say why. Discovery's flag (the
+    group's first ready row is keyed) sends the group through the flow statement. Control: with the
+    flag always false, the executor's plain claims keep coming back empty and the items wait."""
+    empty = {"plain": 0}
+    plain = work_items.work_item_claim_plain_batch
+
+    async def counting(*a, **kw):  # type: ignore[no-untyped-def]
+        rows = await plain(*a, **kw)
+        empty["plain"] += not rows
+        return rows
+
+    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", counting)
+    if control:
+        flag = work_items.FLOW_KEYED + " AS keyed"
+        assert flag in work_items.WORK_ITEM_READY_GROUPS
+        monkeypatch.setattr(
+            work_items,
+            "WORK_ITEM_READY_GROUPS",
+            work_items.WORK_ITEM_READY_GROUPS.replace(flag, "false AS keyed"),
+        )
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 20, rate_keys=[f"k{i % 4}" for i in range(20)], rate_limit=(1000, 1.0, 1000))
+    svc = await executor_factory(workers=8, claim_batch=16)
+    if control:
+        await await_for(lambda: empty["plain"] >= 5, 30, "five empty plain claims")
+        assert states(db) == {"pending": 20}
+        return
+    await await_for(lambda: states(db) == {"succeeded": 20}, 30, "the keyed items ran")
+    assert (pack, "default") in svc.engine.claimer._flow
+
+
 @pytest.mark.parametrize("control", [False, True], ids=["plain", "control-keys-ignored"])
 async def test_an_executor_keeps_a_rate_limit_through_the_statement_switch(
     db, executor_factory, monkeypatch, control

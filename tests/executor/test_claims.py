@@ -165,7 +165,9 @@ async def test_batched_fencing_matches_each_row_to_its_own_token(db, adb) -> Non
     assert await work_items.work_item_renew_lease_batch(adb, order, given, lease_s=60) == fresh
     done = await work_items.work_item_complete_batch(adb, order, given)
     assert sorted(done) == sorted(fresh)
-    states = dict(db.execute("SELECT work_id, state FROM connector_work_item WHERE work_id = ANY(%s)", (ids,)))
+    states = dict(
+        db.execute("SELECT work_id, state FROM connector_work_item WHERE work_id = ANY(%s)", (ids,))
+    )
     assert {i for i, st in states.items() if st == "succeeded"} == fresh
     assert {i for i, st in states.items() if st == "processing"} == set(ids) - fresh
 

@@ -21,7 +21,7 @@ from connector.common import testdb
 from connector.common.store import work_items
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from tests.executor import seed
-from tests.plans import assert_update_reads_by_key, positional, prepared_explain, subplan
+from tests.plans import assert_update_reads_by_key, claimed_update, positional, prepared_explain
 
 pytestmark = pytest.mark.slow
 
@@ -336,7 +336,7 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
         nodes = prepared_explain(db, "claim", claim, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
-        claimed = subplan(nodes(), "CTE claimed")
+        claimed = claimed_update(nodes())
         assert_update_reads_by_key(
             claimed,
             relation="connector_work_item",

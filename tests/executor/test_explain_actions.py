@@ -19,7 +19,7 @@ import pytest
 
 from connector.common.store import pauses, work_items
 from tests.executor import seed
-from tests.plans import explain_in_rollback, subplan
+from tests.plans import claimed_update, explain_in_rollback
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def test_claim_costs_the_same_when_nothing_is_paused(big, claim, mode) -> None:
     _no_seq_scan(nodes)
     # The claimed rows (the statement's rate-limit part adds a "held back" row per group only when
     # a candidate had a rate-limit key: none here).
-    assert subplan(nodes, "CTE claimed")[0]["Node Type"] == "ModifyTable" and nodes[0]["Actual Rows"] == 64
+    assert claimed_update(nodes)[0]["Node Type"] == "ModifyTable" and nodes[0]["Actual Rows"] == 64
     [scan] = _ready_scans(nodes)
     assert scan["Actual Rows"] == 64
     assert nodes[0]["Shared Hit Blocks"] + nodes[0].get("Shared Read Blocks", 0) < 3000

@@ -65,6 +65,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
@@ -161,29 +162,28 @@ FLOW_KEYED = (
     " OR w.circuit_key IS NOT NULL)"
 )
 
-#: The marker (in the ``work_type`` position) of the plain statement's row counting keyed candidates.
-KEYED_MARKER = "keyed"
-
 #: The plain claim: the statement of a batch whose groups carry no flow keys (an unlimited pack pays
-#: nothing for the flow CTEs). It never claims a keyed candidate: per group, one row ``(NULL, count,
-#: pack, NULL, queue class, 'keyed', ...)`` counts the keyed candidates it left (locked for an instant,
-#: untouched), and the claimer sends that group's next batches through ``WORK_ITEM_CLAIM_BATCH``. So a
+#: nothing for the flow CTEs). It never claims a keyed candidate: it locks it for an instant and
+#: leaves it untouched, and every returned row carries, after the ``CLAIM_COLUMNS``, the pack and the
+#: queue class of each keyed candidate it left (two arrays, NULL when none; computed once per
+#: statement); the claimer sends those groups' next batches through ``WORK_ITEM_CLAIM_BATCH``. So a
 #: limit holds whichever statement a process sends (a process that has not yet seen a key is safe).
+#: The update is the top-level statement, as the claim was before flow limits: returning its rows
+#: through a CTE and a per-group count branch (``UNION ALL``) cost ~0.4 ms per claim of 256
+#: (docs/benchmarks.md, "Session 6"). A claim that updates nothing returns nothing, so it cannot tell
+#: whether it left keyed candidates: the claimer learns that from the ready-groups read, whose rows
+#: say whether a group's first ready row is keyed (``WORK_ITEM_READY_GROUPS``).
 WORK_ITEM_CLAIM_PLAIN_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand AS ({_candidates("c.keyed", FLOW_KEYED + " AS keyed")}
-), claimed AS (
-  UPDATE connector_work_item w
-  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
-      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
-      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
-  WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
-  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
 )
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, count(*), c.pack, NULL, c.qc, '{KEYED_MARKER}', {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
-FROM cand c WHERE c.keyed GROUP BY c.pack, c.qc
+UPDATE connector_work_item w
+SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+    lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+    attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
+RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)},
+  (SELECT array_agg(c.pack) FROM cand c WHERE c.keyed), (SELECT array_agg(c.qc) FROM cand c WHERE c.keyed)
 """
 
 # Circuit breakers (docs/adr/013-circuit-breakers.md, ``store.circuits``): a gate before the flow
@@ -547,14 +547,16 @@ RETURNING w.work_id, w.state, w.installed_pack_id
 # only place a due row can be: heads are never negative). When none is due the group reports its
 # first-ranked row's due time, which may be later than the earliest: the next discovery (every
 # poll interval) corrects it, so a due row waits at most one poll for it (docs/adr/014-priorities.md).
+# ``keyed``: the first-ranked row carries a flow key (``FLOW_KEYED``), so the claimer sends the group
+# through the flow statement (the plain one cannot report keyed candidates when it claims nothing).
 WORK_ITEM_READY_GROUPS = f"""
 WITH RECURSIVE g AS (
-  (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
+  (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed
    FROM connector_work_item w WHERE w.state IN ('pending', 'retry')
    ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1)
   UNION ALL
-  SELECT n.pack, n.qc, n.run_after FROM g CROSS JOIN LATERAL (
-    SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after
+  SELECT n.pack, n.qc, n.run_after, n.keyed FROM g CROSS JOIN LATERAL (
+    SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed
     FROM connector_work_item w
     WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
     ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1) n
@@ -569,7 +571,8 @@ SELECT g.pack, g.qc,
             THEN 0::float8
             ELSE extract(epoch FROM g.run_after - now())::float8 END,
        EXISTS (SELECT 1 FROM connector_pause p
-               WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused
+               WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused,
+       g.keyed
 FROM g
 """
 
@@ -633,9 +636,9 @@ async def _claim(
     owner: str,
     lease_s: float,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Run one of the claim statements; returns (claimed rows, count rows). Both statements return
-    their per-group count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed
-    ones (UNION ALL)."""
+    """Run the flow claim statement; returns (claimed rows, count rows): it returns its per-group
+    count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed ones (UNION
+    ALL)."""
     cur = await conn.execute(
         statement,
         {
@@ -695,14 +698,25 @@ async def work_item_claim_plain_batch(
 ) -> list[tuple[Any, ...]]:
     """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
     claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
-    class)``, is added to ``keyed`` (those groups belong to the flow statement)."""
-    claimed, counts = await _claim(
-        conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s
+    class)``, is added to ``keyed`` (those groups belong to the flow statement). When it claims
+    nothing it cannot tell (``keyed`` stays as it was). The rows carry two more columns after
+    ``CLAIM_COLUMNS``."""
+    cur = await conn.execute(
+        WORK_ITEM_CLAIM_PLAIN_BATCH,
+        {
+            "packs": list(packs),
+            "queue_classes": list(queue_classes),
+            "limits": list(limits),
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+        prepare=True,
     )
-    for r in counts:
-        key = (int(r[2]), str(r[4]))
-        keyed[key] = keyed.get(key, 0) + int(r[1])
-    return claimed
+    rows = await cur.fetchall()
+    if rows and rows[0][-2] is not None:
+        for key in zip(rows[0][-2], rows[0][-1], strict=True):
+            keyed[key] = keyed.get(key, 0) + 1
+    return rows
 
 
 class ReadyGroup(NamedTuple):
@@ -710,11 +724,14 @@ class ReadyGroup(NamedTuple):
     queue_class: str
     due_in: float  # seconds until the group's first row is due (<= 0: due)
     paused: bool
+    keyed: bool = False  # the group's first-ranked ready row carries a flow key (``FLOW_KEYED``)
 
 
 async def work_item_ready_groups(conn: Conn) -> list[ReadyGroup]:
     cur = await conn.execute(WORK_ITEM_READY_GROUPS, prepare=True)
-    return [ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3])) for r in await cur.fetchall()]
+    return [
+        ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3]), bool(r[4])) for r in await cur.fetchall()
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -885,7 +902,7 @@ def _ascending(ids: Sequence[int], tokens: Sequence[int]) -> tuple[list[int], li
     """``(ids, tokens)`` as lists in ascending id order, as the fenced by-position lookup
     (``width_bucket``) needs; the callers' batches mostly are already (a check, no sort)."""
     ids, tokens = list(ids), list(tokens)
-    if all(a < b for a, b in zip(ids, ids[1:])):
+    if all(a < b for a, b in pairwise(ids)):
         return ids, tokens
     return _sorted_pairs(ids, tokens)
 

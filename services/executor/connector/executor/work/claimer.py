@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection
@@ -38,13 +39,17 @@ class Claimer:
         # Applied once the group has no due rows left (the scheduler then waits for that time
         # instead of the next discovery).
         self._due_hints: dict[tuple[int, str], float] = {}
-        # Groups whose candidates carry flow keys (rate limit, concurrency): their batches go through
-        # the flow claim statement; every other batch through the plain one, which costs what the
-        # claim cost before flow limits existed. Found by the plain statement itself (it claims no
-        # keyed candidate and counts them), forgotten every FLOW_RECHECK_S so a group whose limits
-        # were removed returns to the plain statement.
+        # Groups whose candidates carry flow keys (rate limit, concurrency, debounce, circuit): their
+        # batches go through the flow claim statement; every other batch through the plain one,
+        # which costs what the claim cost before flow limits existed. Found by discovery (a group's
+        # first ready row is keyed) and by the plain statement itself (it claims no keyed candidate
+        # and reports the ones it left), forgotten every FLOW_RECHECK_S so a group whose limits were
+        # removed returns to the plain statement.
         self._flow: set[tuple[int, str]] = set()
         self._flow_until = 0.0
+        # Groups whose first ready row was keyed at the last discovery: a plain claim that takes
+        # nothing from one of them (it cannot report what it left then) is sent again as a flow claim.
+        self._keyed_heads: set[tuple[int, str]] = set()
 
     async def run(self) -> None:
         e = self.engine
@@ -126,6 +131,16 @@ class Claimer:
         # statement is what enforces a pause, whatever this process knows.
         e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
         e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
+        self._keyed_heads = {(g.pack, g.queue_class) for g in rows if g.keyed}
+        if not self._keyed_heads <= self._flow:
+            self._to_flow(self._keyed_heads, now)
+
+    def _to_flow(self, groups: Iterable[tuple[int, str]], now: float) -> None:
+        """Send these groups' batches through the flow statement (until the next recheck)."""
+        if not self._flow:
+            self._flow_until = now + FLOW_RECHECK_S
+        self._flow.update(groups)
+        self.engine.stats["flow_switches"] += 1
 
     async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
         e = self.engine
@@ -140,7 +155,17 @@ class Claimer:
         flow = self._flow
         if flow and t0 >= self._flow_until:
             flow.clear()
-        if flow and any(g.key in flow for g, _ in alloc):
+        use_flow = bool(flow) and any(g.key in flow for g, _ in alloc)
+        if not use_flow:
+            rows = await work_items.work_item_claim_plain_batch(
+                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed
+            )
+            if keyed:
+                self._to_flow(keyed, t0)
+            elif not rows and (heads := {g.key for g, _ in alloc} & self._keyed_heads):
+                self._to_flow(heads, t0)  # it may have left keyed candidates: ask the flow statement
+                use_flow = True
+        if use_flow:
             rows = await work_items.work_item_claim_batch(
                 conn,
                 packs,
@@ -152,15 +177,6 @@ class Claimer:
                 due_in=due_in,
                 debounced=debounced,
             )
-        else:
-            rows = await work_items.work_item_claim_plain_batch(
-                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed
-            )
-            if keyed:
-                if not flow:
-                    self._flow_until = t0 + FLOW_RECHECK_S
-                flow.update(keyed)
-                e.stats["flow_switches"] += 1
         dt = monotonic() - t0
         m.CLAIM_SECONDS.observe(dt)
         m.CLAIM_STATEMENTS.labels("rows" if rows else "empty").inc()
