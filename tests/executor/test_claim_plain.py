@@ -1,11 +1,14 @@
 """The plain claim statement (``WORK_ITEM_CLAIM_PLAIN_BATCH``): what a batch without flow keys sends,
 so that a pack declaring no rate limit or concurrency pays nothing for them. It must never claim a
-keyed candidate (that would bypass the limit): it leaves them untouched and counts them, and the
-claimer then sends that group through the flow statement (``WORK_ITEM_CLAIM_BATCH``).
+keyed candidate (that would bypass the limit): it leaves them untouched and reports them, and the
+claimer then sends that group through the rate statement (``WORK_ITEM_CLAIM_RATE_BATCH``, rate-limit
+keys only) or the flow statement (``WORK_ITEM_CLAIM_BATCH``). The rate statement in turn leaves any
+other flow key to the flow statement.
 
 Controls: with the keyed predicate removed from the plain statement (what a plain claim that forgot
-the limits would do) the first test sees keyed items claimed, and the in-process executor claims a
-1-per-period key many times in one period."""
+the limits would do) the in-process executor claims a 1-per-period key many times in one period;
+without the discovery flag a pack of keyed items only is never claimed; with the rate statement's
+other-keys check removed it takes both items of a 1-slot concurrency key."""
 
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ async def test_a_plain_claim_of_keyed_candidates_only_takes_nothing(db, adb) -> 
     assert group.keyed is False
     rows = await _plain(adb, pack, 20, keyed)
     assert sorted(r[0] for r in rows) == free and keyed == {(pack, "default"): 3}
-    assert len(rows[0]) == len(work_items.CLAIM_COLUMNS) + 2
+    assert len(rows[0]) == len(work_items.CLAIM_COLUMNS) + 3
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["discovery-flag", "control-no-flag"])
@@ -205,3 +208,76 @@ async def test_a_flow_group_is_looked_at_again_by_the_plain_statement(
     seed.seed_items(db, pack, 50)
     await await_for(lambda: states(db) == {"succeeded": 52}, 30, "the unkeyed ones ran")
     assert not svc.engine.claimer._flow  # their claims went through the plain statement again
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["rate", "control-other-keys-ignored"])
+async def test_the_rate_claim_judges_rate_keys_and_leaves_other_keys(db, adb, monkeypatch, control) -> None:
+    """The rate statement (``WORK_ITEM_CLAIM_RATE_BATCH``: rate-limit keys only) claims the unlimited
+    candidates and the rate-limited ones their budget admits, defers the others, and leaves a
+    candidate with another flow key (here a concurrency key) untouched and counted for the flow
+    statement. Control: with that check removed, both items of a 1-slot key are claimed."""
+    if control:
+        ignored = work_items.WORK_ITEM_CLAIM_RATE_BATCH.replace(
+            work_items.FLOW_OTHER + " AS other", "false AS other"
+        )
+        assert ignored != work_items.WORK_ITEM_CLAIM_RATE_BATCH
+        monkeypatch.setattr(work_items, "WORK_ITEM_CLAIM_RATE_BATCH", ignored)
+    pack = seed.seed_pack(db, "p", WT)
+    free = seed.seed_items(db, pack, 2)
+    a1, a2, b = seed.seed_items(db, pack, 3, rate_keys=["a", "a", "b"], rate_limit=(1, 60.0, 1))
+    slotted = seed.seed_items(db, pack, 2, concurrency_keys=["c", "c"], concurrency=1)
+    held: dict = {}
+    due: dict = {}
+    keyed: dict = {}
+    rows = await work_items.work_item_claim_rate_batch(
+        adb, [pack], ["default"], [20], owner="me", lease_s=30.0, held_back=held, due_in=due, keyed=keyed
+    )
+    got = sorted(r[0] for r in rows)
+    if control:
+        assert set(slotted) <= set(got)  # the concurrency limit of 1 is bypassed
+        return
+    assert got == sorted([*free, a1, b])
+    assert held == {(pack, "default"): 1} and 55 < due[pack, "default"] <= 60
+    assert keyed == {(pack, "default"): 2}
+    assert _untouched(db, slotted) == [("pending", 0, 0)] * 2
+    assert db.execute("SELECT sum(in_flight) FROM connector_concurrency_limit").fetchone()[0] == 0
+    (a2_due,) = db.execute(
+        "SELECT extract(epoch FROM run_after - now()) FROM connector_work_item WHERE work_id = %s", (a2,)
+    ).fetchone()
+    assert 55 < float(a2_due) <= 60  # deferred to its key's budget, no attempt
+    # The flow statement then takes one slot of "c".
+    rest = await work_items.work_item_claim_batch(adb, [pack], ["default"], [20], owner="me", lease_s=30.0)
+    assert [r[0] for r in rest] == slotted[:1]
+
+
+async def test_a_rate_limited_pack_goes_through_the_rate_statement(db, executor_factory, monkeypatch) -> None:
+    """Rate-limit keys only: the claimer sends the group through the rate statement, never the flow
+    statement; a concurrency-keyed item arriving in the same group moves it to the flow statement."""
+    sent = {"flow": 0, "rate": 0, "plain": 0}
+
+    def counting(name, fn):  # type: ignore[no-untyped-def]
+        async def call(*a, **kw):  # type: ignore[no-untyped-def]
+            sent[name] += 1
+            return await fn(*a, **kw)
+
+        return call
+
+    for name, attr in (
+        ("flow", "work_item_claim_batch"),
+        ("rate", "work_item_claim_rate_batch"),
+        ("plain", "work_item_claim_plain_batch"),
+    ):
+        monkeypatch.setattr(work_items, attr, counting(name, getattr(work_items, attr)))
+    pack = seed.seed_pack(db, "p", WT)
+    keys = [f"k{i % 10}" for i in range(200)]
+    seed.seed_items(db, pack, 200, rate_keys=keys, rate_limit=(10_000, 1.0, 10_000))
+    svc = await executor_factory(workers=8, claim_batch=16)
+    await await_for(lambda: states(db) == {"succeeded": 200}, 30, "the rate-limited items ran")
+    assert sent["rate"] >= 200 // 16 and sent["flow"] == 0, sent
+    assert svc.engine.claimer._flow.get((pack, "default")) == claimer_mod.RATE
+    seed.seed_items(db, pack, 20, concurrency_keys=["c"] * 20, concurrency=2)
+    svc.engine.wake.set()
+    await await_for(lambda: states(db) == {"succeeded": 220}, 30, "the concurrency-limited items ran")
+    assert sent["flow"] >= 1
+    assert svc.engine.claimer._flow.get((pack, "default")) == claimer_mod.FLOW
+    assert db.execute("SELECT in_flight FROM connector_concurrency_limit").fetchall() == [(0,)]

@@ -135,6 +135,40 @@ def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("binding", [False, True])
+def test_rate_claim_with_rate_limited_candidates(big, mode, binding) -> None:
+    """The rate statement (``WORK_ITEM_CLAIM_RATE_BATCH``) on the same window of 64: it judges the 32
+    rate-limited candidates by their key rows (primary-key probes), claims the 8 unlimited ones and
+    leaves the 24 with concurrency or circuit keys untouched, counted for the flow statement."""
+    db, pack = big
+    setup = ("UPDATE connector_rate_limit SET tat = now() + interval '1 hour'",) if binding else ()
+    query = work_items.WORK_ITEM_CLAIM_RATE_BATCH
+    nodes = explain_in_rollback(db, query, {**CLAIM, "packs": [pack]}, mode, setup)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
+    assert len(ready) == 1 and ready[0]["Actual Rows"] == 64
+    keys = [n for n in nodes if n.get("Index Name") == "pk_connector_rate_limit"]
+    assert keys and all(n["Actual Rows"] <= 64 for n in keys)
+    assert not any(
+        n.get("Relation Name") in ("connector_concurrency_limit", "connector_circuit") for n in nodes
+    )
+    claimed = subplan(nodes, "CTE claimed")
+    assert claimed[0]["Actual Rows"] == (8 if binding else 40)
+    if binding:
+        deferred = subplan(nodes, "CTE deferred")
+        assert any(
+            n.get("Index Name") == "pk_connector_work_item" and n["Actual Rows"] == 32 for n in deferred
+        )
+    with db.transaction(force_rollback=True):
+        for stmt in setup:
+            db.execute(stmt)
+        rows = db.execute(query, {**CLAIM, "packs": [pack]}).fetchall()
+    counts = {r[5]: r[1] for r in rows if r[0] is None}
+    assert counts == ({"keyed": 24, "limit": 32} if binding else {"keyed": 24})
+    assert _buffers(nodes[0]) < 6000
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("state", ["open", "half_open"])
 def test_claim_with_circuits_open_or_probing(big, mode, state) -> None:
     """Every circuit open (its 8 candidates of the window deferred by primary key) or half-open (one

@@ -162,11 +162,15 @@ FLOW_KEYED = (
     " OR w.circuit_key IS NOT NULL)"
 )
 
+#: A candidate the rate statement must leave to the flow statement: a flow key other than a rate key.
+FLOW_OTHER = "(w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL OR w.circuit_key IS NOT NULL)"
+
 #: The plain claim: the statement of a batch whose groups carry no flow keys (an unlimited pack pays
 #: nothing for the flow CTEs). It never claims a keyed candidate: it locks it for an instant and
-#: leaves it untouched, and every returned row carries, after the ``CLAIM_COLUMNS``, the pack and the
-#: queue class of each keyed candidate it left (two arrays, NULL when none; computed once per
-#: statement); the claimer sends those groups' next batches through ``WORK_ITEM_CLAIM_BATCH``. So a
+#: leaves it untouched, and every returned row carries, after the ``CLAIM_COLUMNS``, the pack, the
+#: queue class and whether it has a flow key other than a rate key (``FLOW_OTHER``) of each keyed
+#: candidate it left (three arrays, NULL when none; computed once per statement); the claimer sends
+#: those groups' next batches through the rate statement (rate keys only) or the flow statement. So a
 #: limit holds whichever statement a process sends (a process that has not yet seen a key is safe).
 #: The update is the top-level statement, as the claim was before flow limits: returning its rows
 #: through a CTE and a per-group count branch (``UNION ALL``) cost ~0.4 ms per claim of 256
@@ -175,7 +179,7 @@ FLOW_KEYED = (
 #: say whether a group's first ready row is keyed (``WORK_ITEM_READY_GROUPS``).
 WORK_ITEM_CLAIM_PLAIN_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
-), cand AS ({_candidates("c.keyed", FLOW_KEYED + " AS keyed")}
+), cand AS ({_candidates("c.keyed, c.other", f"{FLOW_KEYED} AS keyed, {FLOW_OTHER} AS other")}
 )
 UPDATE connector_work_item w
 SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
@@ -183,7 +187,8 @@ SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner
     attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
 RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)},
-  (SELECT array_agg(c.pack) FROM cand c WHERE c.keyed), (SELECT array_agg(c.qc) FROM cand c WHERE c.keyed)
+  (SELECT array_agg(c.pack) FROM cand c WHERE c.keyed), (SELECT array_agg(c.qc) FROM cand c WHERE c.keyed),
+  (SELECT array_agg(c.other) FROM cand c WHERE c.keyed)
 """
 
 # Circuit breakers (docs/adr/013-circuit-breakers.md, ``store.circuits``): a gate before the flow
@@ -267,6 +272,43 @@ CIRCUIT_PROBES = """, circ_probes AS (
     AND k.circuit_key = ANY (ARRAY(SELECT x.circuit_key FROM circ_probes x))
     AND k.installed_pack_id = x.pack AND k.circuit_key = x.circuit_key"""
 
+# The GCRA part of the claim statements that enforce rate limits (the flow statement and the rate
+# statement), over a CTE ``ranked (work_id, pack, qc, rate_key, concurrency_key, r)`` of the rate-keyed
+# candidates to decide, ranked per key: ``budget`` locks their key rows, ``verdict`` admits or defers
+# each, ``spend`` advances the keys' ``tat``; ``_RATE_DEFERRED`` moves the deferred ones to their due time.
+_RATE_SPEND = """), budget AS (
+  SELECT k.installed_pack_id AS pack, k.rate_key, greatest(k.tat, now()) AS base,
+         make_interval(secs => k.period_s / k.limit_n) AS t, k.burst - 1 AS slack
+  FROM (SELECT DISTINCT q.pack, q.rate_key FROM ranked q) d
+  CROSS JOIN LATERAL (
+    SELECT k.* FROM connector_rate_limit k
+    WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
+    FOR UPDATE SKIP LOCKED
+  ) k
+), verdict AS (
+  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, b.base IS NOT NULL AS locked,
+         b.base + (q.r - 1) * b.t <= now() + b.slack * b.t AS ok,
+         b.base + (q.r - 1 - b.slack) * b.t AS due
+  FROM ranked q LEFT JOIN budget b ON b.pack = q.pack AND b.rate_key = q.rate_key
+), spent AS (
+  SELECT b.pack, b.rate_key, b.base + s.n * b.t AS tat
+  FROM (SELECT v.pack, v.rate_key, count(*) AS n FROM verdict v WHERE v.ok GROUP BY 1, 2) s
+  JOIN budget b ON b.pack = s.pack AND b.rate_key = s.rate_key
+), spend AS (
+  UPDATE connector_rate_limit k SET tat = x.tat
+  FROM spent x
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM spent x))
+    AND k.rate_key = ANY (ARRAY(SELECT x.rate_key FROM spent x))
+    AND k.installed_pack_id = x.pack AND k.rate_key = x.rate_key
+"""
+
+_RATE_DEFERRED = """), deferred AS (
+  UPDATE connector_work_item d SET run_after = v.due, updated_at = clock_timestamp()
+  FROM verdict v
+  WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM verdict v WHERE v.locked AND NOT v.ok))
+    AND d.work_id = v.work_id AND v.locked AND NOT v.ok
+"""
+
 # Flow limits (docs/adr/011-rate-limits.md) are the only limit logic here; lanes are not (ADR 003).
 # Candidates with a key are ranked per key in due order; their key rows are locked ``FOR UPDATE SKIP
 # LOCKED`` (the statement never waits, so it cannot deadlock; a key another claim holds at that
@@ -316,31 +358,7 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
         UNION ALL
         SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.rank
         FROM cverdict v WHERE v.rate_key IS NOT NULL AND v.ok) x
-), budget AS (
-  SELECT k.installed_pack_id AS pack, k.rate_key, greatest(k.tat, now()) AS base,
-         make_interval(secs => k.period_s / k.limit_n) AS t, k.burst - 1 AS slack
-  FROM (SELECT DISTINCT q.pack, q.rate_key FROM ranked q) d
-  CROSS JOIN LATERAL (
-    SELECT k.* FROM connector_rate_limit k
-    WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
-    FOR UPDATE SKIP LOCKED
-  ) k
-), verdict AS (
-  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, b.base IS NOT NULL AS locked,
-         b.base + (q.r - 1) * b.t <= now() + b.slack * b.t AS ok,
-         b.base + (q.r - 1 - b.slack) * b.t AS due
-  FROM ranked q LEFT JOIN budget b ON b.pack = q.pack AND b.rate_key = q.rate_key
-), spent AS (
-  SELECT b.pack, b.rate_key, b.base + s.n * b.t AS tat
-  FROM (SELECT v.pack, v.rate_key, count(*) AS n FROM verdict v WHERE v.ok GROUP BY 1, 2) s
-  JOIN budget b ON b.pack = s.pack AND b.rate_key = s.rate_key
-), spend AS (
-  UPDATE connector_rate_limit k SET tat = x.tat
-  FROM spent x
-  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM spent x))
-    AND k.rate_key = ANY (ARRAY(SELECT x.rate_key FROM spent x))
-    AND k.installed_pack_id = x.pack AND k.rate_key = x.rate_key
-), dkeys AS (
+{_RATE_SPEND}), dkeys AS (
   SELECT d.pack, d.work_type, d.debounce_key, k.last_claimed_id, greatest(n.newest, d.top) AS newest
   FROM (SELECT c.pack, c.work_type, c.debounce_key, max(c.work_id) AS top FROM cand c
         WHERE c.debounce_key IS NOT NULL AND c.rate_key IS NULL AND c.concurrency_key IS NULL
@@ -416,12 +434,7 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), parked AS (
   UPDATE connector_work_item p SET run_after = {PARKED}, updated_at = clock_timestamp()
   WHERE p.work_id = ANY (ARRAY(SELECT v.work_id FROM cverdict v WHERE v.locked AND NOT v.ok))
-), deferred AS (
-  UPDATE connector_work_item d SET run_after = v.due, updated_at = clock_timestamp()
-  FROM verdict v
-  WHERE d.work_id = ANY (ARRAY(SELECT v.work_id FROM verdict v WHERE v.locked AND NOT v.ok))
-    AND d.work_id = v.work_id AND v.locked AND NOT v.ok
-){CIRCUIT_PROBES}
+{_RATE_DEFERRED}){CIRCUIT_PROBES}
 ), claimed AS (
   UPDATE connector_work_item w
   SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
@@ -438,6 +451,45 @@ FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due, 'limit' AS why FROM cverdic
       UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM verdict v WHERE v.ok IS NOT TRUE
       UNION ALL SELECT v.pack, v.qc, NULL, 'debounce' FROM dverdict v WHERE v.run IS NOT TRUE
       UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM circ_verdict v WHERE NOT v.ok) h
+GROUP BY h.pack, h.qc, h.why
+"""
+
+#: The marker (in the ``work_type`` position) of the rate statement's row counting candidates with
+#: another flow key.
+KEYED_MARKER = "keyed"
+
+#: The rate statement: the claim of a batch whose groups carry rate-limit keys and no other flow key
+#: (docs/adr/011-rate-limits.md, "Cost"): the candidate read, the GCRA part of the flow statement
+#: (``_RATE_SPEND``, ``_RATE_DEFERRED``) and the update, without the circuit, concurrency and debounce
+#: CTEs, which a rate-limited drain would plan (~3 ms per claim) and run for nothing. Like the plain
+#: statement it never claims a candidate it cannot judge: one with another flow key (``FLOW_OTHER``)
+#: is left untouched and counted (marker ``'keyed'``), and the claimer sends that group through the
+#: flow statement. It returns what the flow statement returns: the claimed rows, then per group the
+#: held-back count rows (marker ``'limit'``, with the first deferred one's due time).
+_RATE_IN = f"w.rate_key, {claim_rank('w')} AS rank, {FLOW_OTHER} AS other"
+WORK_ITEM_CLAIM_RATE_BATCH = f"""
+WITH auth AS MATERIALIZED ({_AUTHORITY}
+), cand AS ({_candidates("c.rate_key, c.rank, c.other", _RATE_IN)}
+), ranked AS (
+  SELECT c.work_id, c.pack, c.qc, c.rate_key, NULL::text AS concurrency_key,
+         row_number() OVER (PARTITION BY c.pack, c.rate_key ORDER BY c.rank, c.work_id) AS r
+  FROM cand c WHERE c.rate_key IS NOT NULL AND NOT c.other
+{_RATE_SPEND}{_RATE_DEFERRED}
+), claimed AS (
+  UPDATE connector_work_item w
+  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+  WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE c.rate_key IS NULL AND NOT c.other
+                               UNION ALL SELECT v.work_id FROM verdict v WHERE v.ok))
+  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc, h.why,
+       {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
+FROM (SELECT v.pack, v.qc, v.due, 'limit' AS why FROM verdict v WHERE v.ok IS NOT TRUE
+      UNION ALL SELECT c.pack, c.qc, NULL, '{KEYED_MARKER}' FROM cand c WHERE c.other) h
 GROUP BY h.pack, h.qc, h.why
 """
 
@@ -548,15 +600,18 @@ RETURNING w.work_id, w.state, w.installed_pack_id
 # first-ranked row's due time, which may be later than the earliest: the next discovery (every
 # poll interval) corrects it, so a due row waits at most one poll for it (docs/adr/014-priorities.md).
 # ``keyed``: the first-ranked row carries a flow key (``FLOW_KEYED``), so the claimer sends the group
-# through the flow statement (the plain one cannot report keyed candidates when it claims nothing).
+# through the rate statement or, with ``other`` (a key other than a rate key: ``FLOW_OTHER``), the
+# flow statement (the plain one cannot report keyed candidates when it claims nothing).
 WORK_ITEM_READY_GROUPS = f"""
 WITH RECURSIVE g AS (
-  (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed
+  (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed,
+         {FLOW_OTHER} AS other
    FROM connector_work_item w WHERE w.state IN ('pending', 'retry')
    ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1)
   UNION ALL
-  SELECT n.pack, n.qc, n.run_after, n.keyed FROM g CROSS JOIN LATERAL (
-    SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed
+  SELECT n.pack, n.qc, n.run_after, n.keyed, n.other FROM g CROSS JOIN LATERAL (
+    SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed,
+         {FLOW_OTHER} AS other
     FROM connector_work_item w
     WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
     ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1) n
@@ -572,7 +627,7 @@ SELECT g.pack, g.qc,
             ELSE extract(epoch FROM g.run_after - now())::float8 END,
        EXISTS (SELECT 1 FROM connector_pause p
                WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused,
-       g.keyed
+       g.keyed, g.other
 FROM g
 """
 
@@ -636,9 +691,9 @@ async def _claim(
     owner: str,
     lease_s: float,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Run the flow claim statement; returns (claimed rows, count rows): it returns its per-group
-    count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed ones (UNION
-    ALL)."""
+    """Run the flow or the rate claim statement; returns (claimed rows, count rows): both return
+    their per-group count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed
+    ones (UNION ALL)."""
     cur = await conn.execute(
         statement,
         {
@@ -686,6 +741,36 @@ async def work_item_claim_batch(
     return claimed
 
 
+async def work_item_claim_rate_batch(
+    conn: Conn,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    *,
+    owner: str,
+    lease_s: float,
+    held_back: dict[tuple[int, str], int],
+    due_in: dict[tuple[int, str], float],
+    keyed: dict[tuple[int, str], int],
+) -> list[tuple[Any, ...]]:
+    """``work_item_claim_batch`` for groups whose keys are rate-limit keys only
+    (``WORK_ITEM_CLAIM_RATE_BATCH``): the candidates held back for their limit are added to
+    ``held_back`` (and ``due_in``) as there; those with another flow key, which it leaves untouched,
+    to ``keyed`` per ``(pack, queue class)`` (those groups belong to the flow statement)."""
+    claimed, counts = await _claim(
+        conn, WORK_ITEM_CLAIM_RATE_BATCH, packs, queue_classes, limits, owner, lease_s
+    )
+    for r in counts:
+        key = (int(r[2]), str(r[4]))
+        if r[5] == KEYED_MARKER:
+            keyed[key] = keyed.get(key, 0) + int(r[1])
+            continue
+        held_back[key] = held_back.get(key, 0) + int(r[1])
+        if r[3] is not None:
+            due_in[key] = max(0.0, int(r[3]) / 1000.0)
+    return claimed
+
+
 async def work_item_claim_plain_batch(
     conn: Conn,
     packs: Sequence[int],
@@ -695,11 +780,13 @@ async def work_item_claim_plain_batch(
     owner: str,
     lease_s: float,
     keyed: dict[tuple[int, str], int],
+    other: set[tuple[int, str]] | None = None,
 ) -> list[tuple[Any, ...]]:
     """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
     claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
-    class)``, is added to ``keyed`` (those groups belong to the flow statement). When it claims
-    nothing it cannot tell (``keyed`` stays as it was). The rows carry two more columns after
+    class)``, is added to ``keyed`` (those groups belong to the rate or the flow statement), and the
+    groups of those with a flow key other than a rate key to ``other`` (the flow statement's). When it
+    claims nothing it cannot tell (``keyed`` stays as it was). The rows carry three more columns after
     ``CLAIM_COLUMNS``."""
     cur = await conn.execute(
         WORK_ITEM_CLAIM_PLAIN_BATCH,
@@ -713,9 +800,11 @@ async def work_item_claim_plain_batch(
         prepare=True,
     )
     rows = await cur.fetchall()
-    if rows and rows[0][-2] is not None:
-        for key in zip(rows[0][-2], rows[0][-1], strict=True):
-            keyed[key] = keyed.get(key, 0) + 1
+    if rows and rows[0][-3] is not None:
+        for pack, qc, beyond in zip(rows[0][-3], rows[0][-2], rows[0][-1], strict=True):
+            keyed[pack, qc] = keyed.get((pack, qc), 0) + 1
+            if beyond and other is not None:
+                other.add((pack, qc))
     return rows
 
 
@@ -725,12 +814,14 @@ class ReadyGroup(NamedTuple):
     due_in: float  # seconds until the group's first row is due (<= 0: due)
     paused: bool
     keyed: bool = False  # the group's first-ranked ready row carries a flow key (``FLOW_KEYED``)
+    other: bool = False  # ... one other than a rate key (``FLOW_OTHER``)
 
 
 async def work_item_ready_groups(conn: Conn) -> list[ReadyGroup]:
     cur = await conn.execute(WORK_ITEM_READY_GROUPS, prepare=True)
     return [
-        ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3]), bool(r[4])) for r in await cur.fetchall()
+        ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3]), bool(r[4]), bool(r[5]))
+        for r in await cur.fetchall()
     ]
 
 

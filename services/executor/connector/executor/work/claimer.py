@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection
@@ -31,6 +31,9 @@ monotonic = time.monotonic
 # again (one plain batch per group and interval: the keyed candidates it meets are left untouched).
 FLOW_RECHECK_S = 60.0
 
+#: The claim statements a group may need (0: the plain one): rate-limit keys only, any flow key.
+RATE, FLOW = 1, 2
+
 
 class Claimer:
     def __init__(self, engine: Engine) -> None:
@@ -39,17 +42,20 @@ class Claimer:
         # Applied once the group has no due rows left (the scheduler then waits for that time
         # instead of the next discovery).
         self._due_hints: dict[tuple[int, str], float] = {}
-        # Groups whose candidates carry flow keys (rate limit, concurrency, debounce, circuit): their
-        # batches go through the flow claim statement; every other batch through the plain one,
-        # which costs what the claim cost before flow limits existed. Found by discovery (a group's
-        # first ready row is keyed) and by the plain statement itself (it claims no keyed candidate
-        # and reports the ones it left), forgotten every FLOW_RECHECK_S so a group whose limits were
-        # removed returns to the plain statement.
-        self._flow: set[tuple[int, str]] = set()
+        # Groups whose candidates carry flow keys, and the statement they need: RATE (rate-limit
+        # keys only: the rate statement) or FLOW (concurrency, debounce or circuit keys: the flow
+        # statement); a batch goes through the statement its most demanding group needs, every other
+        # batch through the plain one, which costs what the claim cost before flow limits existed.
+        # Found by discovery (a group's first ready row is keyed) and by the plain and rate
+        # statements themselves (they claim no candidate they cannot judge and report the ones they
+        # left), forgotten every FLOW_RECHECK_S so a group whose limits were removed returns to the
+        # plain statement.
+        self._flow: dict[tuple[int, str], int] = {}
         self._flow_until = 0.0
-        # Groups whose first ready row was keyed at the last discovery: a plain claim that takes
-        # nothing from one of them (it cannot report what it left then) is sent again as a flow claim.
-        self._keyed_heads: set[tuple[int, str]] = set()
+        # Groups whose first ready row was keyed at the last discovery (and the statement it needs): a
+        # plain claim that takes nothing from one of them (it cannot report what it left then) is
+        # sent again through that statement.
+        self._keyed_heads: dict[tuple[int, str], int] = {}
 
     async def run(self) -> None:
         e = self.engine
@@ -131,15 +137,19 @@ class Claimer:
         # statement is what enforces a pause, whatever this process knows.
         e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
         e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
-        self._keyed_heads = {(g.pack, g.queue_class) for g in rows if g.keyed}
-        if not self._keyed_heads <= self._flow:
-            self._to_flow(self._keyed_heads, now)
+        heads = {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}
+        self._keyed_heads = heads
+        if any(self._flow.get(k, 0) < v for k, v in heads.items()):
+            self._to_flow(heads, now)
 
-    def _to_flow(self, groups: Iterable[tuple[int, str]], now: float) -> None:
-        """Send these groups' batches through the flow statement (until the next recheck)."""
-        if not self._flow:
+    def _to_flow(self, levels: Mapping[tuple[int, str], int], now: float) -> None:
+        """Send these groups' batches through the statement they need (until the next recheck)."""
+        flow = self._flow
+        if not flow:
             self._flow_until = now + FLOW_RECHECK_S
-        self._flow.update(groups)
+        for key, level in levels.items():
+            if flow.get(key, 0) < level:
+                flow[key] = level
         self.engine.stats["flow_switches"] += 1
 
     async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
@@ -155,17 +165,32 @@ class Claimer:
         flow = self._flow
         if flow and t0 >= self._flow_until:
             flow.clear()
-        use_flow = bool(flow) and any(g.key in flow for g, _ in alloc)
-        if not use_flow:
+        level = max((flow.get(g.key, 0) for g, _ in alloc), default=0) if flow else 0
+        if not level:
+            other: set[tuple[int, str]] = set()
             rows = await work_items.work_item_claim_plain_batch(
-                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed
+                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed, other=other
             )
             if keyed:
-                self._to_flow(keyed, t0)
-            elif not rows and (heads := {g.key for g, _ in alloc} & self._keyed_heads):
-                self._to_flow(heads, t0)  # it may have left keyed candidates: ask the flow statement
-                use_flow = True
-        if use_flow:
+                self._to_flow({k: FLOW if k in other else RATE for k in keyed}, t0)
+            elif not rows and (heads := {g.key: h for g, _ in alloc if (h := self._keyed_heads.get(g.key))}):
+                self._to_flow(heads, t0)  # it may have left keyed candidates: ask their statement
+                level = max(heads.values())
+        if level == RATE:
+            rows = await work_items.work_item_claim_rate_batch(
+                conn,
+                packs,
+                qcs,
+                limits,
+                owner=e.owner,
+                lease_s=e.cfg.lease_s,
+                held_back=held_back,
+                due_in=due_in,
+                keyed=keyed,
+            )
+            if keyed:  # candidates with other flow keys: the flow statement's
+                self._to_flow(dict.fromkeys(keyed, FLOW), t0)
+        elif level == FLOW:
             rows = await work_items.work_item_claim_batch(
                 conn,
                 packs,
