@@ -34,8 +34,12 @@ from benchmarks.sql_budget import BudgetCluster, Scenario  # noqa: E402
 pytestmark = pytest.mark.slow
 
 STORE = "connector.common.store."
-#: The claim statements: the plain one (no flow keys, what these scenarios send) and the flow one.
-CLAIMS = (STORE + "work_items.WORK_ITEM_CLAIM_PLAIN_BATCH", STORE + "work_items.WORK_ITEM_CLAIM_BATCH")
+#: The claim statements: the plain one (no flow keys, what these scenarios send), the rate one and the
+#: flow one.
+CLAIMS = tuple(
+    STORE + "work_items." + n
+    for n in ("WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH", "WORK_ITEM_CLAIM_BATCH")
+)
 ROUTED = STORE + "receipts.RECEIPT_MARK_MATERIALIZED_BATCH"
 
 #: Hot-loop statements per delivery, per stage, at this load (fan out to 2 WorkItems, one in a

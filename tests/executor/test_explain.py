@@ -313,7 +313,13 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
 
 
 @pytest.mark.parametrize(
-    "claim", [work_items.WORK_ITEM_CLAIM_PLAIN_BATCH, work_items.WORK_ITEM_CLAIM_BATCH], ids=["plain", "flow"]
+    "claim",
+    [
+        work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        work_items.WORK_ITEM_CLAIM_RATE_BATCH,
+        work_items.WORK_ITEM_CLAIM_BATCH,
+    ],
+    ids=["plain", "rate", "flow"],
 )
 def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
     """The claim's generic plan is made with statistics taken at an idle moment (no ready rows:

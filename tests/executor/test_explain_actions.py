@@ -29,9 +29,16 @@ _GATE = "\n      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0"
 # The claim statement without the one-time gate (the control).
 _UNGATED = work_items.WORK_ITEM_CLAIM_BATCH.replace(_GATE, "\n      AND w.generation = ANY (ag.gens)")
 assert _UNGATED != work_items.WORK_ITEM_CLAIM_BATCH
-# Both claim statements: the plain one (no flow keys) and the flow one share the candidate read.
+# The claim statements: the plain one (no flow keys), the rate one (rate keys only) and the flow one
+# share the candidate read.
 STATEMENTS = pytest.mark.parametrize(
-    "claim", [work_items.WORK_ITEM_CLAIM_PLAIN_BATCH, work_items.WORK_ITEM_CLAIM_BATCH], ids=["plain", "flow"]
+    "claim",
+    [
+        work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        work_items.WORK_ITEM_CLAIM_RATE_BATCH,
+        work_items.WORK_ITEM_CLAIM_BATCH,
+    ],
+    ids=["plain", "rate", "flow"],
 )
 
 

@@ -25,7 +25,7 @@ if os.environ.get("CONNECTOR_TEST_IGNORE_PAUSE") == "1":
     from connector.common.store import work_items as _w
 
     _FILTER = "\n                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])"
-    for _name in ("WORK_ITEM_CLAIM_BATCH", "WORK_ITEM_CLAIM_PLAIN_BATCH"):
+    for _name in ("WORK_ITEM_CLAIM_BATCH", "WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH"):
         _q = getattr(_w, _name)
         assert _FILTER in _q, f"{_name} changed: update the control"
         setattr(_w, _name, _q.replace(_FILTER, ""))
