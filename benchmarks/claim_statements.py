@@ -1,14 +1,18 @@
-"""The two claim statements side by side on one backlog of unlimited items (docs/benchmarks.md, "The
-plain claim"):
+"""The claim statements side by side on one backlog (docs/benchmarks.md, "The plain claim", "Session
+6"):
 
     .venv/bin/python -m benchmarks.claim_statements [--items 60000] [--claims 400] [--batch 64]
+        [--rate-keys 100]
 
-``WORK_ITEM_CLAIM_PLAIN_BATCH`` (what a batch without flow keys sends) and ``WORK_ITEM_CLAIM_BATCH``
-(the flow statement: rate-limit and concurrency CTEs) claim ``--batch`` items in turn on one
-connection each, and each batch is completed at once by the fenced complete. Alternating call by
-call, whatever else runs on the machine weighs on both alike: only the ratio counts. Printed: the
-median and p90 claim latency of each statement and their ratio, and the buffers one claim touches
-(EXPLAIN ANALYZE in a rolled-back transaction). Runs under ``bench_lock()`` on a scratch database.
+Without ``--rate-keys``, on unlimited items: ``WORK_ITEM_CLAIM_PLAIN_BATCH`` (what a batch without
+flow keys sends) and ``WORK_ITEM_CLAIM_BATCH`` (the flow statement: rate-limit, concurrency,
+debounce and circuit CTEs). With ``--rate-keys N``, on items with one of N rate-limit keys whose
+limits never bind: ``WORK_ITEM_CLAIM_RATE_BATCH`` (what a batch with rate keys only sends) and the
+flow statement. Each claims ``--batch`` items in turn on one connection each, and each batch is
+completed at once by the fenced complete. Alternating call by call, whatever else runs on the
+machine weighs on both alike: only the ratio counts. Printed: the median and p90 claim latency of
+each statement and their ratio, and the buffers one claim touches (EXPLAIN ANALYZE in a rolled-back
+transaction). Runs under ``bench_lock()`` on a scratch database.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-async def _measure(url: str, pack: int, claims: int, batch: int) -> dict[str, Any]:
+async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) -> dict[str, Any]:
     import psycopg
 
     from connector.common.store import work_items
 
     statements = {
-        "plain": work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        "rate" if rated else "plain": (
+            work_items.WORK_ITEM_CLAIM_RATE_BATCH if rated else work_items.WORK_ITEM_CLAIM_PLAIN_BATCH
+        ),
         "flow": work_items.WORK_ITEM_CLAIM_BATCH,
     }
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [batch], "owner": "b", "lease_s": 60.0}
@@ -69,11 +75,13 @@ async def _measure(url: str, pack: int, claims: int, batch: int) -> dict[str, An
             "p90_ms": round(xs[int(len(xs) * 0.9)] * 1000, 3),
             "buffers": buffers[name],
         }
-    out["flow_over_plain_p50"] = round(out["flow"]["p50_ms"] / out["plain"]["p50_ms"], 3)
+    base = "rate" if rated else "plain"
+    out["base"] = base
+    out["flow_over_base_p50"] = round(out["flow"]["p50_ms"] / out[base]["p50_ms"], 3)
     return out
 
 
-def run(items: int, claims: int, batch: int) -> dict[str, Any]:
+def run(items: int, claims: int, batch: int, rate_keys: int = 0) -> dict[str, Any]:
     import psycopg
 
     from benchmarks.common import fresh_migrated_database
@@ -82,9 +90,10 @@ def run(items: int, claims: int, batch: int) -> dict[str, Any]:
     assert items >= 2 * claims * batch, "the backlog must outlast the claims"
     with fresh_migrated_database("claims") as url, psycopg.connect(url, autocommit=True) as db:
         pack = seed.seed_pack(db, "bench", {"w": seed.python_work_type("benchmarks.executor_bench:noop")})
-        seed.seed_items(db, pack, items)
-        db.execute("VACUUM ANALYZE connector_work_item")
-        return asyncio.run(_measure(url, pack, claims, batch))
+        keys = [f"k{i % rate_keys}" for i in range(items)] if rate_keys else None
+        seed.seed_items(db, pack, items, rate_keys=keys, rate_limit=(10**6, 1.0, 10**6))
+        db.execute("VACUUM ANALYZE")
+        return asyncio.run(_measure(url, pack, claims, batch, bool(rate_keys)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,14 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=60_000)
     ap.add_argument("--claims", type=int, default=400)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rate-keys", type=int, default=0, help="items with one of N loose rate-limit keys")
     args = ap.parse_args(argv)
     with bench_lock():
-        res = run(args.items, args.claims, args.batch)
-    for name in ("plain", "flow"):
+        res = run(args.items, args.claims, args.batch, args.rate_keys)
+    for name in (res["base"], "flow"):
         r = res[name]
         lat = f"p50 {r['p50_ms']} ms, p90 {r['p90_ms']} ms"
         print(f"  {name:6} claim of {args.batch}: {lat}, {r['buffers']} buffers")
-    print(f"  flow / plain (p50): {res['flow_over_plain_p50']}")
+    print(f"  flow / {res['base']} (p50): {res['flow_over_base_p50']}")
     return 0
 
 

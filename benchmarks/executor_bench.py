@@ -536,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(
                 f"  {'rate100-loose-1p':14s} {res['items_per_s']:>8,} items/s  (limits not binding; "
-                f"vs the unlimited drain of this run: {ratio})",
+                f"vs the unlimited drain of this run: {ratio}; CPU/item: executor "
+                f"{res['executor_cpu_us_per_item']} us, postgres+other "
+                f"{res['postgres_and_other_cpu_us_per_item']} us)",
                 flush=True,
             )
         if not only or "rate100-binding-1p" in only:
