@@ -43,8 +43,11 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
     }
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [batch], "owner": "b", "lease_s": 60.0}
     conns = {k: await psycopg.AsyncConnection.connect(url, autocommit=True) for k in statements}
+    for conn in conns.values():  # as the services' connections (CONNECTOR_DISABLE_JIT)
+        await conn.execute("SET jit = off")
     samples: dict[str, list[float]] = {k: [] for k in statements}
     buffers: dict[str, int] = {}
+    plans: dict[str, Any] = {}
     try:
         for i in range(claims):
             order = list(statements) if i % 2 == 0 else list(reversed(statements))
@@ -59,6 +62,10 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
                 tok = {r[0]: r[1] for r in rows}
                 await work_items.work_item_complete_batch(conn, ids, [tok[x] for x in ids])
         for name, conn in conns.items():
+            cur = await conn.execute(
+                "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"
+            )
+            plans[name] = await cur.fetchone()
             async with conn.transaction(force_rollback=True):
                 explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statements[name]
                 cur = await conn.execute(explain, params)
@@ -74,6 +81,7 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
             "p50_ms": round(statistics.median(xs) * 1000, 3),
             "p90_ms": round(xs[int(len(xs) * 0.9)] * 1000, 3),
             "buffers": buffers[name],
+            "generic_custom_plans": plans[name],
         }
     base = "rate" if rated else "plain"
     out["base"] = base
@@ -110,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in (res["base"], "flow"):
         r = res[name]
         lat = f"p50 {r['p50_ms']} ms, p90 {r['p90_ms']} ms"
-        print(f"  {name:6} claim of {args.batch}: {lat}, {r['buffers']} buffers")
+        gc = r["generic_custom_plans"]
+        plans = f"{gc[0]} generic / {gc[1]} custom plans"
+        print(f"  {name:6} claim of {args.batch}: {lat}, {r['buffers']} buffers ({plans})")
     print(f"  flow / {res['base']} (p50): {res['flow_over_base_p50']}")
     return 0
 
