@@ -682,6 +682,30 @@ GROUP BY 1
 # ------------------------------------------------------------------------------------------------
 
 
+async def _claim_rows(
+    conn: Conn,
+    statement: str,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    owner: str,
+    lease_s: float,
+) -> list[tuple[Any, ...]]:
+    """Send a claim statement (prepared) with its parameters; its rows as they come."""
+    cur = await conn.execute(
+        statement,
+        {
+            "packs": list(packs),
+            "queue_classes": list(queue_classes),
+            "limits": list(limits),
+            "owner": owner,
+            "lease_s": float(lease_s),
+        },
+        prepare=True,
+    )
+    return await cur.fetchall()
+
+
 async def _claim(
     conn: Conn,
     statement: str,
@@ -694,18 +718,7 @@ async def _claim(
     """Run the flow or the rate claim statement; returns (claimed rows, count rows): both return
     their per-group count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed
     ones (UNION ALL)."""
-    cur = await conn.execute(
-        statement,
-        {
-            "packs": list(packs),
-            "queue_classes": list(queue_classes),
-            "limits": list(limits),
-            "owner": owner,
-            "lease_s": float(lease_s),
-        },
-        prepare=True,
-    )
-    rows = await cur.fetchall()
+    rows = await _claim_rows(conn, statement, packs, queue_classes, limits, owner, lease_s)
     if not rows or rows[-1][0] is not None:  # no count row (they come last)
         return rows, []
     return [r for r in rows if r[0] is not None], [r for r in rows if r[0] is None]
@@ -788,18 +801,7 @@ async def work_item_claim_plain_batch(
     groups of those with a flow key other than a rate key to ``other`` (the flow statement's). When it
     claims nothing it cannot tell (``keyed`` stays as it was). The rows carry three more columns after
     ``CLAIM_COLUMNS``."""
-    cur = await conn.execute(
-        WORK_ITEM_CLAIM_PLAIN_BATCH,
-        {
-            "packs": list(packs),
-            "queue_classes": list(queue_classes),
-            "limits": list(limits),
-            "owner": owner,
-            "lease_s": float(lease_s),
-        },
-        prepare=True,
-    )
-    rows = await cur.fetchall()
+    rows = await _claim_rows(conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s)
     if rows and rows[0][-3] is not None:
         for pack, qc, beyond in zip(rows[0][-3], rows[0][-2], rows[0][-1], strict=True):
             keyed[pack, qc] = keyed.get((pack, qc), 0) + 1
