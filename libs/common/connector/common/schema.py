@@ -452,15 +452,18 @@ work_item = Table(
         "work_id",
         postgresql_where=text(f"target_mutation_lane_key IS NOT NULL AND {LANE_HOLDING_PREDICATE}"),
     ),
-    # Rate-limited items per key that still need their key row (stats per key: waiting or in flight;
-    # the idle-key retirement: any such item keeps the key, ``flow.FLOW_KEY_HOLDING``; a dead or
-    # cancelled item may be replayed, a blocked one promoted). Unlimited items have no entry.
+    # Rate-limited items per key that still need their key row, but for those in flight (stats per
+    # key: waiting; the idle-key retirement: any such item keeps the key; a dead or cancelled item may
+    # be replayed, a blocked one promoted). Unlimited items have no entry. Processing rows have none
+    # either: the claim would add one per rate-limited item it takes (~12 % of its update, docs/
+    # benchmarks.md "Session 6"); stats and retirement read the in-flight ones from the processing
+    # rows (``flow.RATE_IN_FLIGHT``, bounded by the executors' capacity).
     Index(
         "ix_connector_work_item_rate_key",
         "installed_pack_id",
         "rate_key",
         "state",
-        postgresql_where=text("rate_key IS NOT NULL AND state <> 'succeeded'"),
+        postgresql_where=text("rate_key IS NOT NULL AND state NOT IN ('succeeded', 'processing')"),
     ),
     # Concurrency-limited items per key, likewise (stats, the slot check, the idle-key retirement).
     Index(

@@ -84,11 +84,21 @@ async def rate_limit_declare(conn: Conn, keys: Sequence[RateKey]) -> None:
     )
 
 
+#: The rate-limited items in flight, per (pack, key): a read of the processing rows (their partial
+#: index and the rows; bounded by the executors' capacity), which ``ix_connector_work_item_rate_key``
+#: leaves out. A fragment of the statements below.
+RATE_IN_FLIGHT = """
+  SELECT w.installed_pack_id, w.rate_key, count(*) AS n FROM connector_work_item w
+  WHERE w.state = 'processing' AND w.rate_key IS NOT NULL GROUP BY 1, 2"""
+
 # Per key of a pack (or of every pack): the limit, the budget left now (claims that may go at once),
 # when the next claim may go, and its WorkItems waiting (due or deferred to their budget's time) and
-# in flight. Bounded by ``limit``; keys with waiting items first. The counts are index reads of the
-# ready and processing partial indexes filtered by key (a key's backlog, not the table).
-RATE_LIMIT_STATS = """
+# in flight. Bounded by ``limit``; keys with waiting items first. Waiting: index reads of
+# ``ix_connector_work_item_rate_key`` filtered by key (a key's backlog, not the table); in flight:
+# ``RATE_IN_FLIGHT``, once.
+RATE_LIMIT_STATS = f"""
+WITH busy AS MATERIALIZED ({RATE_IN_FLIGHT}
+)
 SELECT k.installed_pack_id, p.name, k.work_type, k.rate_key, k.limit_n, k.period_s, k.burst,
        greatest(0, least(k.burst::float8,
          k.burst - extract(epoch FROM k.tat - now()) / (k.period_s / k.limit_n)))::float8 AS budget,
@@ -97,9 +107,8 @@ SELECT k.installed_pack_id, p.name, k.work_type, k.rate_key, k.limit_n, k.period
        (SELECT count(*) FROM connector_work_item w
         WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
           AND w.state IN ('pending', 'retry')) AS waiting,
-       (SELECT count(*) FROM connector_work_item w
-        WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
-          AND w.state = 'processing') AS in_flight
+       coalesce((SELECT b.n FROM busy b
+                 WHERE b.installed_pack_id = k.installed_pack_id AND b.rate_key = k.rate_key), 0) AS in_flight
 FROM connector_rate_limit k JOIN connector_installed_pack p ON p.installed_pack_id = k.installed_pack_id
 WHERE (%(pack)s::bigint IS NULL OR k.installed_pack_id = %(pack)s::bigint)
 ORDER BY k.installed_pack_id, k.rate_key
@@ -114,25 +123,27 @@ async def rate_limit_stats(conn: Conn, pack: int | None, limit: int = 1000) -> l
 
 
 # The sampler's gauges per (pack, work type): keys, keys without budget now, and their WorkItems
-# waiting and in flight (bounded labels: never the key). A scan of the key rows (one per key) and an
-# index read of the limited WorkItems (``ix_connector_work_item_rate_key``); never the claim loop.
-RATE_LIMIT_SAMPLE = """
+# waiting and in flight (bounded labels: never the key). A scan of the key rows (one per key), an
+# index read of the waiting limited WorkItems (``ix_connector_work_item_rate_key``) and
+# ``RATE_IN_FLIGHT``; never the claim loop.
+RATE_LIMIT_SAMPLE = f"""
 WITH k AS (
   SELECT installed_pack_id, work_type, count(*) AS keys,
          count(*) FILTER (WHERE tat - make_interval(secs => (burst - 1) * period_s / limit_n) > now())
            AS exhausted
   FROM connector_rate_limit GROUP BY 1, 2
 ), w AS (
-  SELECT w.installed_pack_id, k.work_type,
-         count(*) FILTER (WHERE w.state IN ('pending', 'retry')) AS waiting,
-         count(*) FILTER (WHERE w.state = 'processing') AS in_flight
-  FROM connector_work_item w
-  JOIN connector_rate_limit k ON k.installed_pack_id = w.installed_pack_id AND k.rate_key = w.rate_key
-  WHERE w.rate_key IS NOT NULL AND w.state IN ('pending', 'retry', 'processing')
+  SELECT x.installed_pack_id, k.work_type, sum(x.waiting) AS waiting, sum(x.in_flight) AS in_flight
+  FROM (SELECT w.installed_pack_id, w.rate_key, count(*) AS waiting, 0 AS in_flight
+        FROM connector_work_item w
+        WHERE w.rate_key IS NOT NULL AND w.state IN ('pending', 'retry') GROUP BY 1, 2
+        UNION ALL
+        SELECT b.installed_pack_id, b.rate_key, 0, b.n FROM ({RATE_IN_FLIGHT}) b) x
+  JOIN connector_rate_limit k ON k.installed_pack_id = x.installed_pack_id AND k.rate_key = x.rate_key
   GROUP BY 1, 2
 )
-SELECT k.installed_pack_id, k.work_type, k.keys, k.exhausted, coalesce(w.waiting, 0),
-       coalesce(w.in_flight, 0)
+SELECT k.installed_pack_id, k.work_type, k.keys, k.exhausted, coalesce(w.waiting, 0)::bigint,
+       coalesce(w.in_flight, 0)::bigint
 FROM k LEFT JOIN w ON w.installed_pack_id = k.installed_pack_id AND w.work_type = k.work_type
 """
 
@@ -392,7 +403,8 @@ async def concurrency_stats(conn: Conn, pack: int | None, limit: int = 1000) -> 
 # --------------------------------------------------------------------------------------------------
 
 #: A key row is idle, and deleted, once no WorkItem needs it: every WorkItem of the key is
-#: ``succeeded`` (the states in ``ix_connector_work_item_rate_key`` / ``_concurrency_key``: a dead or
+#: ``succeeded`` (the states in ``ix_connector_work_item_concurrency_key``, and for a rate key those
+#: in ``ix_connector_work_item_rate_key`` plus the processing ones, ``RATE_IN_FLIGHT``: a dead or
 #: cancelled one may be replayed, a blocked one promoted), its budget is full (``tat`` at least
 #: ``idle_s`` in the past: a new row would start the same) or no slot is taken, and it is at least
 #: ``idle_s`` old. A new WorkItem of the key re-creates it (the materializer's declaration).
@@ -403,8 +415,9 @@ FLOW_KEYS_RETIRE_LOCK = f"SELECT pg_advisory_xact_lock({FLOW_KEYS_LOCK_CLASS}, 0
 # generic plan probes the index too instead of hashing the key table). Returns the page's size, how
 # many rows were deleted and the page's last key. The second statement of the retirement's
 # transaction: its snapshot follows the exclusive lock.
-RATE_LIMIT_RETIRE = """
-WITH page AS (
+RATE_LIMIT_RETIRE = f"""
+WITH busy AS MATERIALIZED ({RATE_IN_FLIGHT}
+), page AS (
   SELECT k.installed_pack_id, k.rate_key FROM connector_rate_limit k
   WHERE (k.installed_pack_id, k.rate_key) > (%(after_pack)s::bigint, %(after_key)s::text)
   ORDER BY k.installed_pack_id, k.rate_key
@@ -419,7 +432,9 @@ WITH page AS (
     AND k.created_at <= now() - make_interval(secs => %(idle_s)s::float8)
     AND NOT EXISTS (SELECT 1 FROM connector_work_item w
                     WHERE w.installed_pack_id = k.installed_pack_id AND w.rate_key = k.rate_key
-                      AND w.state <> 'succeeded')
+                      AND w.state NOT IN ('succeeded', 'processing'))
+    AND NOT EXISTS (SELECT 1 FROM busy b
+                    WHERE b.installed_pack_id = k.installed_pack_id AND b.rate_key = k.rate_key)
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM gone), l.installed_pack_id, l.rate_key
