@@ -132,6 +132,17 @@ class ClaimedRow(NamedTuple):
 
 CLAIM_COLUMNS = ClaimedRow._fields
 
+#: What every claim statement writes on a row it takes (the lease, the next fencing token, one
+#: attempt) and returns of it (``ClaimedRow``).
+_TAKE = """SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
+      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()"""
+_TAKEN = ", ".join("w." + c for c in CLAIM_COLUMNS)
+#: The select list of the flow and rate statements' per-group count rows over ``h (pack, qc, due,
+#: why)``: ``(NULL, count, pack, ms until the first due, queue class, marker, NULL…)``.
+_HELD_BACK = f"""SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int,
+       h.qc, h.why, {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}"""
+
 
 def _candidates(out: str, inner: str) -> str:
     """The candidate read both claim statements share: per group ``(pack, qc, n)`` of the parameters, up
@@ -182,11 +193,9 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand AS ({_candidates("c.keyed, c.other", f"{FLOW_KEYED} AS keyed, {FLOW_OTHER} AS other")}
 )
 UPDATE connector_work_item w
-SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
-    lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
-    attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+{_TAKE}
 WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
-RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)},
+RETURNING {_TAKEN},
   (SELECT array_agg(c.pack) FROM cand c WHERE c.keyed), (SELECT array_agg(c.qc) FROM cand c WHERE c.keyed),
   (SELECT array_agg(c.other) FROM cand c WHERE c.keyed)
 """
@@ -437,16 +446,13 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 {_RATE_DEFERRED}){CIRCUIT_PROBES}
 ), claimed AS (
   UPDATE connector_work_item w
-  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
-      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
-      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+  {_TAKE}
   WHERE w.work_id = ANY (ARRAY(SELECT a.work_id FROM admitted a))
-  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+  RETURNING {_TAKEN}
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc, h.why,
-       {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
+{_HELD_BACK}
 FROM (SELECT v.pack, v.qc, NULL::timestamptz AS due, 'limit' AS why FROM cverdict v WHERE v.ok IS NOT TRUE
       UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM verdict v WHERE v.ok IS NOT TRUE
       UNION ALL SELECT v.pack, v.qc, NULL, 'debounce' FROM dverdict v WHERE v.run IS NOT TRUE
@@ -477,17 +483,14 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
 {_RATE_SPEND}{_RATE_DEFERRED}
 ), claimed AS (
   UPDATE connector_work_item w
-  SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
-      lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
-      attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()
+  {_TAKE}
   WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE c.rate_key IS NULL AND NOT c.other
                                UNION ALL SELECT v.work_id FROM verdict v WHERE v.ok))
-  RETURNING {", ".join("w." + c for c in CLAIM_COLUMNS)}
+  RETURNING {_TAKEN}
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int, h.qc, h.why,
-       {", ".join(["NULL"] * (len(CLAIM_COLUMNS) - 6))}
+{_HELD_BACK}
 FROM (SELECT v.pack, v.qc, v.due, 'limit' AS why FROM verdict v WHERE v.ok IS NOT TRUE
       UNION ALL SELECT c.pack, c.qc, NULL, '{KEYED_MARKER}' FROM cand c WHERE c.other) h
 GROUP BY h.pack, h.qc, h.why
