@@ -281,3 +281,26 @@ async def test_a_rate_limited_pack_goes_through_the_rate_statement(db, executor_
     assert sent["flow"] >= 1
     assert svc.engine.claimer._flow.get((pack, "default")) == claimer_mod.FLOW
     assert db.execute("SELECT in_flight FROM connector_concurrency_limit").fetchall() == [(0,)]
+
+
+async def test_a_keyed_group_keeps_its_statement_through_the_recheck(
+    db, executor_factory, monkeypatch
+) -> None:
+    """The recheck forgets the flow set before every claim here (``FLOW_RECHECK_S = 0``); the groups
+    discovery saw with a keyed first row keep their statement through it, so a pack of keyed items
+    only is claimed through the rate statement and never sent a plain claim (which would take
+    nothing from it and could not say why)."""
+    monkeypatch.setattr(claimer_mod, "FLOW_RECHECK_S", 0.0)
+    sent = {"plain": 0}
+    plain = work_items.work_item_claim_plain_batch
+
+    async def counting(*a, **kw):  # type: ignore[no-untyped-def]
+        sent["plain"] += 1
+        return await plain(*a, **kw)
+
+    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", counting)
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 40, rate_keys=[f"k{i % 4}" for i in range(40)], rate_limit=(1000, 1.0, 1000))
+    await executor_factory(workers=8, claim_batch=8)
+    await await_for(lambda: states(db) == {"succeeded": 40}, 30, "the keyed items ran")
+    assert sent["plain"] == 0

@@ -52,9 +52,9 @@ class Claimer:
         # plain statement.
         self._flow: dict[tuple[int, str], int] = {}
         self._flow_until = 0.0
-        # Groups whose first ready row was keyed at the last discovery (and the statement it needs): a
-        # plain claim that takes nothing from one of them (it cannot report what it left then) is
-        # sent again through that statement.
+        # Groups whose first ready row was keyed at the last discovery (and the statement it needs).
+        # They stay in ``_flow`` through a recheck: a plain claim that takes nothing from one of them
+        # could not report what it left.
         self._keyed_heads: dict[tuple[int, str], int] = {}
 
     async def run(self) -> None:
@@ -137,19 +137,18 @@ class Claimer:
         # statement is what enforces a pause, whatever this process knows.
         e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
         e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
-        heads = {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}
-        self._keyed_heads = heads
-        if any(self._flow.get(k, 0) < v for k, v in heads.items()):
-            self._to_flow(heads, now)
+        self._keyed_heads = {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}
+        self._to_flow(self._keyed_heads, now)
 
     def _to_flow(self, levels: Mapping[tuple[int, str], int], now: float) -> None:
         """Send these groups' batches through the statement they need (until the next recheck)."""
         flow = self._flow
+        raised = {key: level for key, level in levels.items() if flow.get(key, 0) < level}
+        if not raised:
+            return
         if not flow:
             self._flow_until = now + FLOW_RECHECK_S
-        for key, level in levels.items():
-            if flow.get(key, 0) < level:
-                flow[key] = level
+        flow.update(raised)
         self.engine.stats["flow_switches"] += 1
 
     async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
@@ -165,6 +164,7 @@ class Claimer:
         flow = self._flow
         if flow and t0 >= self._flow_until:
             flow.clear()
+            self._to_flow(self._keyed_heads, t0)
         level = max((flow.get(g.key, 0) for g, _ in alloc), default=0) if flow else 0
         if not level:
             other: set[tuple[int, str]] = set()
@@ -173,10 +173,7 @@ class Claimer:
             )
             if keyed:
                 self._to_flow({k: FLOW if k in other else RATE for k in keyed}, t0)
-            elif not rows and (heads := {g.key: h for g, _ in alloc if (h := self._keyed_heads.get(g.key))}):
-                self._to_flow(heads, t0)  # it may have left keyed candidates: ask their statement
-                level = max(heads.values())
-        if level == RATE:
+        elif level == RATE:
             rows = await work_items.work_item_claim_rate_batch(
                 conn,
                 packs,
@@ -190,7 +187,7 @@ class Claimer:
             )
             if keyed:  # candidates with other flow keys: the flow statement's
                 self._to_flow(dict.fromkeys(keyed, FLOW), t0)
-        elif level == FLOW:
+        else:  # FLOW
             rows = await work_items.work_item_claim_batch(
                 conn,
                 packs,
