@@ -43,8 +43,9 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
     }
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [batch], "owner": "b", "lease_s": 60.0}
     conns = {k: await psycopg.AsyncConnection.connect(url, autocommit=True) for k in statements}
-    for conn in conns.values():  # as the services' connections (CONNECTOR_DISABLE_JIT)
+    for name, conn in conns.items():  # as the services' connections (CONNECTOR_DISABLE_JIT)
         await conn.execute("SET jit = off")
+        await conn.execute(work_items.CLAIM_PLANS[name != "flow"])  # as the claimer plans each
     samples: dict[str, list[float]] = {k: [] for k in statements}
     buffers: dict[str, int] = {}
     plans: dict[str, Any] = {}

@@ -43,8 +43,12 @@ BATCH, ITEMS = int(os.environ["BATCH"]), int(os.environ["ITEMS"])
 async def loop(url, pack):
     from connector.common.store import work_items as w
     plain = hasattr(w, "work_item_claim_plain_batch")
-    c = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    await c.execute("SET jit = off")
+    # As in the executor: the claimer's connection, and the finalizer's.
+    c, f = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(2)]
+    for conn in (c, f):
+        await conn.execute("SET jit = off")
+    if hasattr(w, "CLAIM_PLANS"):  # the plan mode the tree's claimer gives its unkeyed claims
+        await c.execute(w.CLAIM_PLANS[True])
     print("ready", flush=True)
     for _ in sys.stdin:
         t0 = time.perf_counter()
@@ -55,7 +59,7 @@ async def loop(url, pack):
             rows = await w.work_item_claim_batch(c, [pack], ["default"], [BATCH], owner="b", lease_s=60.0)
         t1 = time.perf_counter()
         assert len(rows) == BATCH, len(rows)
-        await w.work_item_finalize(c, [r[0] for r in rows], [r[1] for r in rows], w.FailBatch())
+        await w.work_item_finalize(f, [r[0] for r in rows], [r[1] for r in rows], w.FailBatch())
         print(f"{(t1 - t0) * 1000:.3f} {(time.perf_counter() - t1) * 1000:.3f}", flush=True)
 
 from benchmarks.common import fresh_migrated_database

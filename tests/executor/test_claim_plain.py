@@ -304,3 +304,55 @@ async def test_a_keyed_group_keeps_its_statement_through_the_recheck(
     await executor_factory(workers=8, claim_batch=8)
     await await_for(lambda: states(db) == {"succeeded": 40}, 30, "the keyed items ran")
     assert sent["plain"] == 0
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["generic", "control-server-mode"])
+async def test_the_plain_and_rate_claims_run_generic_plans_and_the_flow_claim_custom_ones(
+    db, executor_factory, monkeypatch, control
+) -> None:
+    """The claimer has PostgreSQL plan its plain and rate statements by their generic plan (left
+    alone, it custom-plans every execution) and its flow statement as the server is configured
+    (``work_items.CLAIM_PLANS``). Each claim the executor sends is wrapped to read, on its own
+    connection, the plan mode it ran under and the prepared statement's plan counts. Control: with
+    the generic mode replaced by the server's, the plain and rate claims are custom-planned."""
+    if control:
+        monkeypatch.setitem(work_items.CLAIM_PLANS, True, work_items.CLAIM_PLANS[False])
+    seen: dict[str, set[tuple[str, bool]]] = {"plain": set(), "rate": set(), "flow": set()}
+    marks = {"plain": "NOT c.keyed", "rate": "NOT c.other", "flow": "cranked AS"}
+
+    def watching(name, fn):  # type: ignore[no-untyped-def]
+        async def call(conn, *a, **kw):  # type: ignore[no-untyped-def]
+            rows = await fn(conn, *a, **kw)
+            mode = (await (await conn.execute("SHOW plan_cache_mode")).fetchone())[0]
+            cur = await conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                (f"%{marks[name]}%",),
+            )
+            for generic, custom in await cur.fetchall():
+                seen[name].add((mode, generic > 0 and custom == 0))
+            return rows
+
+        return call
+
+    for name, attr in (
+        ("flow", "work_item_claim_batch"),
+        ("rate", "work_item_claim_rate_batch"),
+        ("plain", "work_item_claim_plain_batch"),
+    ):
+        monkeypatch.setattr(work_items, attr, watching(name, getattr(work_items, attr)))
+    default = db.execute("SHOW plan_cache_mode").fetchone()[0]
+    pack = seed.seed_pack(db, "p", WT)
+    seed.seed_items(db, pack, 64)
+    seed.seed_items(
+        db, pack, 64, rate_keys=[f"k{i % 8}" for i in range(64)], rate_limit=(10_000, 1.0, 10_000)
+    )
+    await executor_factory(workers=4, claim_batch=8)
+    await await_for(lambda: states(db) == {"succeeded": 128}, 30, "the unkeyed and rate-keyed items ran")
+    seed.seed_items(db, pack, 16, concurrency_keys=[f"c{i % 4}" for i in range(16)], concurrency=2)
+    await await_for(lambda: states(db) == {"succeeded": 144}, 30, "the concurrency-keyed items ran")
+    assert seen["flow"] == {(default, False)}, seen
+    if control:
+        assert seen["plain"] == {(default, False)} and seen["rate"] == {(default, False)}, seen
+        return
+    assert seen["plain"] == {("force_generic_plan", True)}, seen
+    assert seen["rate"] == {("force_generic_plan", True)}, seen

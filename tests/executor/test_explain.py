@@ -342,7 +342,15 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
         nodes = prepared_explain(db, "claim", claim, params)
         nodes()  # the generic plan is made here, with no ready rows
         seed.seed_items(db, pack, 30_000)
-        claimed = claimed_update(nodes())
+        plan = nodes()
+        # The claimer sends the plain and rate statements under this mode (``CLAIM_PLANS``): the
+        # candidate read keeps to the ready index too, and nothing scans the table.
+        scans = [n for n in plan if n.get("Relation Name") == "connector_work_item" and "Index Name" in n]
+        assert any(n["Index Name"] == "ix_connector_work_item_ready" for n in scans), scans
+        assert not [
+            n for n in plan if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "connector_work_item"
+        ]
+        claimed = claimed_update(plan)
         assert_update_reads_by_key(
             claimed,
             relation="connector_work_item",

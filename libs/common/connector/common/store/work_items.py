@@ -496,6 +496,17 @@ FROM (SELECT v.pack, v.qc, v.due, 'limit' AS why FROM verdict v WHERE v.ok IS NO
 GROUP BY h.pack, h.qc, h.why
 """
 
+#: How the claimer's connection has PostgreSQL plan its claim statements (``plan_cache_mode``, one
+#: ``SET`` when the statement the claimer sends changes kind; docs/executor.md, "Plans"): the plain
+#: and rate statements (``True``) by their generic plan, the flow statement (``False``) as the server
+#: is configured. Left alone, PostgreSQL custom-plans every execution of all three: it estimates
+#: their generic plans ten times dearer (an array parameter counts ten groups where a custom plan
+#: sees the one it is given), although they are the custom plans' own shape (test_explain.py asserts
+#: both modes). Planning was a tenth of a plain claim of 256 and more of a rate claim; the flow
+#: statement's generic plan runs slower (docs/benchmarks.md, "Session 7").
+CLAIM_PLANS = {True: "SET plan_cache_mode = force_generic_plan", False: "RESET plan_cache_mode"}
+
+
 WORK_ITEM_RENEW_LEASE_BATCH = """
 UPDATE connector_work_item w
 SET lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8)

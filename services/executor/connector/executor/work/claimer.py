@@ -1,6 +1,7 @@
 """The claimer: the only scanner of this process. It discovers which (pack, queue class) groups have
 ready rows, asks the scheduler how many of the free window each gets, claims them in one statement
-(``work_item_claim_plain_batch``, or ``work_item_claim_batch`` when a group carries flow keys),
+(``work_item_claim_plain_batch``; the rate or flow statement when a group carries flow keys; the
+plain and rate statements by their generic plans, ``work_items.CLAIM_PLANS``),
 loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
 sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
 ``poll_interval_s`` as the fallback.
@@ -9,6 +10,7 @@ sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,9 @@ class Claimer:
         # They stay in ``_flow`` through a recheck: a plain claim that takes nothing from one of them
         # could not report what it left.
         self._keyed_heads: dict[tuple[int, str], int] = {}
+        # The plan mode of the claim connection (``work_items.CLAIM_PLANS``): True generic (plain and
+        # rate claims), False the server's (flow claims), None not set since it was taken.
+        self._generic: bool | None = None
 
     async def run(self) -> None:
         e = self.engine
@@ -69,6 +74,7 @@ class Claimer:
                 if conn is None or conn.closed:
                     await e.give_back(conn)
                     conn = await e.dedicated()
+                    self._generic = None
                 now = monotonic()
                 if now >= next_discover or e.rediscover:
                     e.rediscover = False
@@ -110,6 +116,9 @@ class Claimer:
                     conn = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+        if conn is not None and self._generic and not conn.closed:
+            with contextlib.suppress(Exception):  # the pool's next user gets the server's plan mode
+                await conn.execute(work_items.CLAIM_PLANS[False])
         await e.give_back(conn)
 
     async def _wait(self, limit_s: float) -> bool:
@@ -166,6 +175,9 @@ class Claimer:
             flow.clear()
             self._to_flow(self._keyed_heads, t0)
         level = max((flow.get(g.key, 0) for g, _ in alloc), default=0) if flow else 0
+        if self._generic is not (level != FLOW):
+            await conn.execute(work_items.CLAIM_PLANS[level != FLOW])
+            self._generic = level != FLOW
         if not level:
             other: set[tuple[int, str]] = set()
             rows = await work_items.work_item_claim_plain_batch(
