@@ -335,7 +335,9 @@ def test_the_circuit_gate_keeps_the_flow_statement_plan_cost() -> None:
     with their verdicts, estimated ~1M rows for a window of 256 and raised the generic plan's cost
     from 41k to 2M — over jit_above_cost, so every flow claim paid ~2.5 s of JIT compilation
     (docs/benchmarks.md, "Circuit breakers"). On a 20k backlog the statement with the gate costs at
-    most 1.8x the one without it; control: the join version is far above that."""
+    most 2.5x the one without it (1.7x before session 7 made the rest of the statement cheaper to
+    estimate: the gate's own share was ~10k in both), and stays well below ``jit_above_cost``;
+    control: the join version is far above both."""
     stmt = work_items.WORK_ITEM_CLAIM_BATCH
     without = (
         stmt.replace(work_items.CIRCUIT_GATE, "\n), cand AS (SELECT * FROM cand_all")
@@ -361,5 +363,6 @@ def test_the_circuit_gate_keeps_the_flow_statement_plan_cost() -> None:
         db.execute("VACUUM ANALYZE connector_work_item")
         params = {**CLAIM, "packs": [pack]}
         base, gated, control = (_plan_cost(db, q, params) for q in (without, stmt, joined))
-    assert gated <= 1.8 * base, (gated, base)
-    assert control > 10 * base, (control, base)  # the check can fail
+        jit_above = float(db.execute("SHOW jit_above_cost").fetchone()[0])
+    assert gated <= 2.5 * base and gated < jit_above / 2, (gated, base, jit_above)
+    assert control > 10 * base and control > jit_above, (control, base, jit_above)  # the check can fail

@@ -61,6 +61,38 @@ async def test_only_keys_no_work_item_needs_are_deleted(db, adb) -> None:
     assert slots == {f"c-{st}" for st in states if st != "succeeded"} | {"c-taken"}
 
 
+@pytest.mark.parametrize("control", [False, True], ids=["key-lock", "control-without-key-lock"])
+async def test_a_key_a_claim_holds_is_left_for_the_next_round(db, db_url, adb, monkeypatch, control) -> None:
+    """A claim holds its rate keys' advisory locks (``flow.RATE_KEY_LOCK``), not their rows: the
+    retirement tries each key's lock and leaves a key a claim in flight holds (it goes next round).
+    Control: without that try, the retirement deletes the key under the claim."""
+    if control:
+        lock = (
+            f"\n    AND pg_try_advisory_xact_lock({flow.rate_key_lock('k.installed_pack_id', 'k.rate_key')})"
+        )
+        assert lock in flow.RATE_LIMIT_RETIRE
+        monkeypatch.setattr(flow, "RATE_LIMIT_RETIRE", flow.RATE_LIMIT_RETIRE.replace(lock, ""))
+    pack = seed.seed_pack(db, "p", WT)
+    for key in ("held", "idle"):
+        seed.seed_items(db, pack, 1, rate_keys=[key])
+    db.execute("UPDATE connector_work_item SET state = 'succeeded'")
+    claim = await psycopg.AsyncConnection.connect(db_url)
+    try:
+        await claim.execute(f"SELECT pg_advisory_xact_lock({flow.rate_key_lock('%s', '%s')})", (pack, "held"))
+        cursors = (flow.KeyCursor(), flow.KeyCursor())
+        deleted = await flow.flow_keys_retire(adb, cursors, idle_s=0.0)
+        rate, _ = _keys(db)
+        if control:
+            assert deleted[0] == 2 and rate == set(), (deleted, rate)
+            return
+        assert deleted[0] == 1 and rate == {"held"}, (deleted, rate)
+        await claim.rollback()
+        assert (await flow.flow_keys_retire(adb, cursors, idle_s=0.0))[0] == 1
+        assert _keys(db)[0] == set()
+    finally:
+        await claim.close()
+
+
 async def test_the_walk_goes_page_by_page_and_wraps(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     keys = [f"k{i:03d}" for i in range(25)]

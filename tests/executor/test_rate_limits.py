@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from connector.common.store import work_items
+from connector.common.store import flow, work_items
 from tests.executor import seed
 
 WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
@@ -93,16 +93,42 @@ async def test_budget_refills_by_the_database_clock(db, adb) -> None:
     assert all(g >= 0.3 - 0.1 for g in gaps), gaps
 
 
-async def test_a_key_locked_by_another_claim_is_skipped_not_waited_for(db, db_url, adb) -> None:
-    """The key rows are locked FOR UPDATE SKIP LOCKED: while another transaction holds key ``a``,
-    a claim returns at once with the other items, leaves ``a``'s items untouched (still due, no
-    attempt) and reports them held back."""
+@pytest.mark.parametrize("holder_kind", ["claim", "declaration", "control-declaration-unlocked"])
+async def test_a_key_held_by_another_transaction_is_skipped_not_waited_for(
+    db, db_url, adb, monkeypatch, holder_kind: str
+) -> None:
+    """Every writer of a key row takes the key's advisory lock first (``flow.RATE_KEY_LOCK``) and the
+    claim only tries it: while another transaction holds key ``a`` — a claim in flight (its lock), or
+    a materializer transaction whose declaration changed ``a``'s limit (the row update, under the
+    lock) — a claim returns at once with the other items, leaves ``a``'s items untouched (still due,
+    no attempt) and reports them held back. Control: without the lock in the declaration the claim
+    waits for the materializer's transaction on the row."""
     pack = seed.seed_pack(db, "p", WT)
     a = seed.seed_items(db, pack, 2, rate_keys=["a"] * 2, rate_limit=(100, 1.0, 100))
     free = seed.seed_items(db, pack, 2)
     holder = await psycopg.AsyncConnection.connect(db_url)
     try:
-        await holder.execute("SELECT 1 FROM connector_rate_limit WHERE rate_key = 'a' FOR UPDATE")
+        if holder_kind == "claim":
+            await holder.execute(
+                f"SELECT pg_advisory_xact_lock({flow.rate_key_lock('%s', '%s')})", (pack, "a")
+            )
+        else:
+            if holder_kind.startswith("control"):
+                lock = f"pg_advisory_xact_lock({flow.rate_key_lock('d.pack', 'd.rate_key')}) IS NULL"
+                assert lock in flow.RATE_LIMIT_DECLARE
+                monkeypatch.setattr(flow, "RATE_LIMIT_DECLARE", flow.RATE_LIMIT_DECLARE.replace(lock, "true"))
+            await flow.rate_limit_declare(holder, [flow.RateKey(pack, "a", "w", 50, 1.0, 50)])
+            row = await (await holder.execute("SELECT limit_n FROM connector_rate_limit")).fetchone()
+            assert row == (50,)  # the row is updated, and held, by the open transaction
+        if holder_kind.startswith("control"):
+            waiting = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+            try:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(_claim(waiting, pack, 10), 2)
+            finally:
+                await holder.rollback()
+                await waiting.close()
+            return
         held: dict = {}
         rows = await asyncio.wait_for(_claim(adb, pack, 10, held), 5)
         assert sorted(r[0] for r in rows) == free
@@ -210,3 +236,64 @@ async def test_sampler_gauges_per_pack_and_work_type(db, adb) -> None:
         for s in metric.samples
     }
     assert labels == {("pack", "state", "work_type")}
+
+
+# Waits until ``tat`` (µs) per key for 3 per 1 s, burst 3 (T = 333,333 µs), and the budget it
+# leaves for five candidates: ``burst - ceil(W / T)`` (between 0 and 5).
+_T = 333_333
+_WAITS = {
+    "w0": 0,
+    "wT": _T,
+    "wT+1": _T + 1,
+    "w2T": 2 * _T,
+    "w2T+1": 2 * _T + 1,
+    "w3T": 3 * _T,
+    "past": -7_000_000,
+}
+_ADMITS = {"w0": 3, "wT": 2, "wT+1": 1, "w2T": 1, "w2T+1": 0, "w3T": 0, "past": 3}
+
+
+@pytest.mark.parametrize("statement", ["rate", "flow", "control-floor"])
+def test_the_budget_count_is_exact_at_its_boundaries(db, statement: str) -> None:
+    """Each key's budget is counted once, in whole microseconds (``_RATE_ADMITS``): with ``tat``
+    set relative to the claim's own ``now()`` (one transaction), a key waiting exactly ``k`` emission
+    intervals admits ``burst - k`` candidates, one microsecond more admits one fewer, and each deferred
+    one is due exactly ``max(W, 0) + (r - burst) * T`` from now. A ``T`` that rounds to 0 µs (10^6 per 0.1 ms)
+    admits every candidate while ``tat`` is not ahead, none while it is. Control: the count rounded
+    down instead of up (``floor(W / T)``) admits one too many just past each boundary."""
+    pack = seed.seed_pack(db, "p", WT)
+    ids: dict[str, list[int]] = {}
+    for key in _WAITS:
+        ids[key] = seed.seed_items(db, pack, 5, rate_keys=[key] * 5, rate_limit=(3, 1.0, 3))
+    for key in ("tiny-past", "tiny-ahead"):
+        ids[key] = seed.seed_items(db, pack, 5, rate_keys=[key] * 5, rate_limit=(10**6, 0.0001, 3))
+    query = work_items.WORK_ITEM_CLAIM_BATCH if statement == "flow" else work_items.WORK_ITEM_CLAIM_RATE_BATCH
+    if statement.startswith("control"):
+        ceil = f"({work_items._W_US} + {work_items._T_US} - 1) / {work_items._T_US}"
+        assert ceil in query
+        query = query.replace(ceil, f"{work_items._W_US} / {work_items._T_US}")
+    params = {"packs": [pack], "queue_classes": ["default"], "limits": [100], "owner": "me", "lease_s": 30.0}
+    with db.transaction(force_rollback=True):
+        for key, wait in {**_WAITS, "tiny-past": -1_000_000, "tiny-ahead": 1}.items():
+            db.execute(
+                "UPDATE connector_rate_limit SET tat = now() + make_interval(secs => %s::float8 / 1000000)"
+                " WHERE rate_key = %s",
+                (wait, key),
+            )
+        claimed = {r[0] for r in db.execute(query, params).fetchall() if r[0] is not None}
+        due = dict(
+            db.execute(
+                "SELECT work_id, (extract(epoch FROM run_after - now()) * 1000000)::bigint"
+                " FROM connector_work_item WHERE run_after > now()"
+            ).fetchall()
+        )
+    got = {key: sum(i in claimed for i in members) for key, members in ids.items()}
+    want = {**_ADMITS, "tiny-past": 5, "tiny-ahead": 0}
+    if statement.startswith("control"):
+        assert got != want, got
+        return
+    assert got == want, got
+    for key, wait in _WAITS.items():
+        deferred = [due[i] for i in ids[key] if i not in claimed]
+        # The r-th candidate of the key (r > its admitted count) is due at W + (r - burst) * T.
+        assert deferred == [max(wait, 0) + (r - 3) * _T for r in range(_ADMITS[key] + 1, 6)], (key, deferred)

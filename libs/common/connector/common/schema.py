@@ -559,7 +559,9 @@ work_item = Table(
 # and its GCRA state (docs/adr/011-rate-limits.md). The materializer creates it (and updates the limit
 # when a new declaration differs) in the transaction that inserts the key's WorkItems; the claim
 # statement advances ``tat`` (the theoretical arrival time) for the items it admits. A key may claim
-# at database time ``t`` while ``t >= tat - (burst - 1) * period_s / limit_n``.
+# at database time ``t`` while ``t >= tat - (burst - 1) * period_s / limit_n``. Every writer of a
+# key row first takes the key's advisory lock (``store.flow.RATE_KEY_LOCK``): the claim only tries
+# it, and skips a key another transaction holds, so no claim ever waits on a key row.
 rate_limit = Table(
     "connector_rate_limit",
     metadata,
@@ -570,6 +572,9 @@ rate_limit = Table(
     Column("period_s", Float, nullable=False),
     Column("burst", Integer, nullable=False),
     _ts("tat", nullable=False, default_now=True),
+    # How many candidates the claim that last advanced ``tat`` admitted: that claim's update computes
+    # it from the row's newest version and reads it back (``RETURNING``) to admit exactly those.
+    Column("admitted", Integer, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "rate_key"),
     CheckConstraint("limit_n >= 1 AND period_s > 0 AND burst >= 1 AND burst <= limit_n", name="limit"),

@@ -39,10 +39,26 @@ class RateKey:
 FLOW_KEYS_LOCK_CLASS = 7234104
 KEYS_LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({FLOW_KEYS_LOCK_CLASS}, 0)"
 
+# Every writer of a rate-limit key row takes the key's advisory lock first (``RATE_KEY_LOCK``: this
+# class and a hash of pack and key). The claim statements only *try* it, for each key whose budget
+# they would spend, and leave a key another transaction holds (its candidates wait for a later
+# claim); the declaration of a changed limit waits for it (in key order) and the retirement of idle
+# keys tries it. So a claim's update of a key row never waits on the row (DESIGN §8 trap 1): no
+# other transaction holds one without the lock, and the lock is taken without a row lock (no WAL
+# record, unlike ``FOR UPDATE``). Two keys whose hashes collide share a lock: while a transaction
+# holds one, the other is skipped too.
+RATE_KEY_LOCK_CLASS = 7234105
+
+
+def rate_key_lock(pack: str, key: str) -> str:
+    """The advisory lock arguments of the rate-limit key ``(pack, key)``, over two SQL expressions."""
+    return f"{RATE_KEY_LOCK_CLASS}, hashtext({pack}::text || '/' || {key})"
+
+
 # Keys sorted by (pack, key). New keys are inserted with their budget full (``tat`` now, so
 # ``burst`` claims may go at once); a key whose declared limit changed gets the new limit, keeping
-# its ``tat``. Only rows whose limit differs are updated, so an unchanged key is not locked (the
-# claim's ``SKIP LOCKED`` would otherwise skip it while this transaction runs).
+# its ``tat``. Only rows whose limit differs are updated, and locked (their advisory locks first, in
+# key order), so an unchanged key is not held (a claim would skip it while this transaction runs).
 RATE_LIMIT_DECLARE = f"""
 WITH lk AS MATERIALIZED ({KEYS_LOCK_SHARED}
 ), d AS (
@@ -54,10 +70,16 @@ WITH lk AS MATERIALIZED ({KEYS_LOCK_SHARED}
   SELECT pack, rate_key, work_type, limit_n, period_s, burst FROM d ORDER BY pack, rate_key
   ON CONFLICT (installed_pack_id, rate_key) DO NOTHING
   RETURNING 1
+), changed AS MATERIALIZED (
+  SELECT d.*, pg_advisory_xact_lock({rate_key_lock("d.pack", "d.rate_key")}) IS NULL AS locked
+  FROM d JOIN connector_rate_limit k ON k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
+  WHERE (k.limit_n, k.period_s, k.burst, k.work_type)
+        IS DISTINCT FROM (d.limit_n, d.period_s, d.burst, d.work_type)
+  ORDER BY d.pack, d.rate_key
 )
 UPDATE connector_rate_limit k
 SET work_type = d.work_type, limit_n = d.limit_n, period_s = d.period_s, burst = d.burst
-FROM d
+FROM changed d
 WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
   AND (k.limit_n, k.period_s, k.burst, k.work_type)
       IS DISTINCT FROM (d.limit_n, d.period_s, d.burst, d.work_type)
@@ -410,16 +432,17 @@ async def concurrency_stats(conn: Conn, pack: int | None, limit: int = 1000) -> 
 #: ``idle_s`` old. A new WorkItem of the key re-creates it (the materializer's declaration).
 FLOW_KEYS_RETIRE_LOCK = f"SELECT pg_advisory_xact_lock({FLOW_KEYS_LOCK_CLASS}, 0)"
 
-# One page of keys after the cursor, in key order, locked SKIP LOCKED (a claim holding a key is left
-# for the next round), deleted through their primary key (both columns ``= ANY`` of the page, so a
-# generic plan probes the index too instead of hashing the key table). Returns the page's size, how
-# many rows were deleted and the page's last key. The second statement of the retirement's
-# transaction: its snapshot follows the exclusive lock.
+# One page of keys after the cursor, in key order, whose advisory locks it gets (a key a claim holds
+# is left for the next round), locked SKIP LOCKED, deleted through their primary key (both columns
+# ``= ANY`` of the page, so a generic plan probes the index too instead of hashing the key table).
+# Returns the page's size, how many rows were deleted and the page's last key. The second
+# statement of the retirement's transaction: its snapshot follows the exclusive lock.
 RATE_LIMIT_RETIRE = f"""
 WITH busy AS MATERIALIZED ({RATE_IN_FLIGHT}
 ), page AS (
   SELECT k.installed_pack_id, k.rate_key FROM connector_rate_limit k
   WHERE (k.installed_pack_id, k.rate_key) > (%(after_pack)s::bigint, %(after_key)s::text)
+    AND pg_try_advisory_xact_lock({rate_key_lock("k.installed_pack_id", "k.rate_key")})
   ORDER BY k.installed_pack_id, k.rate_key
   LIMIT %(limit)s
   FOR UPDATE SKIP LOCKED

@@ -74,7 +74,7 @@ from connector.common.schema import CHANNEL_WORK, EVENT_FACT_COLUMNS, NOW_RANK, 
 from connector.common.store.circuits import NEUTRAL, CircuitKey, Transition, circuit_record
 from connector.common.store.debounce import DebounceKey, debounce_lock, debounce_unpark_newest
 from connector.common.store.events import EVENT_SELECT_COLUMNS, unnest_columns
-from connector.common.store.flow import RateKey, SlotKey, slots_release
+from connector.common.store.flow import RateKey, SlotKey, rate_key_lock, slots_release
 from connector.common.store.lanes import (
     Lane,
     LaneKind,
@@ -282,33 +282,55 @@ CIRCUIT_PROBES = """, circ_probes AS (
     AND k.installed_pack_id = x.pack AND k.circuit_key = x.circuit_key"""
 
 # The GCRA part of the claim statements that enforce rate limits (the flow statement and the rate
-# statement), over a CTE ``ranked (work_id, pack, qc, rate_key, concurrency_key, r)`` of the rate-keyed
-# candidates to decide, ranked per key: ``budget`` locks their key rows, ``verdict`` admits or defers
-# each, ``spend`` advances the keys' ``tat``; ``_RATE_DEFERRED`` moves the deferred ones to their due time.
-_RATE_SPEND = """), budget AS (
-  SELECT k.installed_pack_id AS pack, k.rate_key, greatest(k.tat, now()) AS base,
-         make_interval(secs => k.period_s / k.limit_n) AS t, k.burst - 1 AS slack
-  FROM (SELECT DISTINCT q.pack, q.rate_key FROM ranked q) d
-  CROSS JOIN LATERAL (
-    SELECT k.* FROM connector_rate_limit k
-    WHERE k.installed_pack_id = d.pack AND k.rate_key = d.rate_key
-    FOR UPDATE SKIP LOCKED
-  ) k
+# statement), over a CTE ``rq (work_id, pack, qc, rate_key, concurrency_key, rank)`` of the rate-keyed
+# candidates to decide. ``keys`` counts each key's candidates and tries its advisory lock
+# (``flow.RATE_KEY_LOCK``: a key another transaction holds is left alone this round); ``budget``
+# updates the rows of the keys it got, in one statement without a row lock of its own: it counts how
+# many of the key's candidates the budget admits now, advances ``tat`` by that many, and returns both.
+# The update lands on the row's newest version (READ COMMITTED EvalPlanQual: a claim that committed
+# after this statement's snapshot is seen), so the count and ``tat`` are computed from the same
+# version and never stale. ``verdict`` admits or defers each candidate; ``_RATE_DEFERRED`` moves the
+# deferred ones to their due time.
+#
+# The r-th candidate of a key (in claim order) goes when ``greatest(tat, now()) + (r - 1) * T <=
+# now() + (burst - 1) * T``, that is ``r <= burst - ceil(W / T)`` with ``W`` the wait until ``tat``
+# and ``T`` the emission interval, both in whole microseconds as timestamps are, so the count is exact
+# (a ``T`` that rounds to 0 admits every candidate while ``tat`` is not ahead). A key whose budget
+# covers all its candidates admits them without ranking them: only the candidates of keys that bind
+# (or that another transaction holds) are ranked, and a deferred one is due at ``tat + (r - burst -
+# a) * T`` (``tat`` after the spend of the ``a`` admitted).
+_T_US = "(extract(epoch FROM make_interval(secs => k.period_s / k.limit_n)) * 1000000)::bigint"
+_W_US = "(extract(epoch FROM greatest(k.tat, now()) - now()) * 1000000)::bigint"
+_RATE_ADMITS = (
+    f"CASE WHEN {_T_US} = 0 THEN CASE WHEN k.tat <= now() THEN d.n ELSE 0 END"
+    f" ELSE least(d.n, greatest(0, k.burst - ({_W_US} + {_T_US} - 1) / {_T_US})) END"
+)
+_RATE_SPEND = f"""), keys AS MATERIALIZED (
+  SELECT q.pack, q.rate_key, count(*)::int AS n,
+         pg_try_advisory_xact_lock({rate_key_lock("q.pack", "q.rate_key")}) AS mine
+  FROM rq q GROUP BY 1, 2
+), budget AS (
+  UPDATE connector_rate_limit k
+  SET tat = greatest(k.tat, now()) + {_RATE_ADMITS} * make_interval(secs => k.period_s / k.limit_n),
+      admitted = {_RATE_ADMITS}
+  FROM keys d
+  WHERE k.installed_pack_id = ANY (ARRAY(SELECT d.pack FROM keys d WHERE d.mine))
+    AND k.rate_key = ANY (ARRAY(SELECT d.rate_key FROM keys d WHERE d.mine))
+    AND k.installed_pack_id = d.pack AND k.rate_key = d.rate_key AND d.mine
+  RETURNING d.pack, d.rate_key, d.n, k.admitted AS a, k.tat,
+            make_interval(secs => k.period_s / k.limit_n) AS t, k.burst - 1 AS slack
+), judged AS (
+  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, q.rank, b.a, b.n, b.tat, b.t, b.slack
+  FROM rq q LEFT JOIN budget b ON b.pack = q.pack AND b.rate_key = q.rate_key
 ), verdict AS (
-  SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, b.base IS NOT NULL AS locked,
-         b.base + (q.r - 1) * b.t <= now() + b.slack * b.t AS ok,
-         b.base + (q.r - 1 - b.slack) * b.t AS due
-  FROM ranked q LEFT JOIN budget b ON b.pack = q.pack AND b.rate_key = q.rate_key
-), spent AS (
-  SELECT b.pack, b.rate_key, b.base + s.n * b.t AS tat
-  FROM (SELECT v.pack, v.rate_key, count(*) AS n FROM verdict v WHERE v.ok GROUP BY 1, 2) s
-  JOIN budget b ON b.pack = s.pack AND b.rate_key = s.rate_key
-), spend AS (
-  UPDATE connector_rate_limit k SET tat = x.tat
-  FROM spent x
-  WHERE k.installed_pack_id = ANY (ARRAY(SELECT x.pack FROM spent x))
-    AND k.rate_key = ANY (ARRAY(SELECT x.rate_key FROM spent x))
-    AND k.installed_pack_id = x.pack AND k.rate_key = x.rate_key
+  SELECT j.work_id, j.pack, j.qc, j.rate_key, j.concurrency_key, true AS locked, true AS ok,
+         NULL::timestamptz AS due
+  FROM judged j WHERE j.a >= j.n
+  UNION ALL
+  SELECT x.work_id, x.pack, x.qc, x.rate_key, x.concurrency_key, x.a IS NOT NULL, x.r <= x.a,
+         x.tat + (x.r - 1 - x.slack - x.a) * x.t
+  FROM (SELECT j.*, row_number() OVER (PARTITION BY j.pack, j.rate_key ORDER BY j.rank, j.work_id) AS r
+        FROM judged j WHERE j.a IS NULL OR j.a < j.n) x
 """
 
 _RATE_DEFERRED = """), deferred AS (
@@ -319,9 +341,10 @@ _RATE_DEFERRED = """), deferred AS (
 """
 
 # Flow limits (docs/adr/011-rate-limits.md) are the only limit logic here; lanes are not (ADR 003).
-# Candidates with a key are ranked per key in due order; their key rows are locked ``FOR UPDATE SKIP
-# LOCKED`` (the statement never waits, so it cannot deadlock; a key another claim holds at that
-# instant is left alone this round). The lock returns the key row's newest version (EvalPlanQual),
+# Candidates with a key are ranked per key in due order; their concurrency and debounce key rows are
+# locked ``FOR UPDATE SKIP LOCKED``, their rate-limit keys' advisory locks tried (``_RATE_SPEND``): the
+# statement never waits, so it cannot deadlock; a key another claim holds at that instant is left
+# alone this round. The lock returns the key row's newest version (EvalPlanQual),
 # so the budget read is never stale; the key rows are then updated through their primary key (both
 # columns ``= ANY``, so the generic plan probes the index too), which again lands on that newest
 # version. Not by tuple id: a version committed after the statement's snapshot is invisible to a
@@ -359,14 +382,12 @@ WITH auth AS MATERIALIZED ({_AUTHORITY}
   SELECT q.work_id, q.pack, q.qc, q.rate_key, q.concurrency_key, q.rank,
          s.free IS NOT NULL AS locked, q.r <= s.free AS ok
   FROM cranked q LEFT JOIN slots s ON s.pack = q.pack AND s.concurrency_key = q.concurrency_key
-), ranked AS (
-  SELECT x.work_id, x.pack, x.qc, x.rate_key, x.concurrency_key,
-         row_number() OVER (PARTITION BY x.pack, x.rate_key ORDER BY x.rank, x.work_id) AS r
-  FROM (SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.rank
-        FROM cand c WHERE c.rate_key IS NOT NULL AND c.concurrency_key IS NULL
-        UNION ALL
-        SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.rank
-        FROM cverdict v WHERE v.rate_key IS NOT NULL AND v.ok) x
+), rq AS (
+  SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.rank
+  FROM cand c WHERE c.rate_key IS NOT NULL AND c.concurrency_key IS NULL
+  UNION ALL
+  SELECT v.work_id, v.pack, v.qc, v.rate_key, v.concurrency_key, v.rank
+  FROM cverdict v WHERE v.rate_key IS NOT NULL AND v.ok
 {_RATE_SPEND}), dkeys AS (
   SELECT d.pack, d.work_type, d.debounce_key, k.last_claimed_id, greatest(n.newest, d.top) AS newest
   FROM (SELECT c.pack, c.work_type, c.debounce_key, max(c.work_id) AS top FROM cand c
@@ -476,9 +497,8 @@ _RATE_IN = f"w.rate_key, {claim_rank('w')} AS rank, {FLOW_OTHER} AS other"
 WORK_ITEM_CLAIM_RATE_BATCH = f"""
 WITH auth AS MATERIALIZED ({_AUTHORITY}
 ), cand AS ({_candidates("c.rate_key, c.rank, c.other", _RATE_IN)}
-), ranked AS (
-  SELECT c.work_id, c.pack, c.qc, c.rate_key, NULL::text AS concurrency_key,
-         row_number() OVER (PARTITION BY c.pack, c.rate_key ORDER BY c.rank, c.work_id) AS r
+), rq AS (
+  SELECT c.work_id, c.pack, c.qc, c.rate_key, NULL::text AS concurrency_key, c.rank
   FROM cand c WHERE c.rate_key IS NOT NULL AND NOT c.other
 {_RATE_SPEND}{_RATE_DEFERRED}
 ), claimed AS (

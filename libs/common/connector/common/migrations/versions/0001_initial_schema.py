@@ -186,6 +186,7 @@ def upgrade() -> None:
     sa.Column('period_s', sa.Float(), nullable=False),
     sa.Column('burst', sa.Integer(), nullable=False),
     sa.Column('tat', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('admitted', sa.Integer(), server_default=sa.text('0'), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.CheckConstraint('limit_n >= 1 AND period_s > 0 AND burst >= 1 AND burst <= limit_n', name=op.f('ck_connector_rate_limit_limit')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'rate_key', name=op.f('pk_connector_rate_limit'))
