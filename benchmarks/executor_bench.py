@@ -259,6 +259,7 @@ def drain(
             executions = db.execute(  # type: ignore[index]
                 "SELECT count(*) FROM connector_work_item WHERE state = 'succeeded'"
             ).fetchone()[0]
+            rate_view = _rate_view(db, granted) if rate else {}
             stop_vacuum.set()
             for c in children:
                 c.terminate()
@@ -291,10 +292,38 @@ def drain(
         # including the poller's count(*) every 0.5 s and the vacuum stand-in when on).
         "db_per_item": per_item,
         "items_per_s": round(n / elapsed),
+        **rate_view,
         "reclaimed_or_retried": stale,
         "vacuums": vacuums,
         "executions": executions,
     }
+
+
+def _rate_view(db: Any, granted: Any) -> dict[str, float]:
+    """What a rate-limited drain did with its budgets: the claim rate while every key still had
+    items (up to the moment the first key claimed its last one: the random key spread leaves the
+    last keys' tails alone at the end), and how late the deferred items were claimed after their
+    due time (``started_at - run_after``; ``run_after`` is the time their budget was expected)."""
+    row = db.execute(
+        """WITH ends AS (SELECT rate_key, max(started_at) AS last FROM connector_work_item
+                         WHERE rate_key IS NOT NULL GROUP BY 1),
+                cut AS (SELECT min(last) AS t FROM ends)
+           SELECT (SELECT count(*) FROM connector_work_item w, cut
+                   WHERE w.rate_key IS NOT NULL AND w.started_at <= cut.t),
+                  extract(epoch FROM (SELECT t FROM cut) - %s)::float8,
+                  (SELECT percentile_cont(ARRAY[0.5, 0.9]) WITHIN GROUP (
+                          ORDER BY extract(epoch FROM started_at - run_after) * 1000)
+                   FROM connector_work_item WHERE rate_key IS NOT NULL AND run_after > %s)""",
+        (granted, granted),
+    ).fetchone()
+    n, span, late = row
+    out: dict[str, float] = {}
+    if span and span > 0:
+        out["while_every_key_has_items_per_s"] = round(n / span)
+    if late:
+        out["deferred_lateness_p50_ms"] = round(late[0], 1)
+        out["deferred_lateness_p90_ms"] = round(late[1], 1)
+    return out
 
 
 async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> list[dict[str, float]]:
@@ -566,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(
                 f"  {'rate100-bind-1p':14s} {res['items_per_s']:>8,} items/s  ({m} items; sum of limits "
-                f"{total:,.0f}/s: achieved {ratio} of it)",
+                f"{total:,.0f}/s: achieved {ratio} of it; while every key had items "
+                f"{res.get('while_every_key_has_items_per_s', 0):,}/s; deferred items claimed "
+                f"{res.get('deferred_lateness_p50_ms')} / {res.get('deferred_lateness_p90_ms')} ms "
+                "after their due time, p50 / p90)",
                 flush=True,
             )
         if not only or "debounce1000-1p" in only:

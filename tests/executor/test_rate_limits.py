@@ -297,3 +297,44 @@ def test_the_budget_count_is_exact_at_its_boundaries(db, statement: str) -> None
         deferred = [due[i] for i in ids[key] if i not in claimed]
         # The r-th candidate of the key (r > its admitted count) is due at W + (r - burst) * T.
         assert deferred == [max(wait, 0) + (r - 3) * _T for r in range(_ADMITS[key] + 1, 6)], (key, deferred)
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["due-probe", "control-no-probe"])
+async def test_deferred_items_are_claimed_at_their_due_time_not_the_next_poll(
+    db, executor_factory, monkeypatch, control
+) -> None:
+    """Key ``a``: 1 per 0.3 s, burst 1, six items; the executor polls every 60 s. The first claim
+    takes one and defers five to their budget's times; the claim at the first due time takes it and
+    defers nothing, and the three later ones are invisible to it (not due). The claimer then asks
+    discovery for the group's next due time (``claimer.DUE_PROBE_S``), so the six run within a few
+    seconds instead of one per poll. Control: without that probe they wait for the next poll."""
+    from connector.executor.work import claimer as claimer_mod
+
+    if control:
+        monkeypatch.setattr(claimer_mod, "DUE_PROBE_S", 1e9)
+    pack = seed.seed_pack(db, "p", WT)
+    ids = seed.seed_items(db, pack, 6, rate_keys=["a"] * 6, rate_limit=(1, 0.3, 1))
+    svc = await executor_factory(poll_interval_s=60.0)
+
+    def done() -> int:
+        row = db.execute(
+            "SELECT count(*) FROM connector_work_item WHERE work_id = ANY(%s) AND state = 'succeeded'", (ids,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    deadline = time.monotonic() + 15.0  # the six need ~1.5 s; the next poll is 60 s away
+    while done() < 6 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    if control:
+        assert done() < 6 and svc.engine.stats["due_probes"] == 0, done()
+        return
+    assert done() == 6
+    assert svc.engine.stats["due_probes"] >= 1
+    # The limit still holds: in any 0.3 s window at most burst + 1 of the key's claims.
+    starts = [
+        ("a", float(r[0]))
+        for r in db.execute(
+            "SELECT extract(epoch FROM started_at) FROM connector_work_item WHERE work_id = ANY(%s)", (ids,)
+        )
+    ]
+    assert max_in_window(starts, 0.3) <= 2, starts

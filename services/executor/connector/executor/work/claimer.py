@@ -36,6 +36,14 @@ FLOW_RECHECK_S = 60.0
 #: The claim statements a group may need (0: the plain one): rate-limit keys only, any flow key.
 RATE, FLOW = 1, 2
 
+# A flow group that yields fewer than asked with nothing deferred by that claim may still hold items
+# a previous claim deferred to their budget's time: the claim cannot see them (they are not due), so
+# the claimer asks discovery at once for the group's next due time instead of learning it at the next
+# poll (a claimed item was late by up to ``poll_interval_s``: p90 ~400 ms with 100 keys at 10/s). At
+# most one such discovery per this interval (seconds), so a group whose due rows another process
+# holds for an instant cannot make the claimer spin.
+DUE_PROBE_S = 0.005
+
 
 class Claimer:
     def __init__(self, engine: Engine) -> None:
@@ -61,6 +69,7 @@ class Claimer:
         # The plan mode of the claim connection (``work_items.CLAIM_PLANS``): True generic (plain and
         # rate claims), False the server's (flow claims), None not set since it was taken.
         self._generic: bool | None = None
+        self._due_probe_at = 0.0  # when the last due-time discovery was asked (``DUE_PROBE_S``)
 
     async def run(self) -> None:
         e = self.engine
@@ -236,9 +245,12 @@ class Claimer:
         if keyed:  # left to the flow statement: the group is not drained, ask again at once
             for key, c in keyed.items():
                 held_back[key] = held_back.get(key, 0) + c
+        short = False  # a flow group yielded fewer than asked and this claim deferred none of it
         if len(alloc) == 1:
             g, n = alloc[0]
-            e.scheduler.record(g, n, len(rows) + held_back.get(g.key, 0))
+            yielded = len(rows) + held_back.get(g.key, 0)
+            e.scheduler.record(g, n, yielded)
+            short = level > 0 and yielded < n and g.key not in due_in
             if rows:
                 m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
         else:
@@ -248,9 +260,15 @@ class Claimer:
                 got[k] = got.get(k, 0) + 1
             for g, n in alloc:
                 c = got.get(g.key, 0)
-                e.scheduler.record(g, n, c + held_back.get(g.key, 0))
+                yielded = c + held_back.get(g.key, 0)
+                e.scheduler.record(g, n, yielded)
+                short = short or (level > 0 and yielded < n and g.key in flow and g.key not in due_in)
                 if c:
                     m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
+        if short and t0 - self._due_probe_at >= DUE_PROBE_S:
+            self._due_probe_at = t0
+            e.rediscover = True
+            e.stats["due_probes"] += 1
         if self._due_hints:
             groups = e.scheduler.groups
             for key in list(self._due_hints):

@@ -124,6 +124,7 @@ class Engine:
             "deadlocks": 0,
             "rate_limited": 0,
             "flow_switches": 0,
+            "due_probes": 0,
         }
         self.claimer = Claimer(self)
         self.runner = Runner(self)
