@@ -25,6 +25,20 @@ from tests.executor.helpers import await_for, states
 WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
 
 
+#: The executor's three claim functions, by the statement each sends.
+_CLAIMS = {
+    "flow": "work_item_claim_batch",
+    "rate": "work_item_claim_rate_batch",
+    "plain": "work_item_claim_plain_batch",
+}
+
+
+def _wrap_claims(monkeypatch, wrap) -> None:  # type: ignore[no-untyped-def]
+    """Replace each claim function by ``wrap(name, function)`` for the test."""
+    for name, attr in _CLAIMS.items():
+        monkeypatch.setattr(work_items, attr, wrap(name, getattr(work_items, attr)))
+
+
 def _untouched(db: psycopg.Connection, ids: list[int]) -> list[tuple[str, int, int]]:
     return db.execute(
         "SELECT state, attempts, lease_token FROM connector_work_item WHERE work_id = ANY(%s)"
@@ -262,12 +276,7 @@ async def test_a_rate_limited_pack_goes_through_the_rate_statement(db, executor_
 
         return call
 
-    for name, attr in (
-        ("flow", "work_item_claim_batch"),
-        ("rate", "work_item_claim_rate_batch"),
-        ("plain", "work_item_claim_plain_batch"),
-    ):
-        monkeypatch.setattr(work_items, attr, counting(name, getattr(work_items, attr)))
+    _wrap_claims(monkeypatch, counting)
     pack = seed.seed_pack(db, "p", WT)
     keys = [f"k{i % 10}" for i in range(200)]
     seed.seed_items(db, pack, 200, rate_keys=keys, rate_limit=(10_000, 1.0, 10_000))
@@ -334,12 +343,7 @@ async def test_the_plain_and_rate_claims_run_generic_plans_and_the_flow_claim_cu
 
         return call
 
-    for name, attr in (
-        ("flow", "work_item_claim_batch"),
-        ("rate", "work_item_claim_rate_batch"),
-        ("plain", "work_item_claim_plain_batch"),
-    ):
-        monkeypatch.setattr(work_items, attr, watching(name, getattr(work_items, attr)))
+    _wrap_claims(monkeypatch, watching)
     default = db.execute("SHOW plan_cache_mode").fetchone()[0]
     pack = seed.seed_pack(db, "p", WT)
     seed.seed_items(db, pack, 64)

@@ -740,19 +740,10 @@ async def _claim_rows(
     return await cur.fetchall()
 
 
-async def _claim(
-    conn: Conn,
-    statement: str,
-    packs: Sequence[int],
-    queue_classes: Sequence[str],
-    limits: Sequence[int],
-    owner: str,
-    lease_s: float,
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Run the flow or the rate claim statement; returns (claimed rows, count rows): both return
+def _counts_apart(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows of the flow or the rate claim statement as (claimed rows, count rows): both return
     their per-group count rows ``(NULL, count, pack, …, queue class, marker, …)`` after the claimed
     ones (UNION ALL)."""
-    rows = await _claim_rows(conn, statement, packs, queue_classes, limits, owner, lease_s)
     if not rows or rows[-1][0] is not None:  # no count row (they come last)
         return rows, []
     return [r for r in rows if r[0] is not None], [r for r in rows if r[0] is None]
@@ -776,7 +767,9 @@ async def work_item_claim_batch(
     seconds until the first candidate deferred for its rate limit is due, per group. Debounced
     candidates that did not run (coalesced, parked behind a newer item, or their key busy: docs/
     packs.md#debounce) are added to ``held_back`` too and, with ``debounced`` given, to it."""
-    claimed, counts = await _claim(conn, WORK_ITEM_CLAIM_BATCH, packs, queue_classes, limits, owner, lease_s)
+    claimed, counts = _counts_apart(
+        await _claim_rows(conn, WORK_ITEM_CLAIM_BATCH, packs, queue_classes, limits, owner, lease_s)
+    )
     for r in counts:
         key = (int(r[2]), str(r[4]))
         if held_back is not None:
@@ -804,8 +797,8 @@ async def work_item_claim_rate_batch(
     (``WORK_ITEM_CLAIM_RATE_BATCH``): the candidates held back for their limit are added to
     ``held_back`` (and ``due_in``) as there; those with another flow key, which it leaves untouched,
     to ``keyed`` per ``(pack, queue class)`` (those groups belong to the flow statement)."""
-    claimed, counts = await _claim(
-        conn, WORK_ITEM_CLAIM_RATE_BATCH, packs, queue_classes, limits, owner, lease_s
+    claimed, counts = _counts_apart(
+        await _claim_rows(conn, WORK_ITEM_CLAIM_RATE_BATCH, packs, queue_classes, limits, owner, lease_s)
     )
     for r in counts:
         key = (int(r[2]), str(r[4]))

@@ -250,7 +250,7 @@ class Claimer:
             g, n = alloc[0]
             yielded = len(rows) + held_back.get(g.key, 0)
             e.scheduler.record(g, n, yielded)
-            short = level > 0 and yielded < n and g.key not in due_in
+            short = level > 0 and yielded < n and g.key in flow and g.key not in due_in
             if rows:
                 m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
         else:
