@@ -304,9 +304,10 @@ def _install_noisy_route(url: str) -> None:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from connector.common import packs, schema
+    from connector.common.packs.manifest import parse_manifest, sha256_hex
+    from connector.common.store import schema
 
-    manifest = packs.parse_manifest(
+    manifest = parse_manifest(
         {
             "name": "noisy",
             "namespace": NOISY_NAMESPACE,
@@ -336,12 +337,12 @@ def _install_noisy_route(url: str) -> None:
         conn.execute(
             "INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,"
             " manifest_sha256, activated_at) VALUES (%s, 1, 'active', %s, %s, now())",
-            (row[0], Jsonb(doc), packs.sha256_hex(doc)),
+            (row[0], Jsonb(doc), sha256_hex(doc)),
         )
         conn.execute(
             "INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version,"
             " config, config_sha256) VALUES (%s, 1, %s, %s, 1, %s, %s)",
-            (row[0], NOISY_NAMESPACE, ingress_bench.ROUTE_KEY, Jsonb(route), packs.sha256_hex(route)),
+            (row[0], NOISY_NAMESPACE, ingress_bench.ROUTE_KEY, Jsonb(route), sha256_hex(route)),
         )
         conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
 

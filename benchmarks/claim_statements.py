@@ -37,15 +37,17 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
 
     statements = {
         "rate" if rated else "plain": (
-            work_items.WORK_ITEM_CLAIM_RATE_BATCH if rated else work_items.WORK_ITEM_CLAIM_PLAIN_BATCH
+            work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH
+            if rated
+            else work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH
         ),
-        "flow": work_items.WORK_ITEM_CLAIM_BATCH,
+        "flow": work_items.claim.WORK_ITEM_CLAIM_BATCH,
     }
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [batch], "owner": "b", "lease_s": 60.0}
     conns = {k: await psycopg.AsyncConnection.connect(url, autocommit=True) for k in statements}
     for name, conn in conns.items():  # as the services' connections (CONNECTOR_DISABLE_JIT)
         await conn.execute("SET jit = off")
-        await conn.execute(work_items.CLAIM_PLANS[name != "flow"])  # as the claimer plans each
+        await conn.execute(work_items.claim.CLAIM_PLANS[name != "flow"])  # as the claimer plans each
     samples: dict[str, list[float]] = {k: [] for k in statements}
     buffers: dict[str, int] = {}
     plans: dict[str, Any] = {}
@@ -61,7 +63,7 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
                 assert len(rows) == batch, (name, len(rows))
                 ids = sorted(r[0] for r in rows)
                 tok = {r[0]: r[1] for r in rows}
-                await work_items.work_item_complete_batch(conn, ids, [tok[x] for x in ids])
+                await work_items.finalize.work_item_complete_batch(conn, ids, [tok[x] for x in ids])
         for name, conn in conns.items():
             cur = await conn.execute(
                 "SELECT sum(generic_plans), sum(custom_plans) FROM pg_prepared_statements"

@@ -39,7 +39,7 @@ two standard options. Rules:
   waiting benchmark.
 - Create scratch databases with ``fresh_database(tag)`` (empty) or
   ``fresh_migrated_database(tag)`` (our schema); both are named ``connector_bench_<tag>_<pid>_…``
-  on the test server (``connector.common.testdb`` rules) and are dropped afterwards.
+  on the test server (``connector.common.core.testdb`` rules) and are dropped afterwards.
 - Exit non-zero on failure (the harness reports the reason from the last line of stderr); a
   figure that could not be measured is a row with ``value: null`` and ``unavailable``, never a guess.
 - Benchmarks print figures; they assert nothing about speed.
@@ -447,7 +447,7 @@ def bench_lock(path: str = LOCK_PATH) -> Iterator[BenchLock]:
 
 
 def server_url() -> str:
-    from connector.common import testdb
+    from connector.common.core import testdb
 
     return testdb.server_url()
 
@@ -463,7 +463,7 @@ def fresh_database(tag: str) -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
-    from connector.common import testdb
+    from connector.common.core import testdb
 
     name = _db_name(tag)
     admin = server_url()
@@ -479,7 +479,7 @@ def fresh_database(tag: str) -> Iterator[str]:
 @contextlib.contextmanager
 def fresh_migrated_database(tag: str) -> Iterator[str]:
     """A scratch database with our schema (copy of the migrated template); dropped afterwards."""
-    from connector.common import testdb
+    from connector.common.core import testdb
 
     with testdb.fresh_database(prefix=f"{DB_PREFIX}{re.sub(r'[^a-z0-9_]', '_', tag.lower())[:24]}") as url:
         yield url

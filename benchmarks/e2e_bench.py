@@ -6,7 +6,7 @@
 
 What one run does (under the benchmark lock, ``benchmarks.common.bench_lock``):
 
-1. a fresh migrated scratch database (``connector.common.testdb.fresh_database`` through
+1. a fresh migrated scratch database (``connector.common.core.testdb.fresh_database`` through
    ``benchmarks.common.fresh_migrated_database``); one pack installed and activated through the
    pack store: route ``bench/events`` verified by the Standard Webhooks preset (HMAC-SHA256, secret
    from an environment variable, made fresh per run), ``webhook-id`` as the idempotency header, fan
@@ -40,9 +40,9 @@ What one run does (under the benchmark lock, ``benchmarks.common.bench_lock``):
      PostgreSQL for this database, everything else on the machine) from ``/proc``.
 
 The shared server runs with ``autovacuum`` off, so the services' own upkeep (ADR 008,
-``connector.common.upkeep``, mode ``auto``) vacuums and analyzes the queue tables during the run, as
-it does in any deployment where autovacuum does not cover them: the default run measures the system
-as it ships (rows ``e2e.*``), and the report counts the upkeep's VACUUM / ANALYZE runs and their
+``connector.common.maintenance.upkeep``, mode ``auto``) vacuums and analyzes the queue tables during
+the run, as it does in any deployment where autovacuum does not cover them: the default run measures
+the system as it ships (rows ``e2e.*``), and the report counts the upkeep's VACUUM / ANALYZE runs and their
 mean duration. ``--vacuum-every S`` adds an external ``VACUUM`` of the receipt and WorkItem tables
 every S s (rows ``e2e.vacuum<S>s.*``; the stand-in used before the upkeep existed) and
 ``--upkeep off`` turns the services' upkeep off (rows ``e2e.upkeep-off.*``), to measure the server
@@ -472,11 +472,11 @@ def _manifest() -> dict[str, Any]:
 async def _install(url: str) -> None:
     import psycopg
 
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await pack_store.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="e2e-bench")
+        await install.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="e2e-bench")
 
 
 def _post_one(port: int, secret: str, msg_id: str) -> int:

@@ -150,7 +150,7 @@ def drain(
             wt["debounce"] = {"window_s": DEBOUNCE_WINDOW_S, "key": "{/k}"}
         circuit: str | None = None
         if breaker:
-            from connector.common.packs import HandlerSpec, circuit_target
+            from connector.common.packs.manifest import HandlerSpec, circuit_target
 
             wt["circuit_breaker"] = BREAKER
             circuit = circuit_target(HandlerSpec(kind="python", target=handler))
@@ -331,7 +331,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
     weighs on both sides of the ratio alike."""
     import psycopg
 
-    from connector.common.store import work_items as claims
+    from connector.common.store import work_items
 
     conns = [await psycopg.AsyncConnection.connect(u, autocommit=True) for u in urls]
     samples: list[list[float]] = [[] for _ in urls]
@@ -339,7 +339,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
         for _ in range(claims_n):
             for i, conn in enumerate(conns):
                 t0 = time.perf_counter()
-                rows = await claims.work_item_claim_plain_batch(
+                rows = await work_items.claim.work_item_claim_plain_batch(
                     conn, [packs[i]], ["default"], [64], owner="bench", lease_s=60, keyed={}
                 )
                 samples[i].append(time.perf_counter() - t0)
@@ -350,7 +350,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
             # load-independent form of "claim cost does not grow with backlog depth".
             async with conn.transaction(force_rollback=True):
                 cur = await conn.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claims.WORK_ITEM_CLAIM_PLAIN_BATCH,
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH,
                     {
                         "packs": [packs[i]],
                         "queue_classes": ["default"],

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 def _variant(name: str) -> str:
     from connector.common.store import work_items
 
-    q = work_items.WORK_ITEM_CLAIM_BATCH
+    q = work_items.claim.WORK_ITEM_CLAIM_BATCH
     if name == "no-defer":
         start = q.index("), deferred AS (")
         end = q.index("), claimed AS (")
@@ -66,7 +66,7 @@ async def _loop(
             if rows:
                 ids = sorted(r[0] for r in rows)
                 tok = {r[0]: r[1] for r in rows}
-                await work_items.work_item_complete_batch(conn, ids, [tok[i] for i in ids])
+                await work_items.finalize.work_item_complete_batch(conn, ids, [tok[i] for i in ids])
                 out["items"] += len(rows)
             else:
                 out["empty"] += 1

@@ -158,9 +158,10 @@ def _install_route(url: str) -> None:
     import psycopg
     from psycopg.types.json import Jsonb
 
-    from connector.common import packs, schema
+    from connector.common.packs.manifest import parse_manifest, sha256_hex
+    from connector.common.store import schema
 
-    manifest = packs.parse_manifest(
+    manifest = parse_manifest(
         {
             "name": "bench",
             "namespace": NAMESPACE,
@@ -187,12 +188,12 @@ def _install_route(url: str) -> None:
         conn.execute(
             "INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,"
             " manifest_sha256, activated_at) VALUES (%s, 1, 'active', %s, %s, now())",
-            (pack_id, Jsonb(doc), packs.sha256_hex(doc)),
+            (pack_id, Jsonb(doc), sha256_hex(doc)),
         )
         conn.execute(
             "INSERT INTO connector_route (installed_pack_id, generation, namespace, route_key, route_version,"
             " config, config_sha256) VALUES (%s, 1, %s, %s, 1, %s, %s)",
-            (pack_id, NAMESPACE, ROUTE_KEY, Jsonb(route), packs.sha256_hex(route)),
+            (pack_id, NAMESPACE, ROUTE_KEY, Jsonb(route), sha256_hex(route)),
         )
         conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
 

@@ -110,12 +110,12 @@ FROM (
 
 
 async def _prepare(url: str, scenario: Scenario, receipts: int, body_bytes: int) -> None:
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         manifest = parse_manifest(_manifest(scenario.fan_out, scenario.lanes))
-        await pack_store.pack_apply(conn, manifest, activate=True, actor="bench")
+        await install.pack_apply(conn, manifest, activate=True, actor="bench")
         await conn.execute(PRELOAD, {"n": receipts, "pad": max(0, body_bytes - 180)})
         await conn.execute("VACUUM ANALYZE connector_ingress_receipt")
 

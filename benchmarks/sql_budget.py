@@ -126,23 +126,25 @@ BACKGROUND_ENV = {
 #: Named statements sent by background jobs (not per delivery): the reason each is background.
 #: A statement not listed here is hot-loop work of the process that sent it.
 BACKGROUND: dict[str, str] = {
-    "connector.common.upkeep": "upkeep (ADR 008): table state, VACUUM / ANALYZE every upkeep interval",
-    "connector.common.retention": "retention (ADR 009): the sweep every retention interval",
-    "connector.common.background": "a background job's session lock (retention, upkeep)",
+    "connector.common.maintenance.upkeep": (
+        "upkeep (ADR 008): table state, VACUUM / ANALYZE every upkeep interval"
+    ),
+    "connector.common.maintenance.retention": "retention (ADR 009): the sweep every retention interval",
+    "connector.common.core.background": "a background job's session lock (retention, upkeep)",
     "connector.common.store.processes": "process registry: register, heartbeat every 5 s, prune",
     "connector.common.store.deliveries": "retention (ADR 009): classify and delete retired deliveries",
     "connector.common.store.receipts.RECEIPT_OLDEST_AGE": "retention: the oldest receipt's age (gauge)",
     "connector.common.store.receipts.RECEIPT_ROUTING_LAG": "materializer's routing-lag gauge (periodic)",
     "connector.common.store.packs.ROUTE_LIST_ACTIVE": "ingress route table refresh (NOTIFY, every refresh_s)",
     "connector.common.store.packs.PACK_LIST_ACTIVE": "materializer route cache refresh (NOTIFY, refresh_s)",
-    "connector.common.store.work_items.WORK_ITEM_RECLAIM_CANDIDATES": "reclaimer (every reclaim interval)",
+    "connector.common.store.work_items.finalize.WORK_ITEM_RECLAIM_CANDIDATES": "reclaimer (every reclaim)",
     "connector.ingress.service.READY_PROBE": "readiness probe (/readyz, every orchestrator probe)",
     "connector.executor.service.AUTOVACUUM_SETTING": "read once at start",
-    "connector.common.listener": "LISTEN on a (re)connect of a service's listener",
+    "connector.common.core.listener": "LISTEN on a (re)connect of a service's listener",
     "connector.common.store.admin_requests.ADMIN_REQUEST_DELETE_EXPIRED": "retention of admin request ids",
-    "connector.common.store.work_items.WORK_ITEM_QUEUE_DEPTH": "stats sampler (every stats interval)",
-    "connector.common.store.work_items.WORK_ITEM_BLOCKED_LANES": "stats sampler (every stats interval)",
-    "connector.common.store.work_items.WORK_ITEM_RECLAIM_EXPIRED": "reclaimer (every reclaim interval)",
+    "connector.common.store.work_items.stats.WORK_ITEM_QUEUE_DEPTH": "stats sampler (every stats interval)",
+    "connector.common.store.work_items.stats.WORK_ITEM_BLOCKED_LANES": "stats sampler (every stats interval)",
+    "connector.common.store.work_items.finalize.WORK_ITEM_RECLAIM_EXPIRED": "reclaimer (every reclaim)",
     "connector.common.store.lanes.LANE_LIST_STUCK": "lane repair (background)",
 }
 
@@ -355,7 +357,7 @@ _FK_CHILD = re.compile(
 def foreign_keys() -> set[tuple[str, str, str, str]]:
     """(child table, child column, parent table, parent column) of every foreign key of the schema
     (first column of each)."""
-    from connector.common import schema
+    from connector.common.store import schema
 
     out = set()
     for table in schema.metadata.tables.values():
@@ -437,11 +439,11 @@ def _manifest(lanes: bool) -> dict[str, Any]:
 async def _install(url: str, lanes: bool) -> None:
     import psycopg
 
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await pack_store.pack_apply(conn, parse_manifest(_manifest(lanes)), activate=True, actor="sql-budget")
+        await install.pack_apply(conn, parse_manifest(_manifest(lanes)), activate=True, actor="sql-budget")
 
 
 class BudgetCluster:
@@ -454,7 +456,7 @@ class BudgetCluster:
     def __enter__(self) -> BudgetCluster:
         import psycopg
 
-        from connector.common import migrate
+        from connector.common.store import migrate
 
         self.cluster.start()
         try:

@@ -41,25 +41,28 @@ import psycopg
 BATCH, ITEMS = int(os.environ["BATCH"]), int(os.environ["ITEMS"])
 
 async def loop(url, pack):
-    from connector.common.store import work_items as w
-    plain = hasattr(w, "work_item_claim_plain_batch")
+    # A tree's store: one work_items module (before the regrouping, ADR 015) or the package with
+    # its claim and finalize modules.
+    import connector.common.store.work_items as w
+    claim, fin = getattr(w, "claim", w), getattr(w, "finalize", w)
+    plain = hasattr(claim, "work_item_claim_plain_batch")
     # As in the executor: the claimer's connection, and the finalizer's.
     c, f = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(2)]
     for conn in (c, f):
         await conn.execute("SET jit = off")
-    if hasattr(w, "CLAIM_PLANS"):  # the plan mode the tree's claimer gives its unkeyed claims
-        await c.execute(w.CLAIM_PLANS[True])
+    if hasattr(claim, "CLAIM_PLANS"):  # the plan mode the tree's claimer gives its unkeyed claims
+        await c.execute(claim.CLAIM_PLANS[True])
     print("ready", flush=True)
     for _ in sys.stdin:
         t0 = time.perf_counter()
         if plain:
-            rows = await w.work_item_claim_plain_batch(
+            rows = await claim.work_item_claim_plain_batch(
                 c, [pack], ["default"], [BATCH], owner="b", lease_s=60.0, keyed={})
         else:
-            rows = await w.work_item_claim_batch(c, [pack], ["default"], [BATCH], owner="b", lease_s=60.0)
+            rows = await claim.work_item_claim_batch(c, [pack], ["default"], [BATCH], owner="b", lease_s=60.0)
         t1 = time.perf_counter()
         assert len(rows) == BATCH, len(rows)
-        await w.work_item_finalize(f, [r[0] for r in rows], [r[1] for r in rows], w.FailBatch())
+        await fin.work_item_finalize(f, [r[0] for r in rows], [r[1] for r in rows], fin.FailBatch())
         print(f"{(t1 - t0) * 1000:.3f} {(time.perf_counter() - t1) * 1000:.3f}", flush=True)
 
 from benchmarks.common import fresh_migrated_database

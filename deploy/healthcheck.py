@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 TIMEOUT_S = 2.0
-# The services' default ports (connector.common.settings; tests/test_deploy.py keeps them equal).
+# The services' default ports (connector.common.core.settings; tests/test_deploy.py keeps them equal).
 DEFAULT_PORTS = {"ingress": 8080, "materializer": 50052, "executor": 50053}
 
 

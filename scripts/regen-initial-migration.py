@@ -2,7 +2,7 @@
 
 Until the first release, the initial revision is regenerated whenever schema.py changes, so there is
 one migration to review. After a release, add a new revision instead. Needs a server to autogenerate
-against (the test server rules of connector.common.testdb).
+against (the test server rules of connector.common.core.testdb).
 
 Usage: .venv/bin/python scripts/regen-initial-migration.py
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 import psycopg
 from alembic import command
 
-from connector.common import migrate, testdb
-from connector.common.schema import DDL_STATEMENTS
+from connector.common.core import testdb
+from connector.common.store import migrate
+from connector.common.store.schema import DDL_STATEMENTS
 
 VERSIONS = migrate.MIGRATIONS / "versions"
 TARGET = VERSIONS / "0001_initial_schema.py"

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real PostgreSQL for every test (see connector.common.testdb for resolution)."""
+"""Shared fixtures: a real PostgreSQL for every test (see connector.common.core.testdb for resolution)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from connector.common import testdb
+from connector.common.core import testdb
 
 
 @pytest.fixture

@@ -69,13 +69,11 @@ def _probe_manifest() -> dict:
 async def _install_probe(url: str) -> None:
     import psycopg
 
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await pack_store.pack_apply(
-            conn, parse_manifest(_probe_manifest()), activate=True, actor="metrics-test"
-        )
+        await install.pack_apply(conn, parse_manifest(_probe_manifest()), activate=True, actor="metrics-test")
 
 
 INSTALL_SCRIPT = ROOT / "scripts" / "install-prometheus.sh"

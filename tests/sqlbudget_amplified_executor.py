@@ -12,9 +12,9 @@ from typing import Any
 
 from connector.common.store import authority, work_items
 
-_claim = work_items.work_item_claim_plain_batch  # what an unlimited pack's batches go through
-_PACK = work_items.CLAIM_COLUMNS.index("installed_pack_id")
-_GENERATION = work_items.CLAIM_COLUMNS.index("generation")
+_claim = work_items.claim.work_item_claim_plain_batch  # what an unlimited pack's batches go through
+_PACK = work_items.claim.CLAIM_COLUMNS.index("installed_pack_id")
+_GENERATION = work_items.claim.CLAIM_COLUMNS.index("generation")
 
 
 async def _claim_with_per_item_guard(conn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -25,7 +25,7 @@ async def _claim_with_per_item_guard(conn: Any, *args: Any, **kwargs: Any) -> An
 
 
 def main() -> int:
-    work_items.work_item_claim_plain_batch = _claim_with_per_item_guard  # type: ignore[assignment]
+    work_items.claim.work_item_claim_plain_batch = _claim_with_per_item_guard  # type: ignore[assignment]
     from connector.cli.main import main as connector_main
 
     return connector_main(sys.argv[1:])

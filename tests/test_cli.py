@@ -15,7 +15,8 @@ import pytest
 from psycopg import sql
 
 from connector.cli import main as cli_main
-from connector.common import migrate, testdb
+from connector.common.core import testdb
+from connector.common.store import migrate
 
 CONNECTOR = Path(sys.executable).with_name("connector")
 

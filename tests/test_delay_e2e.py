@@ -85,11 +85,11 @@ def _post(port: int, secret: str, msg_id: str, at: Any) -> int:
 
 
 async def _install(url: str) -> None:
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await pack_store.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="delay-test")
+        await install.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="delay-test")
 
 
 def test_delayed_handlers_run_no_earlier_than_their_delay(db_url: str, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.common import schema
+from connector.common.store import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ROOT / "libs/common/connector/common"
@@ -71,14 +71,16 @@ def _role_of(path: Path) -> str | None:
         return EXECUTOR_ROLE
     if rel.startswith("libs/cli/"):
         return ADMIN
-    name = rel.removeprefix("libs/common/connector/common/")
-    if name in ("materialization.py", "backfill.py"):
-        return MATERIALIZER  # the materializer's modules in common (the cutover's gate 3 runs backfill)
-    if name in ("retention.py", "upkeep.py"):
-        return MAINTENANCE
-    if name == "pack_store.py":
-        return ADMIN  # pack install
-    return None
+    # libs/common is grouped by owner (docs/adr/015-rooms-by-owner.md): the folder says who acts.
+    owner = rel.removeprefix("libs/common/connector/common/").split("/", 1)[0]
+    return COMMON_OWNERS.get(owner)
+
+
+#: The owner of each folder of libs/common/connector/common that acts for one role: the
+#: materializer's domain (the cutover's gate 3 runs its backfill), the maintenance jobs every service
+#: runs, pack install (an admin action). ``core`` and ``store`` act for nobody: the store holds the
+#: writers, core the infrastructure.
+COMMON_OWNERS: dict[str, str] = {"delivery": MATERIALIZER, "maintenance": MAINTENANCE, "packs": ADMIN}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -137,7 +139,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "lane_settle_batch": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
     "lanes_change": frozenset({MATERIALIZER, EXECUTOR_ROLE, ADMIN}),
     "lane_repair": frozenset({EXECUTOR_ROLE, MAINTENANCE}),
-    # admin: pack install and activation (connector.common.pack_store: a new generation, its routes
+    # admin: pack install and activation (connector.common.packs.install: a new generation, its routes
     # and its install receipt + claim authority row)
     "pack_insert": frozenset({ADMIN}),
     "pack_generation_insert": frozenset({ADMIN}),
@@ -160,7 +162,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "work_item_legacy_reconcile": frozenset({ADMIN}),
     "work_item_legacy_quarantine": frozenset({ADMIN}),
     "work_item_legacy_mirror_insert": frozenset({ADMIN}),
-    # every service process registers itself (connector.common.process_registry)
+    # every service process registers itself (connector.common.core.process_registry)
     "process_register": ANY,
     "process_heartbeat": ANY,
     "process_deregister": ANY,
@@ -202,8 +204,20 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
+#: Modules under store/ that hold no statements on rows: the schema, the migrations and their runner.
+STORE_NOT_STATEMENTS = ("schema", "migrate", "migrations")
+
+
 def _store_modules() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(STORE.glob("*.py")) if p.stem != "__init__"}
+    """The store's statement modules by their dotted name under ``connector.common.store``
+    (``work_items.claim``); package ``__init__`` files hold no statements."""
+    out: dict[str, Path] = {}
+    for p in sorted(STORE.rglob("*.py")):
+        parts = p.relative_to(STORE).with_suffix("").parts
+        if p.stem == "__init__" or parts[0] in STORE_NOT_STATEMENTS:
+            continue
+        out[".".join(parts)] = p
+    return out
 
 
 def _constants(tree: ast.Module) -> dict[str, str]:
@@ -243,7 +257,7 @@ def store_writers() -> dict[str, set[str]]:
         imported[mod] = {}
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("connector.common.store."):
-                src = (node.module or "").rsplit(".", 1)[1]
+                src = (node.module or "").removeprefix("connector.common.store.")
                 for alias in node.names:
                     imported[mod][alias.asname or alias.name] = f"{src}.{alias.name}"
         funcs[mod] = {}
@@ -271,37 +285,48 @@ def store_writers() -> dict[str, set[str]]:
                     changed = True
     out: dict[str, set[str]] = {}
     for key in writers:
-        mod, name = key.split(".")
+        mod, name = key.rsplit(".", 1)
         if not name.startswith("_"):
             out.setdefault(mod, set()).add(name)
     return out
 
 
 def store_references(tree: ast.Module) -> set[tuple[str, str]]:
-    """``(store module, name)`` pairs a module references: ``from connector.common.store.M import f``
-    and ``from connector.common.store import M`` followed by ``M.f``."""
+    """``(store module, name)`` pairs a module references, the module by its dotted name under the
+    store (``work_items.claim``): ``from connector.common.store.M import f``, and a module imported
+    from the store (``from connector.common.store import M``, ``from connector.common.store.P import M``,
+    ``import connector.common.store.M as A``) followed by an attribute chain (``M.f``, ``P.M.f``)."""
+    modules = set(_store_modules())
     refs: set[tuple[str, str]] = set()
-    module_aliases: dict[str, str] = {}
+    module_aliases: dict[str, str] = {}  # local name -> dotted store path (a module or a package)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             mod = node.module or ""
-            if mod.startswith("connector.common.store."):
+            if mod == "connector.common.store" or mod.startswith("connector.common.store."):
+                base = mod.removeprefix("connector.common.store").lstrip(".")
                 for alias in node.names:
-                    refs.add((mod.rsplit(".", 1)[1], alias.name))
-            elif mod == "connector.common.store":
-                for alias in node.names:
-                    module_aliases[alias.asname or alias.name] = alias.name
+                    dotted = f"{base}.{alias.name}" if base else alias.name
+                    if base in modules:
+                        refs.add((base, alias.name))
+                    else:
+                        module_aliases[alias.asname or alias.name] = dotted
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("connector.common.store.") and alias.asname:
-                    module_aliases[alias.asname] = alias.name.rsplit(".", 1)[1]
+                    module_aliases[alias.asname] = alias.name.removeprefix("connector.common.store.")
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id in module_aliases
-        ):
-            refs.add((module_aliases[node.value.id], node.attr))
+        chain: list[str] = []
+        cur: ast.AST = node
+        while isinstance(cur, ast.Attribute):
+            chain.append(cur.attr)
+            cur = cur.value
+        if not chain or not isinstance(cur, ast.Name) or cur.id not in module_aliases:
+            continue
+        path = module_aliases[cur.id].split(".") + chain[::-1]
+        for i in range(len(path) - 1, 0, -1):
+            if ".".join(path[:i]) in modules:
+                refs.add((".".join(path[:i]), path[i]))
+                break
     return refs
 
 
@@ -342,13 +367,13 @@ def test_writer_scanner_control(tmp_path: Path) -> None:
     planted.write_text(
         "from connector.common.store import work_items\n"
         "from connector.common.store.lanes import lane_settle_batch\n\n"
-        "async def f(c):\n    await work_items.work_item_claim_batch(c)\n"
+        "async def f(c):\n    await work_items.claim.work_item_claim_batch(c)\n"
     )
     writers = store_writers()
     got = writer_violations([planted], writers, role_of=lambda _: INGRESS)
     assert got == [
         "planted.py (ingress) calls store.lanes.lane_settle_batch",
-        "planted.py (ingress) calls store.work_items.work_item_claim_batch",
+        "planted.py (ingress) calls store.work_items.claim.work_item_claim_batch",
     ]
     assert writer_violations([planted], writers, role_of=lambda _: EXECUTOR_ROLE) == []
 
@@ -362,6 +387,40 @@ def test_writer_scanner_control(tmp_path: Path) -> None:
 ALLOWLIST: dict[str, str] = {
     # Empty: every statement on a connector table is in the store (the admin API's were the last).
 }
+
+
+def test_writer_scanner_reads_every_import_form(tmp_path: Path) -> None:
+    """A writer reached through a submodule import, a from-import of the function or a module
+    alias is reported as well (control: the same names that are not writers are not)."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import connector.common.store.work_items.finalize as fin\n"
+        "from connector.common.store.work_items import claim\n"
+        "from connector.common.store.work_items.insert import work_item_insert_batch\n\n"
+        "async def f(c):\n"
+        "    await claim.work_item_claim_plain_batch(c)\n"
+        "    await fin.work_item_complete_batch(c)\n"
+        "    await work_item_insert_batch(c)\n"
+        "    await claim.work_item_ready_groups(c)\n"
+    )
+    got = writer_violations([planted], store_writers(), role_of=lambda _: INGRESS)
+    assert got == [
+        "planted.py (ingress) calls store.work_items.claim.work_item_claim_plain_batch",
+        "planted.py (ingress) calls store.work_items.finalize.work_item_complete_batch",
+        "planted.py (ingress) calls store.work_items.insert.work_item_insert_batch",
+    ]
+
+
+def test_common_folders_name_their_owner() -> None:
+    """The owner of a libs/common module is its folder's (a new module in ``delivery/`` acts for
+    the materializer without being named anywhere); ``core`` and ``store`` act for nobody."""
+    assert _role_of(COMMON / "delivery" / "new.py") == MATERIALIZER
+    assert _role_of(COMMON / "maintenance" / "new.py") == MAINTENANCE
+    assert _role_of(COMMON / "packs" / "install.py") == ADMIN
+    assert _role_of(COMMON / "core" / "db.py") is None
+    assert _role_of(COMMON / "store" / "work_items" / "claim.py") is None
+    folders = {p.name for p in COMMON.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == {*COMMON_OWNERS, "core", "store"}, f"a new folder needs an owner: {folders}"
 
 
 def _docstring_nodes(tree: ast.Module) -> set[int]:
@@ -418,7 +477,7 @@ def test_the_allowlist_only_names_modules_that_still_hold_sql() -> None:
 # only catalogs (``pg_*``) and hold no statement on a connector table's rows; the reason is printed
 # when that no longer holds.
 EXEMPT: dict[str, str] = {
-    "libs/common/connector/common/upkeep.py": (
+    "libs/common/connector/common/maintenance/upkeep.py": (
         "maintenance on tables, not statements on their rows: catalog reads (pg_class, "
         "pg_stat_user_tables, server settings), VACUUM/ANALYZE of a table by identifier and "
         "session settings (ADR 008)"
@@ -616,7 +675,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_among_connector_modules() -> None:
     graph = module_graph(_py_files(*SOURCE_ROOTS))
-    assert "connector.common.store.work_items" in graph["connector.common.materialization"], (
+    assert "connector.common.store.work_items.insert" in graph["connector.common.delivery.materialization"], (
         "scanner sees edges"
     )
     assert not import_cycles(graph)

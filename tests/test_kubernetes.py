@@ -31,7 +31,7 @@ from cloudcoil.models.keda.v1alpha1 import ScaledObject
 from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
 
 from connector.cli.main import COMMANDS
-from connector.common import settings
+from connector.common.core import settings
 from connector.executor import metrics as executor_metrics
 from tests.test_deploy import known_env_names
 

@@ -139,8 +139,8 @@ def test_one_process_running_all_services_keeps_the_registries_apart() -> None:
     import connector.executor.metrics as executor_metrics
     import connector.ingress.metrics as ingress_metrics
     import connector.materializer.metrics as materializer_metrics
-    from connector.common import metrics as common
-    from connector.common.grpc_server import GRPC_METRICS
+    from connector.common.core import metrics as common
+    from connector.common.core.grpc_server import GRPC_METRICS
 
     registries = {
         "ingress": ingress_metrics.REGISTRY,
@@ -162,7 +162,7 @@ def test_one_process_running_all_services_keeps_the_registries_apart() -> None:
 def test_fast_histogram_exports_what_a_prometheus_client_histogram_exports() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from connector.common.metrics import LATENCY_BUCKETS, FastHistogram
+    from connector.common.core.metrics import LATENCY_BUCKETS, FastHistogram
 
     values = [0.0, 0.00025, 0.0003, 0.001, 0.0049, 0.2, 2.5, 9.99, 10.0, 11.0, 1e6]
     fast_reg, ref_reg = CollectorRegistry(), CollectorRegistry()

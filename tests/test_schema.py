@@ -5,7 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from connector.common import migrate, schema, testdb
+from connector.common.core import testdb
+from connector.common.store import migrate, schema
 
 CATALOG_QUERIES = {
     "columns": """

@@ -37,7 +37,7 @@ STORE = "connector.common.store."
 #: The claim statements: the plain one (no flow keys, what these scenarios send), the rate one and the
 #: flow one.
 CLAIMS = tuple(
-    STORE + "work_items." + n
+    STORE + "work_items.claim." + n
     for n in ("WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH", "WORK_ITEM_CLAIM_BATCH")
 )
 ROUTED = STORE + "receipts.RECEIPT_MARK_MATERIALIZED_BATCH"
@@ -76,7 +76,7 @@ PER_CLAIM_BATCH = {
                 "authority.PACK_ACTIVE_GENERATION",
                 "authority.LEGACY_AUTHORITY",
                 "authority.SCHEDULER_LEASE_",
-                "work_items.PACK_GENERATION_MANIFEST",
+                "packs.PACK_GENERATION_MANIFEST",
             )
         ),
         1.0,
@@ -90,13 +90,13 @@ PER_CLAIM_BATCH = {
     # (2.06 per claim batch: docs/benchmarks.md, "Found and fixed"), which this bound reports.
     "stats": (
         tuple(
-            STORE + "work_items." + n
+            STORE + n
             for n in (
-                "WORK_ITEM_READY_GROUPS",
-                "WORK_ITEM_QUEUE_DEPTH",
-                "WORK_ITEM_BLOCKED_LANES",
-                "PACK_NAMES",
-                "WORK_ITEM_STATS",
+                "work_items.claim.WORK_ITEM_READY_GROUPS",
+                "work_items.stats.WORK_ITEM_QUEUE_DEPTH",
+                "work_items.stats.WORK_ITEM_BLOCKED_LANES",
+                "packs.PACK_NAMES",
+                "work_items.stats.WORK_ITEM_STATS",
             )
         ),
         1.25,
@@ -224,7 +224,7 @@ def test_digest_normalization_matches_pg_stat_statements() -> None:
     named, _ = sql_budget.catalog()
     m = sql_budget.Matcher(named)
     vacuum = m.match('VACUUM (SKIP_LOCKED) "connector_work_item"')
-    assert vacuum is not None and vacuum.name == "connector.common.upkeep.VACUUM_TABLE"
+    assert vacuum is not None and vacuum.name == "connector.common.maintenance.upkeep.VACUUM_TABLE"
     assert m.match("SELECT * FROM connector_work_item WHERE work_id = $1 AND 1 = 1") is None
     fks = sql_budget.foreign_keys()
     q = 'SELECT 1 FROM ONLY "public"."connector_event" x WHERE "event_id" OPERATOR(pg_catalog.=) $1'

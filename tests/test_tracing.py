@@ -46,8 +46,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import e2e_bench  # noqa: E402
-from connector.common import tracing  # noqa: E402
-from connector.common.grpc_server import GrpcServer  # noqa: E402
+from connector.common.core import tracing  # noqa: E402
+from connector.common.core.grpc_server import GrpcServer  # noqa: E402
 from connector.executor.handlers import HandlerContext  # noqa: E402
 from connector.executor.handlers.server import register as register_work_handler  # noqa: E402
 
@@ -150,11 +150,11 @@ def _manifest(handlers: Handlers) -> dict[str, Any]:
 
 
 async def _install(url: str, doc: dict[str, Any]) -> None:
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await pack_store.pack_apply(conn, parse_manifest(doc), activate=True, actor="tracing-test")
+        await install.pack_apply(conn, parse_manifest(doc), activate=True, actor="tracing-test")
 
 
 def _signed(secret: str, msg_id: str, marker: str, traceparent: str | None) -> tuple[bytes, dict[str, str]]:

@@ -16,9 +16,9 @@ import psycopg
 import pytest_asyncio
 from pydantic import SecretStr
 
-from connector.common import db as common_db
-from connector.common.grpc_server import GrpcServer, error_info
-from connector.common.settings import AdminSettings, DatabaseSettings, PoolSettings
+from connector.common.core import db as common_db
+from connector.common.core.grpc_server import GrpcServer, error_info
+from connector.common.core.settings import AdminSettings, DatabaseSettings, PoolSettings
 from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
 from connector.v1 import admin_service_pb2_grpc
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from connector.common.settings import SettingsError
+from connector.common.core.settings import SettingsError
 from connector.executor.admin import auth
 from connector.executor.admin.auth import METHOD_ROLES, Role, TokenAuthenticator, parse_tokens
 from connector.v1 import admin_service_pb2 as pb

@@ -11,8 +11,8 @@ import grpc
 import psycopg
 import pytest
 
-from connector.common.schema import LANE_HOLDING_PREDICATE
 from connector.common.store import work_items
+from connector.common.store.schema import LANE_HOLDING_PREDICATE
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -133,7 +133,9 @@ async def test_cancel_releases_the_lanes_like_any_terminal_state(
     assert notes and notes[0].payload == "lanes"
     assert response.lane_members_promoted == 2
     assert await seed.state(nxt) == "pending" and await seed.state(other) == "pending"
-    rows = await work_items.work_item_claim_batch(seed.conn, [pack], ["default"], [10], owner="o", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(
+        seed.conn, [pack], ["default"], [10], owner="o", lease_s=30
+    )
     assert sorted(r[0] for r in rows) == sorted([nxt, other])
     # A cancelled member holds nothing (the lane indexes' predicate; a dead head held its lane before).
     held = await seed.one(
@@ -151,7 +153,7 @@ async def test_a_claim_in_flight_wins_and_the_cancel_is_refused(
     pack = await seed.pack()
     work_id = await seed.item(pack, state="pending")
     async with await psycopg.AsyncConnection.connect(db_url) as claimer:
-        rows = await work_items.work_item_claim_batch(
+        rows = await work_items.claim.work_item_claim_batch(
             claimer, [pack], ["default"], [1], owner="x", lease_s=30
         )
         assert [r[0] for r in rows] == [work_id]  # claimed, not committed: the row is locked
@@ -169,15 +171,17 @@ async def test_a_cancel_in_flight_wins_and_claims_skip_the_row(seed: Seed, db_ur
     pack = await seed.pack()
     work_id = await seed.item(pack, state="pending")
     async with await psycopg.AsyncConnection.connect(db_url) as canceller:
-        done, _ = await work_items.work_item_cancel(canceller, work_id, 2, [], summary="test")
+        done, _ = await work_items.admin.work_item_cancel(canceller, work_id, 2, [], summary="test")
         assert done
-        rows = await work_items.work_item_claim_batch(
+        rows = await work_items.claim.work_item_claim_batch(
             seed.conn, [pack], ["default"], [5], owner="o", lease_s=30
         )
         assert rows == []
         await canceller.commit()
     assert await seed.state(work_id) == "cancelled"
-    rows = await work_items.work_item_claim_batch(seed.conn, [pack], ["default"], [5], owner="o", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(
+        seed.conn, [pack], ["default"], [5], owner="o", lease_s=30
+    )
     assert rows == []
 
 
@@ -187,13 +191,14 @@ async def test_a_cancel_without_its_fence_would_overwrite_a_claim(
     """Control of the fence: with the token and state conditions removed from the statement, the same
     interleaving cancels a claimed item under its holder (what the fenced statement refuses)."""
     unfenced = (
-        work_items.WORK_ITEM_CANCEL.split("WHERE")[0] + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
+        work_items.admin.WORK_ITEM_CANCEL.split("WHERE")[0]
+        + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
     )
-    monkeypatch.setattr(work_items, "WORK_ITEM_CANCEL", unfenced)
+    monkeypatch.setattr(work_items.admin, "WORK_ITEM_CANCEL", unfenced)
     pack = await seed.pack()
     work_id = await seed.item(pack, state="pending")
     async with await psycopg.AsyncConnection.connect(db_url) as claimer:
-        await work_items.work_item_claim_batch(claimer, [pack], ["default"], [1], owner="x", lease_s=30)
+        await work_items.claim.work_item_claim_batch(claimer, [pack], ["default"], [1], owner="x", lease_s=30)
         call = asyncio.ensure_future(_cancel(admin, work_id))
         await _wait_lock_waiter(seed)
         await claimer.commit()

@@ -22,7 +22,7 @@ WT = {"w": eseed.python_work_type("tests.executor.effects:noop")}
 
 
 async def _claim(conn: psycopg.AsyncConnection, pack: int, n: int = 10) -> list[int]:
-    rows = await work_items.work_item_claim_batch(conn, [pack], ["default"], [n], owner="t", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(conn, [pack], ["default"], [n], owner="t", lease_s=30)
     return [int(r[0]) for r in rows]
 
 

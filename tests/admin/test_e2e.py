@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from pydantic import SecretStr
 
-from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings
+from connector.common.core.settings import AdminSettings, DatabaseSettings, ExecutorSettings
 from connector.executor.service import ExecutorService
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc, types_pb2

@@ -43,9 +43,9 @@ from hypothesis import strategies as st
 from ingress.proxy import TcpProxy  # tests/ingress (pytest puts tests/ on sys.path)
 from pydantic import SecretStr
 
-from connector.common import db as common_db
-from connector.common.grpc_server import GrpcServer
-from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings
+from connector.common.core import db as common_db
+from connector.common.core.grpc_server import GrpcServer
+from connector.common.core.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
 from connector.executor.admin.pagination import PageTokens
 from connector.executor.service import ExecutorService
@@ -471,7 +471,7 @@ async def test_replicas_with_one_key_accept_each_others_tokens(two_replicas: lis
 
 
 def test_a_short_page_token_key_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector.common.settings import SettingsError, load
+    from connector.common.core.settings import SettingsError, load
 
     monkeypatch.setenv("CONNECTOR_ADMIN_PAGE_TOKEN_KEY", "short")
     with pytest.raises(SettingsError) as info:

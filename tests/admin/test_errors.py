@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import psycopg
 
-from connector.common.settings import DatabaseSettings, PoolSettings
+from connector.common.core.settings import DatabaseSettings, PoolSettings
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc
 

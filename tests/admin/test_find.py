@@ -293,7 +293,7 @@ async def test_input_errors_are_invalid_argument_with_a_reason(
         admin.stub.FindDeliveries(request_, metadata=Admin.md(VIEW)), grpc.StatusCode.INVALID_ARGUMENT, reason
     )
     if field is not None:
-        from connector.common.grpc_server import error_info
+        from connector.common.core.grpc_server import error_info
 
         info = error_info(exc)
         assert info is not None and info.metadata.get("field") == field, info

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from google.protobuf import timestamp_pb2
 
-from connector.common import testdb
+from connector.common.core import testdb
 from connector.executor.admin import find, pagination, trace
 from connector.executor.admin.auth import Principal, Role
 from connector.v1 import admin_service_pb2 as pb

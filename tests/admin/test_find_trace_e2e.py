@@ -26,7 +26,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from connector.common.settings import (
+from connector.common.core.settings import (
     AdminSettings,
     DatabaseSettings,
     ExecutorSettings,

@@ -35,7 +35,7 @@ async def _resume(admin: Admin, pack: int, queue_class: str = "", **kw: object) 
 
 
 async def _claim(conn: psycopg.AsyncConnection, pack: int, qc: str = "default", n: int = 10) -> list[int]:
-    rows = await work_items.work_item_claim_batch(conn, [pack], [qc], [n], owner="t", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(conn, [pack], [qc], [n], owner="t", lease_s=30)
     return [int(r[0]) for r in rows]
 
 
@@ -53,7 +53,9 @@ async def test_a_paused_pack_is_not_claimed_until_resumed(
     assert response.pause.reason == "provider outage" and response.pause.request_id == "pause-1"
     assert await _claim(seed.conn, pack) == []
     assert await _claim(seed.conn, other) == [b]  # other packs are not affected
-    groups = {(g.pack, g.queue_class): g.paused for g in await work_items.work_item_ready_groups(seed.conn)}
+    groups = {
+        (g.pack, g.queue_class): g.paused for g in await work_items.claim.work_item_ready_groups(seed.conn)
+    }
     assert groups == {(pack, "default"): True}
     stats = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
     assert [(p.installed_pack_id, p.queue_class, p.pack_name) for p in stats.pauses] == [(pack, "*", "shop")]

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 from pydantic import SecretStr
 
-from connector.common.process_registry import runtime_version
-from connector.common.settings import (
+from connector.common.core.process_registry import runtime_version
+from connector.common.core.settings import (
     AdminSettings,
     DatabaseSettings,
     ExecutorSettings,

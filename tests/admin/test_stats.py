@@ -361,20 +361,20 @@ def _plans() -> list[tuple[str, str, dict[str, Any]]]:
     for pack in (None, 1):
         p = {**params, "pack": pack}
         out += [
-            ("depth", work_items.work_item_stats_depth_sql(pack), p),
-            ("rates", work_items.work_item_stats_rates_sql(pack), p),
-            ("classes", work_items.work_item_stats_classes_sql(pack), p),
-            ("processing", work_items.work_item_stats_processing_sql(pack), p),
-            ("lanes", work_items.work_item_lanes_blocked_sql(pack, after=False), p),
+            ("depth", work_items.stats.work_item_stats_depth_sql(pack), p),
+            ("rates", work_items.stats.work_item_stats_rates_sql(pack), p),
+            ("classes", work_items.stats.work_item_stats_classes_sql(pack), p),
+            ("processing", work_items.stats.work_item_stats_processing_sql(pack), p),
+            ("lanes", work_items.stats.work_item_lanes_blocked_sql(pack, after=False), p),
             (
                 "lanes-page",
-                work_items.work_item_lanes_blocked_sql(pack, after=True),
+                work_items.stats.work_item_lanes_blocked_sql(pack, after=True),
                 {**p, "k_pack": 1, "k_kind": "s", "k_key": "lane:1"},
             ),
             ("cutover", authority.cutover_state_list_sql(pack), p),
         ]
     out.append(("receipts", receipts.RECEIPT_STATS, params))
-    clauses, dparams = work_items.DeadLetterFilter(installed_pack_id=1).where()
+    clauses, dparams = work_items.admin.DeadLetterFilter(installed_pack_id=1).where()
     out.append(
         (
             "dlq",

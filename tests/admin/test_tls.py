@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from connector.common.settings import AdminSettings, SettingsError
+from connector.common.core.settings import AdminSettings, SettingsError
 from connector.executor.admin import server_credentials
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc

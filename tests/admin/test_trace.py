@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from connector.common.grpc_server import error_info
+from connector.common.core.grpc_server import error_info
 from connector.executor.admin import trace
 from connector.executor.admin.auth import Principal, Role
 from connector.v1 import admin_service_pb2 as pb

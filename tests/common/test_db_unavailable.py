@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from connector.common import db as dbmod
-from connector.common.settings import DatabaseSettings, PoolSettings
+from connector.common.core import db as dbmod
+from connector.common.core.settings import DatabaseSettings, PoolSettings
 
 PASSWORD = "s3cret-pw-never-printed"
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from connector.common import eventlog, logs
-from connector.common.eventlog import SUPPRESSED, EventLog, safe_peer, safe_token
+from connector.common.core import eventlog, logs
+from connector.common.core.eventlog import SUPPRESSED, EventLog, safe_peer, safe_token
 
 
 class Lines(logging.Handler):

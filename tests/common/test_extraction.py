@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from connector.common.extraction import (
+from connector.common.delivery.materialization import EventDraft, ReceiptRow, compile_route, plan_receipt
+from connector.common.packs.extraction import (
     Context,
     compile_template,
     compile_value,
@@ -14,10 +15,9 @@ from connector.common.extraction import (
     reads_body,
     references,
 )
-from connector.common.jsonvalues import MAX_VALUE_CHARS, pointer_tokens, resolve_tokens, scalar_text
-from connector.common.materialization import EventDraft, ReceiptRow, compile_route, plan_receipt
-from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import ValueSpec, parse_manifest
+from connector.common.packs.install import ActivePack, ActiveRoute
+from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, pointer_tokens, resolve_tokens, scalar_text
+from connector.common.packs.manifest import ValueSpec, parse_manifest
 from connector.ingress.envelope import Envelope
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg import Notify
 
-from connector.common.listener import Listener, ListenerConfig
+from connector.common.core.listener import Listener, ListenerConfig
 
 TIMEOUT = 10.0
 

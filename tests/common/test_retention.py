@@ -19,15 +19,15 @@ import psycopg
 import pytest
 
 from connector.cli import main as cli_main
-from connector.common import retention
-from connector.common.retention import (
+from connector.common.core.settings import ExecutorSettings
+from connector.common.maintenance import retention
+from connector.common.maintenance.retention import (
     RETENTION_DELETED,
     RETENTION_OLDEST_AGE,
     RETENTION_RUNS,
     Retention,
     RetentionConfig,
 )
-from connector.common.settings import ExecutorSettings
 from connector.common.store import deliveries, receipts
 from connector.common.store.lanes import lane_lock_batch, lane_repair, lane_settle_batch
 from tests.executor import seed
@@ -356,7 +356,7 @@ async def test_the_service_loop_sweeps_and_logs_counts_only(
 
 
 async def test_the_executor_service_runs_the_sweep(db, db_url) -> None:
-    from connector.common.settings import DatabaseSettings
+    from connector.common.core.settings import DatabaseSettings
     from connector.executor.service import ExecutorService
 
     d = delivery(db, [["succeeded"], ["succeeded", "succeeded"]])

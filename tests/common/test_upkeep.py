@@ -12,8 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from connector.common.store import work_items as claims
-from connector.common.upkeep import (
+from connector.common.maintenance.upkeep import (
     UPKEEP_LOCK_CLASS,
     UPKEEP_RUNS,
     TableStatus,
@@ -23,6 +22,7 @@ from connector.common.upkeep import (
     is_active,
     vacuum_due,
 )
+from connector.common.store import work_items
 from tests.executor import seed
 from tests.plans import positional
 
@@ -204,7 +204,7 @@ async def test_analyze_remakes_a_claim_plan_made_on_an_empty_table(
     pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
     seed.seed_items(db, pack, 64)
     db.execute("SET plan_cache_mode = force_generic_plan")
-    body, order = positional(claims.WORK_ITEM_CLAIM_BATCH)
+    body, order = positional(work_items.claim.WORK_ITEM_CLAIM_BATCH)
     db.execute("PREPARE claim AS " + body)
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim({})").format(

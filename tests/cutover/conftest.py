@@ -24,10 +24,10 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from connector.common import pack_store  # noqa: E402
-from connector.common.pack_store import RouteCache  # noqa: E402
-from connector.common.packs import parse_manifest  # noqa: E402
-from connector.common.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
+from connector.common.core.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
+from connector.common.packs import install  # noqa: E402
+from connector.common.packs.install import RouteCache  # noqa: E402
+from connector.common.packs.manifest import parse_manifest  # noqa: E402
 from connector.executor.legacy import LegacyService  # noqa: E402
 from connector.executor.service import ExecutorService  # noqa: E402
 from connector.materializer.router import Router, RouterConfig  # noqa: E402
@@ -102,7 +102,7 @@ class Rig:
         max_attempts: int = 5,
         lanes: dict[str, Any] | None = None,
     ) -> int:
-        applied = await pack_store.pack_apply(
+        applied = await install.pack_apply(
             self.conn,
             parse_manifest(manifest(work_types, max_attempts=max_attempts, lanes=lanes)),
             activate=True,
@@ -351,9 +351,9 @@ VIEW_TOKEN = "cutover-view-token-0123456789abc"
 async def admin_port(db_url: str) -> AsyncIterator[int]:
     from pydantic import SecretStr
 
-    from connector.common import db as common_db
-    from connector.common.grpc_server import GrpcServer
-    from connector.common.settings import AdminSettings, PoolSettings
+    from connector.common.core import db as common_db
+    from connector.common.core.grpc_server import GrpcServer
+    from connector.common.core.settings import AdminSettings, PoolSettings
     from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
 
     name = f"cutover-admin-{time.monotonic_ns()}"

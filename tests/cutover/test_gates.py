@@ -27,10 +27,10 @@ async def _rollback(rig: Rig) -> cutover.Transition:
 
 async def _work_item_claims(rig: Rig) -> tuple[int, int]:
     """(claimed, reclaimed) by the real WorkItem claim and reclaim statements."""
-    rows = await work_items.work_item_claim_batch(
+    rows = await work_items.claim.work_item_claim_batch(
         rig.conn, [rig.pack], ["default"], [100], owner="probe", lease_s=30
     )
-    reclaimed = await work_items.work_item_reclaim_expired(rig.conn)
+    reclaimed = await work_items.finalize.work_item_reclaim_expired(rig.conn)
     return len(rows), len(reclaimed)
 
 
@@ -44,7 +44,7 @@ async def test_claims_fail_closed_in_every_phase_but_their_own(rig: Rig) -> None
     await rig.install()
     await rig.deliver("ok", "ok", "ok")
     # One item in flight with an expired lease, two ready: both statements have something to take.
-    (claimed,) = await work_items.work_item_claim_batch(
+    (claimed,) = await work_items.claim.work_item_claim_batch(
         rig.conn, [rig.pack], ["default"], [1], owner="x", lease_s=30
     )
     await rig.conn.execute(
@@ -100,7 +100,7 @@ async def test_an_authority_change_waits_for_claim_transactions_in_flight(rig: R
     await rig.install()
     await rig.deliver("ok")
     async with await psycopg.AsyncConnection.connect(rig.url) as claimer:  # not autocommit
-        rows = await work_items.work_item_claim_batch(
+        rows = await work_items.claim.work_item_claim_batch(
             claimer, [rig.pack], ["default"], [10], owner="x", lease_s=30
         )
         assert len(rows) == 1  # the claim transaction is still open, holding the authority FOR SHARE

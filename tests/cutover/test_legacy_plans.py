@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from connector.common import testdb
+from connector.common.core import testdb
 from connector.common.store import legacy as legacy_store
 from tests.executor import seed
 from tests.plans import assert_update_reads_by_key, prepared_explain

@@ -13,7 +13,7 @@ import hashlib
 import psycopg
 import pytest
 
-from connector.common.grpc_server import ServiceError
+from connector.common.core.grpc_server import ServiceError
 from connector.common.store import work_items
 from connector.executor import cutover
 from connector.executor.admin import replay
@@ -24,7 +24,7 @@ from .conftest import Rig, wait_until
 
 async def _claim_rows(rig: Rig) -> int:
     """Run the real WorkItem claim statement for the pack (a claim that must come back empty)."""
-    rows = await work_items.work_item_claim_batch(
+    rows = await work_items.claim.work_item_claim_batch(
         rig.conn, [rig.pack], ["default"], [100], owner="probe", lease_s=30
     )
     return len(rows)

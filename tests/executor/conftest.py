@@ -19,7 +19,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from connector.common.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
+from connector.common.core.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
 from connector.executor.service import ExecutorService  # noqa: E402
 from tests.executor import effects  # noqa: E402
 from tests.executor.helpers import ExecutorProcess  # noqa: E402

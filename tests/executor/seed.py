@@ -1,6 +1,6 @@
 """Seed packs, claim authority and WorkItems straight into a database (tests and benchmarks).
 
-The pack store (``connector.common.pack_store``) is owned elsewhere; these helpers write the few rows
+The pack store (``connector.common.packs.install``) is owned elsewhere; these helpers write the few rows
 the executor reads (pack, generation manifest, install cutover receipt, claim authority) and bulk
 WorkItems with their receipt and event rows, so a test can build any queue shape in one statement.
 Lane members are inserted ``blocked`` and then settled with ``connector.common.store.lanes`` SQL, exactly
@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 
-from connector.common import testdb
-from connector.common.packs import CircuitBreaker, Manifest, sha256_hex
+from connector.common.core import testdb
+from connector.common.packs.manifest import CircuitBreaker, Manifest, sha256_hex
 from connector.common.store.circuits import CIRCUIT_DECLARE
 from connector.common.store.flow import CONCURRENCY_DECLARE, RATE_LIMIT_DECLARE
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
@@ -353,9 +353,9 @@ async def seed_debounced(
     (``materialization.materialize``: the debounce keys locked, the live items parked, ``run_after``
     from the window), ``chunk`` items per transaction as a materializer batch would; ``keys[i]`` is
     item i's debounce key (None: not debounced). Returns the work ids in order."""
-    from connector.common.materialization import materialize
+    from connector.common.delivery.materialization import materialize
     from connector.common.store.debounce import DebounceKey
-    from connector.common.store.work_items import WorkRow
+    from connector.common.store.work_items.insert import WorkRow
 
     global _PACK_SEQ
     out: list[int] = []

@@ -17,7 +17,7 @@ import pytest
 
 from connector.common.store import circuits, work_items
 from connector.common.store.circuits import FAILURE, NEUTRAL, SUCCESS, outcome_runs
-from connector.common.store.work_items import FailBatch, FailOp
+from connector.common.store.work_items.finalize import FailBatch, FailOp
 from connector.executor.handlers import Outcome
 from connector.executor.work.finalizer import circuit_outcome
 from tests.executor import seed
@@ -27,7 +27,7 @@ KEY = "https://crm.internal:443"
 
 
 async def _claim(adb, pack: int, n: int = 50, held: dict | None = None, owner: str = "me"):
-    return await work_items.work_item_claim_batch(
+    return await work_items.claim.work_item_claim_batch(
         adb, [pack], ["default"], [n], owner=owner, lease_s=30.0, held_back=held
     )
 
@@ -44,7 +44,7 @@ def _circuit(db: psycopg.Connection, pack: int, key: str = KEY) -> dict:
     return dict(zip(names, row, strict=True))
 
 
-async def _finish(adb, rows, codes: list[str]) -> work_items.FinalizeResult:
+async def _finish(adb, rows, codes: list[str]) -> work_items.finalize.FinalizeResult:
     """Finalize claimed ``rows`` with outcome codes (s: complete, f: retry, n: release), feeding
     their circuit like the finalizer does."""
     ids, tokens, fail = [], [], FailBatch()
@@ -58,7 +58,7 @@ async def _finish(adb, rows, codes: list[str]) -> work_items.FinalizeResult:
         else:
             fail.add(r[0], r[1], FailOp.RELEASE, unstarted=True)
         feed[r[0]] = (r[2], KEY, code)
-    return await work_items.work_item_finalize(adb, ids, tokens, fail, circuits=feed)
+    return await work_items.finalize.work_item_finalize(adb, ids, tokens, fail, circuits=feed)
 
 
 def _open_now(db: psycopg.Connection, pack: int) -> None:
@@ -190,7 +190,7 @@ async def test_a_reclaimed_probe_gives_its_slot_back_and_counts_as_neutral(db, a
         "UPDATE connector_work_item SET lease_until = now() - interval '1 s' WHERE work_id = %s",
         (probe[0][0],),
     )
-    reclaimed = await work_items.work_item_reclaim_expired(adb)
+    reclaimed = await work_items.finalize.work_item_reclaim_expired(adb)
     assert [r.work_id for r in reclaimed] == [probe[0][0]]
     c = _circuit(db, pack)
     assert (c["state"], c["probes"]) == ("half_open", 0)
@@ -231,7 +231,7 @@ async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
     admits nothing of the target. Control: a claim that reads the circuit without the lock lets
     the open commit while it still admits items (the test sees the open finish at once)."""
     if control:
-        stmt = work_items.WORK_ITEM_CLAIM_BATCH
+        stmt = work_items.claim.WORK_ITEM_CLAIM_BATCH
         assert "FOR KEY SHARE SKIP LOCKED" in stmt
         monkeypatch.setattr(
             work_items, "WORK_ITEM_CLAIM_BATCH", stmt.replace("FOR KEY SHARE SKIP LOCKED", "")

@@ -36,7 +36,7 @@ _CLAIMS = {
 def _wrap_claims(monkeypatch, wrap) -> None:  # type: ignore[no-untyped-def]
     """Replace each claim function by ``wrap(name, function)`` for the test."""
     for name, attr in _CLAIMS.items():
-        monkeypatch.setattr(work_items, attr, wrap(name, getattr(work_items, attr)))
+        monkeypatch.setattr(work_items.claim, attr, wrap(name, getattr(work_items.claim, attr)))
 
 
 def _untouched(db: psycopg.Connection, ids: list[int]) -> list[tuple[str, int, int]]:
@@ -48,7 +48,7 @@ def _untouched(db: psycopg.Connection, ids: list[int]) -> list[tuple[str, int, i
 
 
 async def _plain(adb, pack: int, n: int, keyed: dict) -> list[tuple]:
-    return await work_items.work_item_claim_plain_batch(
+    return await work_items.claim.work_item_claim_plain_batch(
         adb, [pack], ["default"], [n], owner="me", lease_s=30.0, keyed=keyed
     )
 
@@ -70,7 +70,9 @@ async def test_the_plain_claim_takes_unkeyed_items_and_counts_the_keyed_ones(db,
     assert db.execute("SELECT count(*) FROM connector_rate_limit WHERE tat > now()").fetchone()[0] == 0
     assert db.execute("SELECT sum(in_flight) FROM connector_concurrency_limit").fetchone()[0] == 0
     # The flow statement then claims them under their limits: one per rate key, one slot of "c".
-    rest = await work_items.work_item_claim_batch(adb, [pack], ["default"], [20], owner="me", lease_s=30.0)
+    rest = await work_items.claim.work_item_claim_batch(
+        adb, [pack], ["default"], [20], owner="me", lease_s=30.0
+    )
     assert sorted(r[0] for r in rest) == sorted([*rated, slotted[0]])
 
 
@@ -91,14 +93,14 @@ async def test_a_plain_claim_of_keyed_candidates_only_takes_nothing(db, adb) -> 
     keyed: dict = {}
     assert await _plain(adb, pack, 20, keyed) == [] and keyed == {}
     assert _untouched(db, rated) == [("pending", 0, 0)] * 3
-    [group] = await work_items.work_item_ready_groups(adb)
+    [group] = await work_items.claim.work_item_ready_groups(adb)
     assert (group.pack, group.queue_class, group.keyed) == (pack, "default", True)
     free = seed.seed_items(db, pack, 2, run_after_s=-60.0)  # due before the keyed ones: first ranked
-    [group] = await work_items.work_item_ready_groups(adb)
+    [group] = await work_items.claim.work_item_ready_groups(adb)
     assert group.keyed is False
     rows = await _plain(adb, pack, 20, keyed)
     assert sorted(r[0] for r in rows) == free and keyed == {(pack, "default"): 3}
-    assert len(rows[0]) == len(work_items.CLAIM_COLUMNS) + 3
+    assert len(rows[0]) == len(work_items.claim.CLAIM_COLUMNS) + 3
 
 
 @pytest.mark.parametrize("control", [False, True], ids=["discovery-flag", "control-no-flag"])
@@ -109,21 +111,21 @@ async def test_a_pack_of_keyed_items_only_is_claimed_through_the_flow_statement(
     group's first ready row is keyed) sends the group through the flow statement. Control: with the
     flag always false, the executor's plain claims keep coming back empty and the items wait."""
     empty = {"plain": 0}
-    plain = work_items.work_item_claim_plain_batch
+    plain = work_items.claim.work_item_claim_plain_batch
 
     async def counting(*a, **kw):  # type: ignore[no-untyped-def]
         rows = await plain(*a, **kw)
         empty["plain"] += not rows
         return rows
 
-    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", counting)
+    monkeypatch.setattr(work_items.claim, "work_item_claim_plain_batch", counting)
     if control:
-        flag = work_items.FLOW_KEYED + " AS keyed"
-        assert flag in work_items.WORK_ITEM_READY_GROUPS
+        flag = work_items.claim.FLOW_KEYED + " AS keyed"
+        assert flag in work_items.claim.WORK_ITEM_READY_GROUPS
         monkeypatch.setattr(
             work_items,
             "WORK_ITEM_READY_GROUPS",
-            work_items.WORK_ITEM_READY_GROUPS.replace(flag, "false AS keyed"),
+            work_items.claim.WORK_ITEM_READY_GROUPS.replace(flag, "false AS keyed"),
         )
     pack = seed.seed_pack(db, "p", WT)
     seed.seed_items(db, pack, 20, rate_keys=[f"k{i % 4}" for i in range(20)], rate_limit=(1000, 1.0, 1000))
@@ -145,10 +147,10 @@ async def test_an_executor_keeps_a_rate_limit_through_the_statement_switch(
     group to the flow statement. Exactly one item per key runs in the period; all unlimited ones run.
     The control (the plain statement ignoring keys) runs every keyed item at once."""
     if control:
-        keys_ignored = work_items.FLOW_KEYED + " AS keyed", "false AS keyed"
-        plain = work_items.WORK_ITEM_CLAIM_PLAIN_BATCH.replace(*keys_ignored)
-        assert plain != work_items.WORK_ITEM_CLAIM_PLAIN_BATCH
-        monkeypatch.setattr(work_items, "WORK_ITEM_CLAIM_PLAIN_BATCH", plain)
+        keys_ignored = work_items.claim.FLOW_KEYED + " AS keyed", "false AS keyed"
+        plain = work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH.replace(*keys_ignored)
+        assert plain != work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH
+        monkeypatch.setattr(work_items.claim, "WORK_ITEM_CLAIM_PLAIN_BATCH", plain)
     pack = seed.seed_pack(db, "p", WT)
     free = seed.seed_items(db, pack, 40)
     keys = [f"k{i % 3}" for i in range(30)]
@@ -187,7 +189,7 @@ async def test_an_executor_keeps_a_rate_limit_through_the_statement_switch(
 
 async def test_an_unlimited_pack_never_sends_the_flow_statement(db, executor_factory, monkeypatch) -> None:
     sent = {"flow": 0, "plain": 0}
-    flow, plain = work_items.work_item_claim_batch, work_items.work_item_claim_plain_batch
+    flow, plain = work_items.claim.work_item_claim_batch, work_items.claim.work_item_claim_plain_batch
 
     async def count_flow(*a, **kw):  # type: ignore[no-untyped-def]
         sent["flow"] += 1
@@ -197,8 +199,8 @@ async def test_an_unlimited_pack_never_sends_the_flow_statement(db, executor_fac
         sent["plain"] += 1
         return await plain(*a, **kw)
 
-    monkeypatch.setattr(work_items, "work_item_claim_batch", count_flow)
-    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", count_plain)
+    monkeypatch.setattr(work_items.claim, "work_item_claim_batch", count_flow)
+    monkeypatch.setattr(work_items.claim, "work_item_claim_plain_batch", count_plain)
     pack = seed.seed_pack(db, "p", WT)
     seed.seed_items(db, pack, 300)
     await executor_factory(workers=8, claim_batch=16)
@@ -231,11 +233,11 @@ async def test_the_rate_claim_judges_rate_keys_and_leaves_other_keys(db, adb, mo
     candidate with another flow key (here a concurrency key) untouched and counted for the flow
     statement. Control: with that check removed, both items of a 1-slot key are claimed."""
     if control:
-        ignored = work_items.WORK_ITEM_CLAIM_RATE_BATCH.replace(
-            work_items.FLOW_OTHER + " AS other", "false AS other"
+        ignored = work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH.replace(
+            work_items.claim.FLOW_OTHER + " AS other", "false AS other"
         )
-        assert ignored != work_items.WORK_ITEM_CLAIM_RATE_BATCH
-        monkeypatch.setattr(work_items, "WORK_ITEM_CLAIM_RATE_BATCH", ignored)
+        assert ignored != work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH
+        monkeypatch.setattr(work_items.claim, "WORK_ITEM_CLAIM_RATE_BATCH", ignored)
     pack = seed.seed_pack(db, "p", WT)
     free = seed.seed_items(db, pack, 2)
     a1, a2, b = seed.seed_items(db, pack, 3, rate_keys=["a", "a", "b"], rate_limit=(1, 60.0, 1))
@@ -243,7 +245,7 @@ async def test_the_rate_claim_judges_rate_keys_and_leaves_other_keys(db, adb, mo
     held: dict = {}
     due: dict = {}
     keyed: dict = {}
-    rows = await work_items.work_item_claim_rate_batch(
+    rows = await work_items.claim.work_item_claim_rate_batch(
         adb, [pack], ["default"], [20], owner="me", lease_s=30.0, held_back=held, due_in=due, keyed=keyed
     )
     got = sorted(r[0] for r in rows)
@@ -260,7 +262,9 @@ async def test_the_rate_claim_judges_rate_keys_and_leaves_other_keys(db, adb, mo
     ).fetchone()
     assert 55 < float(a2_due) <= 60  # deferred to its key's budget, no attempt
     # The flow statement then takes one slot of "c".
-    rest = await work_items.work_item_claim_batch(adb, [pack], ["default"], [20], owner="me", lease_s=30.0)
+    rest = await work_items.claim.work_item_claim_batch(
+        adb, [pack], ["default"], [20], owner="me", lease_s=30.0
+    )
     assert [r[0] for r in rest] == slotted[:1]
 
 
@@ -301,13 +305,13 @@ async def test_a_keyed_group_keeps_its_statement_through_the_recheck(
     nothing from it and could not say why)."""
     monkeypatch.setattr(claimer_mod, "FLOW_RECHECK_S", 0.0)
     sent = {"plain": 0}
-    plain = work_items.work_item_claim_plain_batch
+    plain = work_items.claim.work_item_claim_plain_batch
 
     async def counting(*a, **kw):  # type: ignore[no-untyped-def]
         sent["plain"] += 1
         return await plain(*a, **kw)
 
-    monkeypatch.setattr(work_items, "work_item_claim_plain_batch", counting)
+    monkeypatch.setattr(work_items.claim, "work_item_claim_plain_batch", counting)
     pack = seed.seed_pack(db, "p", WT)
     seed.seed_items(db, pack, 40, rate_keys=[f"k{i % 4}" for i in range(40)], rate_limit=(1000, 1.0, 1000))
     await executor_factory(workers=8, claim_batch=8)
@@ -321,11 +325,11 @@ async def test_the_plain_and_rate_claims_run_generic_plans_and_the_flow_claim_cu
 ) -> None:
     """The claimer has PostgreSQL plan its plain and rate statements by their generic plan (left
     alone, it custom-plans every execution) and its flow statement as the server is configured
-    (``work_items.CLAIM_PLANS``). Each claim the executor sends is wrapped to read, on its own
+    (``work_items.claim.CLAIM_PLANS``). Each claim the executor sends is wrapped to read, on its own
     connection, the plan mode it ran under and the prepared statement's plan counts. Control: with
     the generic mode replaced by the server's, the plain and rate claims are custom-planned."""
     if control:
-        monkeypatch.setitem(work_items.CLAIM_PLANS, True, work_items.CLAIM_PLANS[False])
+        monkeypatch.setitem(work_items.claim.CLAIM_PLANS, True, work_items.claim.CLAIM_PLANS[False])
     seen: dict[str, set[tuple[str, bool]]] = {"plain": set(), "rate": set(), "flow": set()}
     marks = {"plain": "NOT c.keyed", "rate": "NOT c.other", "flow": "cranked AS"}
 

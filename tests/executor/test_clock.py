@@ -10,8 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     *sorted((ROOT / "services/executor/connector/executor").rglob("*.py")),
-    ROOT / "libs/common/connector/common/process_registry.py",
-    ROOT / "libs/common/connector/common/listener.py",
+    ROOT / "libs/common/connector/common/core/process_registry.py",
+    ROOT / "libs/common/connector/common/core/listener.py",
     *sorted((ROOT / "libs/common/connector/common/store").glob("*.py")),
 ]
 WALL_CLOCK = {

@@ -14,7 +14,7 @@ import time
 import psycopg
 
 from connector.common.store import flow, work_items
-from connector.common.store.work_items import FailBatch, FailOp
+from connector.common.store.work_items.finalize import FailBatch, FailOp
 from tests.executor import seed
 
 WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
@@ -23,7 +23,7 @@ WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
 async def _claim(
     adb, pack: int, n: int = 10, held: dict | None = None, owner: str = "me", lease_s: float = 30
 ):
-    return await work_items.work_item_claim_batch(
+    return await work_items.claim.work_item_claim_batch(
         adb, [pack], ["default"], [n], owner=owner, lease_s=lease_s, held_back=held
     )
 
@@ -39,14 +39,14 @@ def _parked(db: psycopg.Connection) -> int:
 
 
 def _slot_of(rows) -> dict[int, tuple[int, str]]:
-    key = work_items.CLAIM_COLUMNS.index("concurrency_key")
+    key = work_items.claim.CLAIM_COLUMNS.index("concurrency_key")
     return {r[0]: (r[2], r[key]) for r in rows if r[key] is not None}
 
 
-async def _complete(adb, rows) -> work_items.FinalizeResult:
+async def _complete(adb, rows) -> work_items.finalize.FinalizeResult:
     ids = sorted(r[0] for r in rows)
     tok = {r[0]: r[1] for r in rows}
-    return await work_items.work_item_finalize(
+    return await work_items.finalize.work_item_finalize(
         adb, ids, [tok[i] for i in ids], FailBatch(), slots=_slot_of(rows)
     )
 
@@ -82,7 +82,7 @@ async def test_retry_dead_and_release_give_the_slot_back(db, adb) -> None:
     fail.add(rows[0][0], rows[0][1], FailOp.RETRY, delay=60.0, failure_class="x", summary="y")
     fail.add(rows[1][0], rows[1][1], FailOp.DEAD, failure_class="x", summary="y")
     fail.add(rows[2][0], rows[2][1], FailOp.RELEASE, unstarted=True)
-    res = await work_items.work_item_finalize(adb, [], [], fail, slots=_slot_of(rows))
+    res = await work_items.finalize.work_item_finalize(adb, [], [], fail, slots=_slot_of(rows))
     assert len(res.transitions) == 3 and res.woken == 3
     assert _slots(db) == {"k": 0} and _parked(db) == 0
     # A stale finalize (wrong token) gives nothing back.
@@ -107,7 +107,7 @@ async def test_a_reclaimed_lease_gives_its_slot_back_exactly_once(db, db_url, ad
         await asyncio.sleep(0.05)
     conns = [await psycopg.AsyncConnection.connect(db_url, autocommit=True) for _ in range(6)]
     try:
-        got = await asyncio.gather(*(work_items.work_item_reclaim_expired(c) for c in conns))
+        got = await asyncio.gather(*(work_items.finalize.work_item_reclaim_expired(c) for c in conns))
     finally:
         for c in conns:
             await c.close()

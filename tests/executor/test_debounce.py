@@ -15,7 +15,7 @@ import time
 import psycopg
 
 from connector.common.store import debounce, work_items
-from connector.common.store.work_items import FailBatch, FailOp
+from connector.common.store.work_items.finalize import FailBatch, FailOp
 from tests.executor import seed
 
 WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
@@ -23,7 +23,7 @@ PARKED = "9999-01-01 00:00:00+00"
 
 
 async def _claim(adb, pack: int, n: int = 50, held: dict | None = None, debounced: dict | None = None):
-    return await work_items.work_item_claim_batch(
+    return await work_items.claim.work_item_claim_batch(
         adb, [pack], ["default"], [n], owner="me", lease_s=30, held_back=held, debounced=debounced
     )
 
@@ -58,7 +58,7 @@ async def _wait_due(db: psycopg.Connection, work_id: int, timeout: float = 10.0)
 async def _complete(adb, rows) -> None:
     ids = sorted(r[0] for r in rows)
     tok = {r[0]: r[1] for r in rows}
-    await work_items.work_item_finalize(adb, ids, [tok[i] for i in ids], FailBatch())
+    await work_items.finalize.work_item_finalize(adb, ids, [tok[i] for i in ids], FailBatch())
 
 
 async def test_a_burst_is_one_execution_of_its_newest_item(db, adb) -> None:
@@ -113,7 +113,7 @@ async def test_a_retry_behind_a_newer_item_is_covered_by_it(db, adb) -> None:
     n = await seed.seed_debounced(adb, pack, ["k"], window_s=2.5)  # not due by the next claim
     fail = FailBatch()
     fail.add(xr[0], xr[1], FailOp.RETRY, delay=0.0, failure_class="x", summary="y")
-    await work_items.work_item_finalize(adb, [], [], fail)
+    await work_items.finalize.work_item_finalize(adb, [], [], fail)
     held: dict = {}
     debounced: dict = {}
     assert await _claim(adb, pack, held=held, debounced=debounced) == []
@@ -143,7 +143,7 @@ async def test_a_retry_overtaken_by_a_newer_execution_is_not_run_again(db, adb) 
     assert nr[0] == n[0]
     fail = FailBatch()
     fail.add(xr[0], xr[1], FailOp.RETRY, delay=0.0, failure_class="x", summary="y")
-    await work_items.work_item_finalize(adb, [], [], fail)
+    await work_items.finalize.work_item_finalize(adb, [], [], fail)
     assert await _claim(adb, pack) == []
     assert _states(db)[x[0]] == ("coalesced", n[0])
     outcome = db.execute("SELECT outcome FROM connector_work_item WHERE work_id = %s", (x[0],)).fetchone()[0]
@@ -151,7 +151,7 @@ async def test_a_retry_overtaken_by_a_newer_execution_is_not_run_again(db, adb) 
     # N's own retry runs again: it is the newest.
     fail = FailBatch()
     fail.add(nr[0], nr[1], FailOp.RETRY, delay=0.0, failure_class="x", summary="y")
-    await work_items.work_item_finalize(adb, [], [], fail)
+    await work_items.finalize.work_item_finalize(adb, [], [], fail)
     again = await _claim(adb, pack)
     assert [r[0] for r in again] == n
 
@@ -226,7 +226,7 @@ async def test_cancelling_the_live_item_makes_the_next_newest_live(db, adb) -> N
         "SELECT lease_token FROM connector_work_item WHERE work_id = %s", (ids[-1],)
     ).fetchone()[0]
     async with adb.transaction():
-        done, _ = await work_items.work_item_cancel(
+        done, _ = await work_items.admin.work_item_cancel(
             adb, ids[-1], token, [], summary="x", debounce=(pack, "w", "k")
         )
     assert done and _live(db) == [ids[1]]
@@ -236,7 +236,7 @@ async def test_cancelling_the_live_item_makes_the_next_newest_live(db, adb) -> N
     # Control.
     more = await seed.seed_debounced(adb, pack, ["j"] * 2, window_s=0.05)
     async with adb.transaction():
-        await work_items.work_item_cancel(adb, more[-1], 0, [], summary="x")
+        await work_items.admin.work_item_cancel(adb, more[-1], 0, [], summary="x")
     assert more[0] not in _live(db)
 
 
@@ -251,7 +251,7 @@ async def test_what_a_failed_execution_covered_goes_with_it_into_the_next(db, ad
     assert [w for w, _ in (await debounce.debounce_covered_batch(adb, [x]))[x]] == a
     fail = FailBatch()
     fail.add(xr[0], xr[1], FailOp.RETRY, delay=30.0, failure_class="x", summary="y")
-    await work_items.work_item_finalize(adb, [], [], fail)
+    await work_items.finalize.work_item_finalize(adb, [], [], fail)
     n = await seed.seed_debounced(adb, pack, ["k"], window_s=0.05)
     await _wait_due(db, n[0])
     assert [r[0] for r in await _claim(adb, pack)] == n

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from connector.common import eventlog, logs
-from connector.common.eventlog import EventLog
+from connector.common.core import eventlog, logs
+from connector.common.core.eventlog import EventLog
 from tests.executor import seed
 from tests.executor.helpers import await_for, states
 

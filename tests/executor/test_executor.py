@@ -283,7 +283,7 @@ async def test_a_finalize_that_keeps_failing_is_abandoned_then_reclaimed(
 ) -> None:
     from connector.common.store import work_items
 
-    real = work_items.work_item_finalize
+    real = work_items.finalize.work_item_finalize
     calls = 0
 
     async def broken(*args, **kwargs):
@@ -291,13 +291,13 @@ async def test_a_finalize_that_keeps_failing_is_abandoned_then_reclaimed(
         calls += 1
         raise psycopg.errors.InvalidParameterValue("simulated persistent statement failure")
 
-    monkeypatch.setattr(work_items, "work_item_finalize", broken)
+    monkeypatch.setattr(work_items.finalize, "work_item_finalize", broken)
     pack = seed.seed_pack(db, "p", {"w": _wt("noop")})
     seed.seed_items(db, pack, 5)
     svc = await executor_factory(lease_s=1.0, reclaim_interval_s=0.2)
     await await_for(lambda: svc.engine.stats["abandoned"] >= 5, 10, "batch abandoned")
     assert calls >= 5 and states(db) == {"processing": 5}  # the process is not wedged
-    monkeypatch.setattr(work_items, "work_item_finalize", real)
+    monkeypatch.setattr(work_items.finalize, "work_item_finalize", real)
     await await_for(lambda: states(db) == {"succeeded": 5}, 15, "reclaimed and finished")
     assert svc.engine.stats["reclaimed"] >= 5
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from connector.common import testdb
+from connector.common.core import testdb
 from connector.common.store import work_items
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from tests.executor import seed
@@ -120,7 +120,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
     cases: list[tuple[str, str, dict[str, Any], set[str], bool]] = [
         (
             "claim",
-            work_items.WORK_ITEM_CLAIM_BATCH,
+            work_items.claim.WORK_ITEM_CLAIM_BATCH,
             {
                 "packs": [b["pack"]],
                 "queue_classes": ["default"],
@@ -133,7 +133,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
         ),
         (
             "claim_plain",
-            work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
+            work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH,
             {
                 "packs": [b["pack"]],
                 "queue_classes": ["default"],
@@ -146,21 +146,21 @@ def test_hot_path_plans(db, backlog, mode) -> None:
         ),
         (
             "renew",
-            work_items.WORK_ITEM_RENEW_LEASE_BATCH,
+            work_items.finalize.WORK_ITEM_RENEW_LEASE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"], "lease_s": 30.0},
             {BY_ID},
             False,
         ),
         (
             "complete",
-            work_items.WORK_ITEM_COMPLETE_BATCH,
+            work_items.finalize.WORK_ITEM_COMPLETE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"]},
             {BY_ID},
             False,
         ),
         (
             "fail",
-            work_items.WORK_ITEM_FAIL_BATCH,
+            work_items.finalize.WORK_ITEM_FAIL_BATCH,
             {
                 "ids": b["ids"],
                 "tokens": b["tokens"],
@@ -175,22 +175,28 @@ def test_hot_path_plans(db, backlog, mode) -> None:
         ),
         (
             "reclaim_candidates",
-            work_items.WORK_ITEM_RECLAIM_CANDIDATES,
+            work_items.finalize.WORK_ITEM_RECLAIM_CANDIDATES,
             {"limit": 500},
             {"ix_connector_work_item_processing"},
             False,
         ),
         (
             "reclaim",
-            work_items.WORK_ITEM_RECLAIM_EXPIRED,
+            work_items.finalize.WORK_ITEM_RECLAIM_EXPIRED,
             {"ids": b["ids"], "tokens": b["tokens"], "packs": [b["pack"]]},
             {BY_ID},
             False,
         ),
-        ("ready_groups", work_items.WORK_ITEM_READY_GROUPS, {}, {"ix_connector_work_item_ready"}, False),
+        (
+            "ready_groups",
+            work_items.claim.WORK_ITEM_READY_GROUPS,
+            {},
+            {"ix_connector_work_item_ready"},
+            False,
+        ),
         (
             "events",
-            work_items.WORK_ITEM_EVENT_BATCH,
+            work_items.claim.WORK_ITEM_EVENT_BATCH,
             {"ids": b["event_ids"]},
             {"pk_connector_event", "pk_connector_ingress_receipt"},
             True,
@@ -270,15 +276,15 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
             "summaries": ["s"] * n,
         }
         cases = [
-            ("renew", work_items.WORK_ITEM_RENEW_LEASE_BATCH, params),
-            ("complete", work_items.WORK_ITEM_COMPLETE_BATCH, params),
-            ("fail", work_items.WORK_ITEM_FAIL_BATCH, fail),
-            ("reclaim", work_items.WORK_ITEM_RECLAIM_EXPIRED, params),
+            ("renew", work_items.finalize.WORK_ITEM_RENEW_LEASE_BATCH, params),
+            ("complete", work_items.finalize.WORK_ITEM_COMPLETE_BATCH, params),
+            ("fail", work_items.finalize.WORK_ITEM_FAIL_BATCH, fail),
+            ("reclaim", work_items.finalize.WORK_ITEM_RECLAIM_EXPIRED, params),
         ]
         db.execute("SET plan_cache_mode = force_generic_plan")
         calls = {}
         for name, query, p in cases:
-            if work_items.BY_ID_PREPARE:
+            if work_items.finalize.BY_ID_PREPARE:
                 order = _prepare(db, name, query)
                 args = sql.SQL(", ").join(sql.Literal(p[k]) for k in order)
                 call = sql.SQL("EXECUTE {}({})").format(sql.Identifier(name), args)
@@ -315,9 +321,9 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
 @pytest.mark.parametrize(
     "claim",
     [
-        work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
-        work_items.WORK_ITEM_CLAIM_RATE_BATCH,
-        work_items.WORK_ITEM_CLAIM_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_BATCH,
     ],
     ids=["plain", "rate", "flow"],
 )

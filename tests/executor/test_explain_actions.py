@@ -27,16 +27,16 @@ READY = 1_000_000
 CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
 _GATE = "\n      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0"
 # The claim statement without the one-time gate (the control).
-_UNGATED = work_items.WORK_ITEM_CLAIM_BATCH.replace(_GATE, "\n      AND w.generation = ANY (ag.gens)")
-assert _UNGATED != work_items.WORK_ITEM_CLAIM_BATCH
+_UNGATED = work_items.claim.WORK_ITEM_CLAIM_BATCH.replace(_GATE, "\n      AND w.generation = ANY (ag.gens)")
+assert _UNGATED != work_items.claim.WORK_ITEM_CLAIM_BATCH
 # The claim statements: the plain one (no flow keys), the rate one (rate keys only) and the flow one
 # share the candidate read.
 STATEMENTS = pytest.mark.parametrize(
     "claim",
     [
-        work_items.WORK_ITEM_CLAIM_PLAIN_BATCH,
-        work_items.WORK_ITEM_CLAIM_RATE_BATCH,
-        work_items.WORK_ITEM_CLAIM_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_BATCH,
     ],
     ids=["plain", "rate", "flow"],
 )
@@ -133,14 +133,14 @@ def test_ready_groups_and_cancel_statements_use_their_indexes(big, mode) -> None
         "INSERT INTO connector_pause (installed_pack_id, queue_class, actor, reason)"
         f" VALUES ({pack}, 'slow', 'a', 'r')",
     )
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_READY_GROUPS, {}, mode, setup)
+    nodes = explain_in_rollback(db, work_items.claim.WORK_ITEM_READY_GROUPS, {}, mode, setup)
     _no_seq_scan(nodes)
     assert _ready_scans(nodes)
     assert nodes[0]["Shared Hit Blocks"] + nodes[0].get("Shared Read Blocks", 0) < 200
     work_id = db.execute("SELECT max(work_id) FROM connector_work_item").fetchone()[0]
     for query, params in (
-        (work_items.WORK_ITEM_CANCEL_CANDIDATE, {"id": work_id}),
-        (work_items.WORK_ITEM_CANCEL, {"id": work_id, "token": 0, "summary": "s"}),
+        (work_items.admin.WORK_ITEM_CANCEL_CANDIDATE, {"id": work_id}),
+        (work_items.admin.WORK_ITEM_CANCEL, {"id": work_id, "token": 0, "summary": "s"}),
     ):
         nodes = explain_in_rollback(db, query, params, mode)
         _no_seq_scan(nodes)

@@ -114,7 +114,9 @@ def test_claim_with_debounced_candidates(big, mode, case) -> None:
             "UPDATE connector_work_item SET run_after = now() + interval '1 h'"
             f" WHERE debounce_key IS NOT NULL AND run_after <> {PARKED}",
         )
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    nodes = explain_in_rollback(
+        db, work_items.claim.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup
+    )
     assert not _seq_scans(nodes), _seq_scans(nodes)
     ready = _index(nodes, "ix_connector_work_item_ready")
     assert len(ready) == 1 and ready[0]["Actual Rows"] == 64

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from connector.common import testdb
+from connector.common.core import testdb
 from connector.common.store import circuits, flow, work_items
 from tests.executor import seed
 from tests.plans import explain_in_rollback, positional, subplan
@@ -111,7 +111,9 @@ def test_claim_with_rate_limited_candidates(big, mode, binding) -> None:
         if binding
         else ()
     )
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    nodes = explain_in_rollback(
+        db, work_items.claim.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup
+    )
     assert not _seq_scans(nodes), _seq_scans(nodes)
     ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
     assert len(ready) == 1 and ready[0]["Actual Rows"] == 64
@@ -142,7 +144,7 @@ def test_rate_claim_with_rate_limited_candidates(big, mode, binding) -> None:
     leaves the 24 with concurrency or circuit keys untouched, counted for the flow statement."""
     db, pack = big
     setup = ("UPDATE connector_rate_limit SET tat = now() + interval '1 hour'",) if binding else ()
-    query = work_items.WORK_ITEM_CLAIM_RATE_BATCH
+    query = work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH
     nodes = explain_in_rollback(db, query, {**CLAIM, "packs": [pack]}, mode, setup)
     assert not _seq_scans(nodes), _seq_scans(nodes)
     ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
@@ -180,7 +182,9 @@ def test_claim_with_circuits_open_or_probing(big, mode, state) -> None:
         if state == "open"
         else "UPDATE connector_circuit SET state = 'half_open', open_until = now()",
     )
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup)
+    nodes = explain_in_rollback(
+        db, work_items.claim.WORK_ITEM_CLAIM_BATCH, {**CLAIM, "packs": [pack]}, mode, setup
+    )
     assert not _seq_scans(nodes), _seq_scans(nodes)
     keys = [n for n in nodes if n.get("Index Name") == "pk_connector_circuit"]
     assert keys and all(n["Actual Rows"] <= 64 for n in keys)
@@ -232,8 +236,8 @@ def test_slot_release_wake_check_and_stats_probe_by_key(big, mode) -> None:
         (flow.CONCURRENCY_CHECK_LOCK, {"after_pack": -1, "after_key": "", "limit": 100}, 2000),
         (flow.CONCURRENCY_CHECK_FIX, arrays, 30_000),
         (flow.CONCURRENCY_STATS, {"pack": pack, "limit": 50}, 10_000),
-        (work_items.WORK_ITEM_RECLAIM_CANDIDATES, {"limit": 500}, 3000),
-        (work_items.WORK_ITEM_READY_GROUPS, {}, 200),
+        (work_items.finalize.WORK_ITEM_RECLAIM_CANDIDATES, {"limit": 500}, 3000),
+        (work_items.claim.WORK_ITEM_READY_GROUPS, {}, 200),
     ):
         nodes = explain_in_rollback(db, query, params, mode)
         assert not _seq_scans(nodes), (query[:60], _seq_scans(nodes))
@@ -338,10 +342,10 @@ def test_the_circuit_gate_keeps_the_flow_statement_plan_cost() -> None:
     most 2.5x the one without it (1.7x before session 7 made the rest of the statement cheaper to
     estimate: the gate's own share was ~10k in both), and stays well below ``jit_above_cost``;
     control: the join version is far above both."""
-    stmt = work_items.WORK_ITEM_CLAIM_BATCH
+    stmt = work_items.claim.WORK_ITEM_CLAIM_BATCH
     without = (
-        stmt.replace(work_items.CIRCUIT_GATE, "\n), cand AS (SELECT * FROM cand_all")
-        .replace(work_items.CIRCUIT_PROBES + "\n)", "")
+        stmt.replace(work_items.claim.CIRCUIT_GATE, "\n), cand AS (SELECT * FROM cand_all")
+        .replace(work_items.claim.CIRCUIT_PROBES + "\n)", "")
         .replace(
             "\n      UNION ALL SELECT v.pack, v.qc, v.due, 'limit' FROM circ_verdict v WHERE NOT v.ok", ""
         )
@@ -354,7 +358,7 @@ def test_the_circuit_gate_keeps_the_flow_statement_plan_cost() -> None:
     joined = stmt.replace(
         filt,
         "  WHERE c.circuit_key IS NULL\n  UNION ALL\n  SELECT c.work_id, c.pack, c.qc, "
-        + work_items._FLOW_OUT
+        + work_items.claim._FLOW_OUT
         + "\n  FROM cand_all c JOIN circ_verdict v ON v.work_id = c.work_id WHERE v.ok",
     )
     with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:

@@ -61,10 +61,12 @@ def _seq_scans(nodes: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("statement", ["flow", "plain"])
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_claim_reads_the_rank_index_prioritized_due_rows_first(big, mode, statement) -> None:
-    """Both claim statements share the candidate read (``work_items._candidates``)."""
+    """Both claim statements share the candidate read (``work_items.claim._candidates``)."""
     db, pack = big
     query = (
-        work_items.WORK_ITEM_CLAIM_BATCH if statement == "flow" else work_items.WORK_ITEM_CLAIM_PLAIN_BATCH
+        work_items.claim.WORK_ITEM_CLAIM_BATCH
+        if statement == "flow"
+        else work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH
     )
     nodes = explain_in_rollback(db, query, {**CLAIM, "packs": [pack]}, mode)
     assert not _seq_scans(nodes), _seq_scans(nodes)
@@ -96,13 +98,13 @@ def test_ready_groups_skip_scan_stays_bounded_with_a_not_due_first_row(big, mode
         " work_id LIMIT 1"
     ).fetchone()
     assert first == (True,)
-    nodes = explain_in_rollback(db, work_items.WORK_ITEM_READY_GROUPS, {}, mode)
+    nodes = explain_in_rollback(db, work_items.claim.WORK_ITEM_READY_GROUPS, {}, mode)
     assert not _seq_scans(nodes), _seq_scans(nodes)
     assert all(
         n.get("Index Name") in (None, "ix_connector_work_item_ready", "pk_connector_pause") for n in nodes
     )
     assert _buffers(nodes[0]) < 200
-    groups = db.execute(work_items.WORK_ITEM_READY_GROUPS).fetchall()
+    groups = db.execute(work_items.claim.WORK_ITEM_READY_GROUPS).fetchall()
     assert [(g[0], g[2] <= 0) for g in groups] == [(pack, True)]  # due, though its first row is not
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from aiohttp import web
 
-from connector.common.grpc_server import GrpcServer
+from connector.common.core.grpc_server import GrpcServer
 from connector.executor.handlers import (
     EventFact,
     HandlerContext,

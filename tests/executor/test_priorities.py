@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.packs import Manifest, ManifestError, parse_manifest, priority_heads
+from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest, priority_heads
 from connector.common.store import work_items
+from connector.common.store.lanes import lanes_of
 from tests.executor import seed
 
 WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
@@ -23,7 +24,7 @@ WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
 
 async def _claim(adb: Any, pack: int, n: int) -> list[int]:
     """The ids a claim of ``n`` takes, sorted (a batch comes back in no particular order)."""
-    rows = await work_items.work_item_claim_batch(adb, [pack], ["default"], [n], owner="me", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(adb, [pack], ["default"], [n], owner="me", lease_s=30)
     return sorted(int(r[0]) for r in rows)
 
 
@@ -62,14 +63,16 @@ async def test_the_head_start_is_bounded_an_item_due_long_enough_before_goes_fir
 async def test_priority_survives_a_retry_and_a_release(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     high = seed.seed_items(db, pack, 1, heads=[100.0])
-    rows = await work_items.work_item_claim_batch(adb, [pack], ["default"], [1], owner="me", lease_s=30)
+    rows = await work_items.claim.work_item_claim_batch(adb, [pack], ["default"], [1], owner="me", lease_s=30)
     assert [r[0] for r in rows] == high
     low = seed.seed_items(db, pack, 10, run_after_s=-50)
     # The retry is due now (delay 0): its rank is now - 100, ahead of the low items due 50 s ago.
-    await work_items.work_item_retry_batch(adb, high, [rows[0][1]], [0.0], ["x"], ["failed"])
-    again = await work_items.work_item_claim_batch(adb, [pack], ["default"], [1], owner="me", lease_s=30)
+    await work_items.finalize.work_item_retry_batch(adb, high, [rows[0][1]], [0.0], ["x"], ["failed"])
+    again = await work_items.claim.work_item_claim_batch(
+        adb, [pack], ["default"], [1], owner="me", lease_s=30
+    )
     assert [r[0] for r in again] == high
-    await work_items.work_item_release_batch(adb, high, [again[0][1]], [True])
+    await work_items.finalize.work_item_release_batch(adb, high, [again[0][1]], [True])
     assert await _one_by_one(adb, pack, 2) == [high[0], low[0]]
 
 
@@ -80,7 +83,7 @@ async def test_a_delayed_high_item_waits_for_its_time_then_goes_first(db, adb) -
     pack = seed.seed_pack(db, "p", WT)
     delayed = seed.seed_items(db, pack, 1, heads=[100.0], run_after_s=2.0)
     low = seed.seed_items(db, pack, 3, run_after_s=-10)
-    groups = await work_items.work_item_ready_groups(adb)
+    groups = await work_items.claim.work_item_ready_groups(adb)
     assert [(g.pack, g.due_in <= 0) for g in groups] == [(pack, True)]
     assert await _claim(adb, pack, 1) == low[:1]  # the delayed item is ranked first but not due
     db.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (delayed[0],))
@@ -90,7 +93,7 @@ async def test_a_delayed_high_item_waits_for_its_time_then_goes_first(db, adb) -
 async def test_only_a_not_due_item_the_group_reports_its_due_time(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     seed.seed_items(db, pack, 1, heads=[100.0], run_after_s=30.0)
-    groups = await work_items.work_item_ready_groups(adb)
+    groups = await work_items.claim.work_item_ready_groups(adb)
     assert len(groups) == 1 and 25 < groups[0].due_in <= 30
     assert await _claim(adb, pack, 5) == []
 
@@ -102,11 +105,15 @@ async def test_a_source_lane_keeps_delivery_order_whatever_the_priority(db, adb)
     other = seed.seed_items(db, pack, 2, heads=[10.0, 10.0], run_after_s=-1)
     order: list[int] = []
     for _ in range(5):
-        rows = await work_items.work_item_claim_batch(adb, [pack], ["default"], [5], owner="me", lease_s=30)
+        rows = await work_items.claim.work_item_claim_batch(
+            adb, [pack], ["default"], [5], owner="me", lease_s=30
+        )
         order.extend(int(r[0]) for r in rows)
         for r in rows:
-            lanes = work_items.lanes_of(pack, r[9], r[10])
-            await work_items.work_item_finalize(adb, [int(r[0])], [int(r[1])], work_items.FailBatch(), lanes)
+            lanes = lanes_of(pack, r[9], r[10])
+            await work_items.finalize.work_item_finalize(
+                adb, [int(r[0])], [int(r[1])], work_items.finalize.FailBatch(), lanes
+            )
     assert [w for w in order if w in members] == members
     assert sorted(order) == sorted(members + other)
 
@@ -138,7 +145,7 @@ def test_claim_rank_is_an_index_expression(db: psycopg.Connection) -> None:
     """The ready index is on ``claim_rank``: due time less the head, in epoch seconds."""
     pack = seed.seed_pack(db, "p", WT)
     (wid,) = seed.seed_items(db, pack, 1, heads=[42.5])
-    from connector.common.schema import claim_rank
+    from connector.common.store.schema import claim_rank
 
     got = db.execute(
         f"SELECT {claim_rank()} - extract(epoch FROM run_after)::float8 FROM connector_work_item"

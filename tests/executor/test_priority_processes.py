@@ -33,7 +33,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.packs import Manifest
+from connector.common.packs.manifest import Manifest
 from tests.executor import effects, seed
 from tests.executor.helpers import states, wait_for
 

@@ -22,7 +22,7 @@ WT = {"w": seed.python_work_type("tests.executor.effects:noop")}
 
 
 async def _claim(adb, pack: int, n: int = 10, held: dict | None = None, owner: str = "me"):
-    return await work_items.work_item_claim_batch(
+    return await work_items.claim.work_item_claim_batch(
         adb, [pack], ["default"], [n], owner=owner, lease_s=30.0, held_back=held
     )
 
@@ -46,7 +46,7 @@ async def test_a_key_without_budget_is_not_claimed_and_burns_no_attempt(db, adb)
     free = seed.seed_items(db, pack, 3)
     held: dict = {}
     due_in: dict = {}
-    rows = await work_items.work_item_claim_batch(
+    rows = await work_items.claim.work_item_claim_batch(
         adb, [pack], ["default"], [20], owner="me", lease_s=30.0, held_back=held, due_in=due_in
     )
     assert sorted(r[0] for r in rows) == sorted(a[:2] + b + free)
@@ -267,11 +267,15 @@ def test_the_budget_count_is_exact_at_its_boundaries(db, statement: str) -> None
         ids[key] = seed.seed_items(db, pack, 5, rate_keys=[key] * 5, rate_limit=(3, 1.0, 3))
     for key in ("tiny-past", "tiny-ahead"):
         ids[key] = seed.seed_items(db, pack, 5, rate_keys=[key] * 5, rate_limit=(10**6, 0.0001, 3))
-    query = work_items.WORK_ITEM_CLAIM_BATCH if statement == "flow" else work_items.WORK_ITEM_CLAIM_RATE_BATCH
+    query = (
+        work_items.claim.WORK_ITEM_CLAIM_BATCH
+        if statement == "flow"
+        else work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH
+    )
     if statement.startswith("control"):
-        ceil = f"({work_items._W_US} + {work_items._T_US} - 1) / {work_items._T_US}"
+        ceil = f"({work_items.claim._W_US} + {work_items.claim._T_US} - 1) / {work_items.claim._T_US}"
         assert ceil in query
-        query = query.replace(ceil, f"{work_items._W_US} / {work_items._T_US}")
+        query = query.replace(ceil, f"{work_items.claim._W_US} / {work_items.claim._T_US}")
     params = {"packs": [pack], "queue_classes": ["default"], "limits": [100], "owner": "me", "lease_s": 30.0}
     with db.transaction(force_rollback=True):
         for key, wait in {**_WAITS, "tiny-past": -1_000_000, "tiny-ahead": 1}.items():

@@ -74,7 +74,7 @@ class ClaimMachine(RuleBasedStateMachine):
     @rule(holder=st.integers(0, HOLDERS - 1), n=st.integers(1, ITEMS - 1))
     def claim(self, holder: int, n: int) -> None:
         rows = self.run(
-            work_items.work_item_claim_batch(
+            work_items.claim.work_item_claim_batch(
                 self.conn, [self.pack], ["default"], [n], owner=f"h{holder}", lease_s=60
             )
         )
@@ -93,7 +93,9 @@ class ClaimMachine(RuleBasedStateMachine):
         if pick is None:
             return
         work_id, token = pick
-        renewed = self.run(work_items.work_item_renew_lease_batch(self.conn, [work_id], [token], lease_s=60))
+        renewed = self.run(
+            work_items.finalize.work_item_renew_lease_batch(self.conn, [work_id], [token], lease_s=60)
+        )
         assert (work_id in renewed) == self._valid(work_id, token)
         if work_id in renewed:
             self.model[work_id].expired = False
@@ -110,21 +112,23 @@ class ClaimMachine(RuleBasedStateMachine):
         valid = self._valid(work_id, token)
         m = self.model[work_id]
         if op == "ok":
-            done = self.run(work_items.work_item_complete_batch(self.conn, [work_id], [token]))
+            done = self.run(work_items.finalize.work_item_complete_batch(self.conn, [work_id], [token]))
             assert bool(done) == valid
             if valid:
                 m.state = "succeeded"
             return
         if op == "r":
             got = self.run(
-                work_items.work_item_retry_batch(self.conn, [work_id], [token], [0.0], ["c"], ["s"])
+                work_items.finalize.work_item_retry_batch(self.conn, [work_id], [token], [0.0], ["c"], ["s"])
             )
             expect = ("dead" if m.attempts >= MAX_ATTEMPTS else "retry") if valid else None
         elif op == "d":
-            got = self.run(work_items.work_item_dead_batch(self.conn, [work_id], [token], ["c"], ["s"]))
+            got = self.run(
+                work_items.finalize.work_item_dead_batch(self.conn, [work_id], [token], ["c"], ["s"])
+            )
             expect = "dead" if valid else None
         else:
-            got = self.run(work_items.work_item_release_batch(self.conn, [work_id], [token], [True]))
+            got = self.run(work_items.finalize.work_item_release_batch(self.conn, [work_id], [token], [True]))
             expect = ("retry" if m.attempts - 1 > 0 else "pending") if valid else None
             if valid:
                 m.attempts -= 1
@@ -156,7 +160,7 @@ class ClaimMachine(RuleBasedStateMachine):
 
     @rule()
     def reclaim(self) -> None:
-        got = {r.work_id: r.state for r in self.run(work_items.work_item_reclaim_expired(self.conn))}
+        got = {r.work_id: r.state for r in self.run(work_items.finalize.work_item_reclaim_expired(self.conn))}
         expect = {}
         for work_id, m in self.model.items():
             if m.state == "processing" and m.expired:

@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 from multidict import CIMultiDict
 
-from connector.common import testdb
-from connector.common.settings import DatabaseSettings, IngressSettings
+from connector.common.core import testdb
+from connector.common.core.settings import DatabaseSettings, IngressSettings
 from connector.ingress.service import IngressService
 
 from . import packs

@@ -12,14 +12,15 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from connector.common import packs, schema
+from connector.common.packs.manifest import parse_manifest, sha256_hex
+from connector.common.store import schema
 
 
 def install(
     conn: psycopg.Connection[Any], manifest: Mapping[str, Any], *, generation: int = 1
 ) -> dict[str, int]:
     """Install ``manifest`` as the active generation; returns route ids by route key. Notifies."""
-    parsed = packs.parse_manifest(manifest)
+    parsed = parse_manifest(manifest)
     with conn.transaction():
         row = conn.execute(
             "SELECT installed_pack_id FROM connector_installed_pack WHERE name = %s", (parsed.name,)
@@ -40,7 +41,7 @@ def install(
         conn.execute(
             """INSERT INTO connector_pack_generation (installed_pack_id, generation, status, manifest,
                  manifest_sha256, activated_at) VALUES (%s, %s, 'active', %s, %s, now())""",
-            (pack_id, generation, Jsonb(document), packs.sha256_hex(document)),
+            (pack_id, generation, Jsonb(document), sha256_hex(document)),
         )
         ids: dict[str, int] = {}
         for route in parsed.routes:
@@ -56,7 +57,7 @@ def install(
                     route.key,
                     generation,
                     Jsonb(config),
-                    packs.sha256_hex(config),
+                    sha256_hex(config),
                 ),
             ).fetchone()
             assert rid is not None

@@ -34,7 +34,7 @@ from google.protobuf import timestamp_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector.common.grpc_server import error_info
+from connector.common.core.grpc_server import error_info
 from connector.ingress.service import IngressService
 from connector.v1 import ingress_service_pb2 as pb
 from connector.v1 import ingress_service_pb2_grpc as pb_grpc

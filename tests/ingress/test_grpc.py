@@ -12,7 +12,7 @@ import pytest_asyncio
 import stripe
 from google.protobuf import timestamp_pb2
 
-from connector.common.grpc_server import error_info
+from connector.common.core.grpc_server import error_info
 from connector.ingress.service import IngressService
 from connector.v1 import ingress_service_pb2 as pb
 from connector.v1 import ingress_service_pb2_grpc as pb_grpc

@@ -16,7 +16,7 @@ import standardwebhooks
 import stripe
 from multidict import CIMultiDict
 
-from connector.common import schema
+from connector.common.store import schema
 from connector.ingress.metrics import REGISTRY
 from connector.ingress.service import IngressService
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from connector.common.logs import JsonFormatter
-from connector.common.settings import DatabaseSettings
+from connector.common.core.logs import JsonFormatter
+from connector.common.core.settings import DatabaseSettings
 from connector.ingress.metrics import REGISTRY
 from connector.ingress.service import IngressService
 

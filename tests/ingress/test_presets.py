@@ -1,6 +1,6 @@
 """Every sender preset against the sender's own signing code or published example.
 
-Each preset is an ordinary generic config (``connector.common.verification.PRESETS``); these tests
+Each preset is an ordinary generic config (``connector.common.packs.verification.PRESETS``); these tests
 compile it exactly as the route table does and check, through the real verifier, that a genuine
 request verifies and that a tampered body, a wrong key and (where the scheme signs one) a stale or
 future timestamp are refused. Where the sender publishes an SDK on PyPI, the SDK signs the request
@@ -37,8 +37,8 @@ from slack_sdk.signature import SignatureVerifier as SlackVerifier
 from square.utils.webhooks_helper import verify_signature as square_verify_signature
 from twilio.request_validator import RequestValidator
 
-from connector.common.packs import VerificationSpec
-from connector.common.verification import PRESETS, SecretUnavailable, check_spec, load_secret, resolve
+from connector.common.packs.manifest import VerificationSpec
+from connector.common.packs.verification import PRESETS, SecretUnavailable, check_spec, load_secret, resolve
 from connector.ingress import verify
 from connector.ingress.verify import Rejected, SignatureVerifier
 

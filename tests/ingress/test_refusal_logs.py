@@ -20,8 +20,8 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from connector.common import eventlog, logs
-from connector.common.eventlog import EventLog
+from connector.common.core import eventlog, logs
+from connector.common.core.eventlog import EventLog
 from connector.ingress.service import IngressService
 from connector.v1 import ingress_service_pb2 as ipb
 from connector.v1 import ingress_service_pb2_grpc as ipb_grpc

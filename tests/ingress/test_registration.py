@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.process_registry import runtime_version
-from connector.common.settings import DatabaseSettings
+from connector.common.core.process_registry import runtime_version
+from connector.common.core.settings import DatabaseSettings
 from connector.ingress.service import IngressService
 
 from .conftest import install_routes, settings

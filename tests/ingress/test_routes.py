@@ -1,4 +1,4 @@
-"""The ingress route table's watch through ``connector.common.listener``: loaded at start, reloaded
+"""The ingress route table's watch through ``connector.common.core.listener``: loaded at start, reloaded
 on a ``connector_packs`` notification, and reloaded after its listening session is killed."""
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from connector.common.packs import VerificationSpec
-from connector.common.verification import (
+from connector.common.packs.manifest import VerificationSpec
+from connector.common.packs.verification import (
     PRESETS,
     SecretUnavailable,
     check_spec,

@@ -20,9 +20,9 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from connector.common import pack_store  # noqa: E402
-from connector.common.pack_store import RouteCache  # noqa: E402
-from connector.common.packs import parse_manifest  # noqa: E402
+from connector.common.packs import install  # noqa: E402
+from connector.common.packs.install import RouteCache  # noqa: E402
+from connector.common.packs.manifest import parse_manifest  # noqa: E402
 from connector.materializer.router import Router, RouterConfig  # noqa: E402
 
 NAMESPACE = "shop"
@@ -65,8 +65,8 @@ def manifest(
 
 async def apply(
     conn: psycopg.AsyncConnection[Any], doc: Mapping[str, Any], *, activate: bool = True
-) -> pack_store.AppliedPack:
-    return await pack_store.pack_apply(conn, parse_manifest(doc), activate=activate, actor="test")
+) -> install.AppliedPack:
+    return await install.pack_apply(conn, parse_manifest(doc), activate=activate, actor="test")
 
 
 def body(object_id: Any, *, kind: str = "order.updated", **extra: Any) -> bytes:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from connector.common.backfill import backfill
+from connector.common.delivery.backfill import backfill
 
 from .conftest import apply, body, insert_receipts, manifest, rows, scalar, work_type
 

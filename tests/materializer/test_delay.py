@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from connector.common.backfill import backfill
-from connector.common.extraction import instant_seconds
-from connector.common.materialization import (
+from connector.common.delivery.backfill import backfill
+from connector.common.delivery.materialization import (
     SCHEDULE_CLAMPED,
     SCHEDULE_DELAY,
     SCHEDULE_INVALID,
@@ -25,7 +24,8 @@ from connector.common.materialization import (
     SCHEDULE_RUN_AFTER,
     schedule_run_after,
 )
-from connector.common.packs import DelayPolicy, ManifestError, parse_manifest
+from connector.common.packs.extraction import instant_seconds
+from connector.common.packs.manifest import DelayPolicy, ManifestError, parse_manifest
 from connector.common.store import work_items
 from connector.common.store.lanes import lanes_of
 
@@ -232,7 +232,9 @@ async def test_delayed_item_is_not_claimed_before_its_time_by_the_database_clock
 
     async def claim() -> bool:
         claimed.extend(
-            await work_items.work_item_claim_batch(adb, [pack], ["default"], [10], owner="t", lease_s=30)
+            await work_items.claim.work_item_claim_batch(
+                adb, [pack], ["default"], [10], owner="t", lease_s=30
+            )
         )
         return bool(claimed)
 
@@ -272,7 +274,7 @@ async def test_a_delayed_lane_head_holds_its_lane(adb, make_router) -> None:
 
     async def claim(n: int = 10) -> list[Any]:
         return list(
-            await work_items.work_item_claim_batch(adb, [pack], ["default"], [n], owner="t", lease_s=30)
+            await work_items.claim.work_item_claim_batch(adb, [pack], ["default"], [n], owner="t", lease_s=30)
         )
 
     first = await claim()
@@ -287,8 +289,8 @@ async def test_a_delayed_lane_head_holds_its_lane(adb, make_router) -> None:
     assert len(seen) == 1 and seen[0][9] == "sync:order:A"
     assert (await claim()) == []  # the second member is still behind its head
     head = seen[0]
-    await work_items.work_item_finalize(
-        adb, [head[0]], [head[1]], work_items.FailBatch(), lanes_of(pack, head[9], None)
+    await work_items.finalize.work_item_finalize(
+        adb, [head[0]], [head[1]], work_items.finalize.FailBatch(), lanes_of(pack, head[9], None)
     )
     after = await claim()
     assert [(r[9], r[6] > head[6]) for r in after] == [("sync:order:A", True)]

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from connector.common import settings, testdb
+from connector.common.core import settings, testdb
 from connector.materializer import metrics
 from connector.materializer.service import MaterializerService
 

@@ -1,4 +1,4 @@
-"""The materializer's wake-ups through ``connector.common.listener``: a receipt notification wakes
+"""The materializer's wake-ups through ``connector.common.core.listener``: a receipt notification wakes
 the workers, and a listening session that is killed reconnects and reloads the route cache (a
 notification may have been missed while away)."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.common.core.settings import DatabaseSettings, MaterializerSettings
 from connector.materializer import metrics
 from connector.materializer.service import MaterializerService
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.common.packs import Manifest, ManifestError, parse_manifest
+from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest
 
 from .conftest import manifest, work_type
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from connector.common.materialization import (
+from connector.common.delivery.materialization import (
     NO_CLAIM_AUTHORITY,
     NO_ROUTE,
     PARSE_ERROR,
@@ -19,8 +19,8 @@ from connector.common.materialization import (
     compile_route,
     plan_receipt,
 )
-from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import parse_manifest
+from connector.common.packs.install import ActivePack, ActiveRoute
+from connector.common.packs.manifest import parse_manifest
 
 from .conftest import manifest, work_type
 

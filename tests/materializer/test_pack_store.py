@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common import pack_store
-from connector.common.pack_store import PackStoreError, RouteCache
-from connector.common.packs import parse_manifest
+from connector.common.packs import install
+from connector.common.packs.install import PackStoreError, RouteCache
+from connector.common.packs.manifest import parse_manifest
 
 from .conftest import apply, manifest, rows, scalar, work_type
 
@@ -43,8 +43,8 @@ async def test_apply_installs_a_work_item_owned_generation_and_activation_is_exp
     with pytest.raises(psycopg.errors.RestrictViolation):
         await adb.execute("UPDATE connector_cutover_receipt SET actor = 'x'")
 
-    await pack_store.pack_generation_activate(adb, applied.installed_pack_id, 1)
-    packs = await pack_store.pack_list(adb)
+    await install.pack_generation_activate(adb, applied.installed_pack_id, 1)
+    packs = await install.pack_list(adb)
     assert [(p.name, p.active_generation, [g.status for g in p.generations]) for p in packs] == [
         ("shop", 1, ["active"])
     ]
@@ -79,7 +79,7 @@ async def test_activation_is_atomic_and_notifies(adb, db_url: str) -> None:
     second = await apply(adb, manifest(work_types={"sync": work_type(priority=3)}), activate=False)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listener:
         await listener.execute("LISTEN connector_packs")
-        await pack_store.pack_generation_activate(adb, applied.installed_pack_id, second.generation)
+        await install.pack_generation_activate(adb, applied.installed_pack_id, second.generation)
         notes = listener.notifies(timeout=5.0, stop_after=1)
         got = [n.channel async for n in notes]
     assert got == ["connector_packs"]
@@ -93,10 +93,10 @@ async def test_activation_is_atomic_and_notifies(adb, db_url: str) -> None:
     assert pack is not None and pack.generation == 2
     assert pack.routes["orders"].work_types["sync"].priority == 3
     # Activating a retired generation again is allowed (config rollback); unknown ones are refused.
-    await pack_store.pack_generation_activate(adb, applied.installed_pack_id, 1)
+    await install.pack_generation_activate(adb, applied.installed_pack_id, 1)
     assert await scalar(adb, "SELECT active_generation FROM connector_installed_pack") == 1
     with pytest.raises(PackStoreError) as info:
-        await pack_store.pack_generation_activate(adb, applied.installed_pack_id, 9)
+        await install.pack_generation_activate(adb, applied.installed_pack_id, 9)
     assert info.value.reason == "not_found"
 
 
@@ -105,7 +105,7 @@ async def test_concurrent_applies_of_one_pack_make_distinct_generations(db_url: 
     conns = [await psycopg.AsyncConnection.connect(db_url, autocommit=True) for _ in docs]
     try:
         applies = [
-            pack_store.pack_apply(c, parse_manifest(d), activate=False, actor="t")
+            install.pack_apply(c, parse_manifest(d), activate=False, actor="t")
             for c, d in zip(conns, docs, strict=True)
         ]
         results = await asyncio.gather(*applies)

@@ -176,7 +176,7 @@ async def test_two_processes_on_one_backlog_materialize_each_receipt_once(
 async def test_service_wakes_on_notify_and_reloads_routes(db_url: str, adb) -> None:
     """In-process service (as `connector up` runs it): a NOTIFY from the ingress wakes the loop long
     before its poll interval; an activation is seen without restart."""
-    from connector.common.settings import DatabaseSettings, MaterializerSettings
+    from connector.common.core.settings import DatabaseSettings, MaterializerSettings
     from connector.materializer.service import MaterializerService
 
     await apply(adb, manifest())
@@ -228,7 +228,7 @@ async def test_service_wakes_on_notify_and_reloads_routes(db_url: str, adb) -> N
 async def test_generation_switch_mid_stream(db_url: str, adb) -> None:
     """Receipts keep arriving while generation 2 (two work types instead of one) is activated: every
     receipt is materialized once, and each event's WorkItems match the generation it recorded."""
-    from connector.common.settings import DatabaseSettings, MaterializerSettings
+    from connector.common.core.settings import DatabaseSettings, MaterializerSettings
     from connector.materializer.service import MaterializerService
 
     await apply(adb, manifest())

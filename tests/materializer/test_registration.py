@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.process_registry import runtime_version
-from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.common.core.process_registry import runtime_version
+from connector.common.core.settings import DatabaseSettings, MaterializerSettings
 from connector.materializer.service import MaterializerService
 
 from .conftest import apply, body, insert_receipts, manifest, rows, scalar, wait_until

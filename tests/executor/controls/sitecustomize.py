@@ -22,44 +22,45 @@ from __future__ import annotations
 import os
 
 if os.environ.get("CONNECTOR_TEST_IGNORE_PAUSE") == "1":
-    from connector.common.store import work_items as _w
+    from connector.common.store import work_items
 
     _FILTER = "\n                 AND NOT (a.paused_queue_classes && ARRAY['*', g.qc])"
     for _name in ("WORK_ITEM_CLAIM_BATCH", "WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH"):
-        _q = getattr(_w, _name)
+        _q = getattr(work_items.claim, _name)
         assert _FILTER in _q, f"{_name} changed: update the control"
-        setattr(_w, _name, _q.replace(_FILTER, ""))
-    _w.WORK_ITEM_READY_GROUPS = _w.WORK_ITEM_READY_GROUPS.replace(
+        setattr(work_items.claim, _name, _q.replace(_FILTER, ""))
+    work_items.claim.WORK_ITEM_READY_GROUPS = work_items.claim.WORK_ITEM_READY_GROUPS.replace(
         "EXISTS (SELECT 1 FROM connector_pause p", "false AND EXISTS (SELECT 1 FROM connector_pause p"
     )
 
 if os.environ.get("CONNECTOR_TEST_UNFENCED_CANCEL") == "1":
     import asyncio as _asyncio
 
-    from connector.common.store import work_items as _wc
+    from connector.common.store import work_items
 
-    _wc.WORK_ITEM_CANCEL = (
-        _wc.WORK_ITEM_CANCEL.split("WHERE")[0] + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
+    work_items.admin.WORK_ITEM_CANCEL = (
+        work_items.admin.WORK_ITEM_CANCEL.split("WHERE")[0]
+        + "WHERE w.work_id = %(id)s\nRETURNING w.work_id\n"
     )
-    _cancel = _wc.work_item_cancel
+    _cancel = work_items.admin.work_item_cancel
 
     async def _late_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
         await _asyncio.sleep(0.5)
         return await _cancel(*args, **kwargs)
 
-    _wc.work_item_cancel = _late_cancel
+    work_items.admin.work_item_cancel = _late_cancel
 
 if os.environ.get("CONNECTOR_TEST_DEBOUNCE_NO_LATE") == "1":
-    from connector.common.store import work_items as _wd
+    from connector.common.store import work_items
 
     _RUN = "k.newest >= k.last_claimed_id AND c.work_id = k.newest AS run"
     _LATE = "WHERE k.newest < k.last_claimed_id OR k.newest IN"
     _OLD = "k.newest < k.last_claimed_id"
-    assert _RUN in _wd.WORK_ITEM_CLAIM_BATCH and _LATE in _wd.WORK_ITEM_CLAIM_BATCH, (
-        "the claim statement changed: update the control"
-    )
-    _wd.WORK_ITEM_CLAIM_BATCH = (
-        _wd.WORK_ITEM_CLAIM_BATCH.replace(_RUN, "c.work_id = k.newest AS run")
+    assert (
+        _RUN in work_items.claim.WORK_ITEM_CLAIM_BATCH and _LATE in work_items.claim.WORK_ITEM_CLAIM_BATCH
+    ), "the claim statement changed: update the control"
+    work_items.claim.WORK_ITEM_CLAIM_BATCH = (
+        work_items.claim.WORK_ITEM_CLAIM_BATCH.replace(_RUN, "c.work_id = k.newest AS run")
         .replace(_LATE, "WHERE k.newest IN")
         .replace(
             "CASE WHEN k.newest < k.last_claimed_id THEN k.last_claimed_id ELSE k.newest END", "k.newest"

@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from connector.common.grpc_server import error_info
-from connector.common.settings import AdminSettings, load
+from connector.common.core.grpc_server import error_info
+from connector.common.core.settings import AdminSettings, load
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc
 

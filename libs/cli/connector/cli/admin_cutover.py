@@ -20,7 +20,7 @@ import grpc
 
 from connector.cli.admin_client import Client, fetch_pages, positive_int, print_more_hint, resolve_pack_id
 from connector.cli.admin_output import enum_name, table, to_json, when, work_item_state
-from connector.common.grpc_server import error_info
+from connector.common.core.grpc_server import error_info
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 

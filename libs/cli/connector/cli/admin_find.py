@@ -17,7 +17,7 @@ from typing import Any
 
 from connector.cli.admin_client import Client, CliError, fetch_pages, positive_int, print_more_hint
 from connector.cli.admin_output import ago, enum_name, table, timestamp, to_json, when, work_item_state
-from connector.common import schema
+from connector.common.store import schema
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 

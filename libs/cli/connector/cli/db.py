@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from connector.common import migrate, settings
+from connector.common.core import settings
+from connector.common.store import migrate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

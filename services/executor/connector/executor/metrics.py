@@ -5,7 +5,7 @@ handler-duration histogram once per execution (its labelled child is cached).
 
 Queue depth, oldest ready age, blocked lanes and active claimants are sampled from the database by
 ``stats.py`` every ``stats_interval_s`` (diagnostics, never an input of the claim loop); the DB pool
-gauges come from ``connector.common.db`` (``service="executor"``).
+gauges come from ``connector.common.core.db`` (``service="executor"``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.metrics import (
+from connector.common.core.metrics import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS,
     FastHistogram,
@@ -22,7 +22,7 @@ from connector.common.metrics import (
     registry,
 )
 
-#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.metrics).
+#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.core.metrics).
 REGISTRY = registry("executor")
 
 CLAIM_STATEMENTS = Counter(
@@ -89,7 +89,7 @@ FAILURES = Counter(
     ["pack", "work_type", "failure_class"],
     registry=REGISTRY,
 )
-# Observed once per execution: the lock-free histogram (connector.common.metrics.FastHistogram).
+# Observed once per execution: the lock-free histogram (connector.common.core.metrics.FastHistogram).
 HANDLER_SECONDS = FastHistogram(
     "connector_executor_handler_seconds",
     "Handler execution time (start of the call to its outcome, timeouts and errors included)",

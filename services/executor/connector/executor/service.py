@@ -26,16 +26,22 @@ from typing import Any
 from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common import db as dbmod
-from connector.common import logs, runtime
-from connector.common.eventlog import events
-from connector.common.grpc_server import Authenticator, GrpcServer
-from connector.common.metrics import stop_server as stop_metrics_server
-from connector.common.process_registry import ProcessRegistration
-from connector.common.retention import Retention, RetentionConfig
-from connector.common.runtime import cancel_task
-from connector.common.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings, load
-from connector.common.upkeep import Upkeep, UpkeepConfig
+from connector.common.core import db as dbmod
+from connector.common.core import logs, runtime
+from connector.common.core.eventlog import events
+from connector.common.core.grpc_server import Authenticator, GrpcServer
+from connector.common.core.metrics import stop_server as stop_metrics_server
+from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.runtime import cancel_task
+from connector.common.core.settings import (
+    AdminSettings,
+    DatabaseSettings,
+    ExecutorSettings,
+    PoolSettings,
+    load,
+)
+from connector.common.maintenance.retention import Retention, RetentionConfig
+from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
 from connector.executor.metrics import REGISTRY
 from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
 

@@ -19,9 +19,9 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
-from connector.common import tracing
-from connector.common.eventlog import events
-from connector.common.jsonvalues import MAX_VALUE_CHARS, scalar_text
+from connector.common.core import tracing
+from connector.common.core.eventlog import events
+from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
 from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
 from connector.ingress.routes import CompiledRoute, RouteTable

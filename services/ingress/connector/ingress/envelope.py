@@ -2,7 +2,7 @@
 
 Headers exist only while the ingress handles the request, so the ingress keeps exactly these facts
 on the receipt (docs/packs.md, "Extraction"); the materializer evaluates everything else from the
-stored receipt. Both use one extraction language (``connector.common.extraction``). Only the fields
+stored receipt. Both use one extraction language (``connector.common.packs.extraction``). Only the fields
 the envelope needs (and those their templates refer to) are evaluated per delivery, in dependency
 order. Extraction never raises.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from connector.common.extraction import (
+from connector.common.packs.extraction import (
     Context,
     HeaderGet,
     compile_value,
@@ -20,7 +20,7 @@ from connector.common.extraction import (
     reads_body,
     references,
 )
-from connector.common.packs import HEADER_FIELDS, ValueSpec
+from connector.common.packs.manifest import HEADER_FIELDS, ValueSpec
 
 #: Extracted fields the ingress stores on the receipt.
 ENVELOPE_FIELDS = HEADER_FIELDS

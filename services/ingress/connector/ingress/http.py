@@ -10,7 +10,7 @@ no per-request logging; one route lookup, the admission checks, and a small JSON
 
 Nothing from the request is echoed into a response header (no header injection through us) except
 ``X-Request-Id``: every webhook answer carries one — the request's own when it is a bounded token of
-a safe charset (``connector.common.eventlog.safe_token``), else one made here — and the reasons come
+a safe charset (``connector.common.core.eventlog.safe_token``), else one made here — and the reasons come
 from a fixed vocabulary. Every refusal writes one rate-limited INFO line (``Admission.count``,
 docs/ingress.md "Logs") with that request id and the peer: the socket's address, or the first
 ``X-Forwarded-For`` hop when ``http_trust_forwarded_for`` says a proxy in front sets it (either one
@@ -68,7 +68,7 @@ from aiohttp import http_exceptions, web
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from connector.common.eventlog import events, new_request_id, safe_peer, safe_token
+from connector.common.core.eventlog import events, new_request_id, safe_peer, safe_token
 from connector.ingress import metrics
 from connector.ingress.admission import (
     BAD_URI,

@@ -2,7 +2,7 @@
 installed route table (namespace, route: a path that is no installed route is ``_unknown``): never a
 sender-controlled string, payload, signature, secret or token.
 
-Pool usage of the ingress's own pool is exported by ``connector.common.db``
+Pool usage of the ingress's own pool is exported by ``connector.common.core.db``
 (``connector_db_pool_*{service="ingress"}``).
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
+from connector.common.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
 
-#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.metrics).
+#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.core.metrics).
 REGISTRY = registry("ingress")
 
 DELIVERIES = Counter(

@@ -2,7 +2,7 @@
 
 Routes are read from ``connector_route`` joined to the *active* pack generation
 (``route_list_active``), compiled (verifier with its loaded keys, extractors, response statuses) and
-swapped in atomically, keyed by ``(namespace, route_key)``. A ``connector.common.listener.Listener``
+swapped in atomically, keyed by ``(namespace, route_key)``. A ``connector.common.core.listener.Listener``
 (its own connection, not the ingress pool) LISTENs on ``connector_packs``; every notification
 triggers a refresh, and a periodic refresh is the fallback (it also re-reads file secrets, which is
 how a rotated secret file takes effect).
@@ -25,11 +25,11 @@ import psycopg
 from psycopg import Notify
 from pydantic import ValidationError
 
-from connector.common import schema
-from connector.common.listener import Listener, ListenerConfig
-from connector.common.packs import RouteSpec
+from connector.common.core.listener import Listener, ListenerConfig
+from connector.common.packs.manifest import RouteSpec
+from connector.common.packs.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
+from connector.common.store import schema
 from connector.common.store.packs import route_list_active
-from connector.common.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
 from connector.ingress import metrics
 from connector.ingress.envelope import Envelope
 from connector.ingress.verify import HmacVerifier, NoneVerifier, Verifier

@@ -30,13 +30,13 @@ from aiohttp import web
 from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common import db as dbmod
-from connector.common import logs, runtime
-from connector.common.eventlog import events
-from connector.common.grpc_server import GrpcServer
-from connector.common.metrics import stop_server as stop_metrics_server
-from connector.common.process_registry import ProcessRegistration
-from connector.common.settings import DatabaseSettings, IngressSettings, load
+from connector.common.core import db as dbmod
+from connector.common.core import logs, runtime
+from connector.common.core.eventlog import events
+from connector.common.core.grpc_server import GrpcServer
+from connector.common.core.metrics import stop_server as stop_metrics_server
+from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.settings import DatabaseSettings, IngressSettings, load
 from connector.ingress import metrics
 from connector.ingress.admission import Admission
 from connector.ingress.api import ingress_servicer

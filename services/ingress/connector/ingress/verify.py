@@ -1,6 +1,6 @@
 """The generic signature verifier: one verifier configured per route, compiled once.
 
-A route's ``VerificationSpec`` is resolved (``connector.common.verification.resolve``) into a flat
+A route's ``VerificationSpec`` is resolved (``connector.common.packs.verification.resolve``) into a flat
 config and compiled here into a ``SignatureVerifier`` (``HmacVerifier`` is the same class under its
 first name; ``NoneVerifier`` when ``scheme: none`` is explicit). Compilation does the work once per
 route load: header names, the signed-content template, the decoder and the loaded keys. Verifying a
@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.serialization import load_der_public_key
 from multidict import MultiMapping
 
-from connector.common.extraction import rfc3339_seconds
-from connector.common.verification import DEFAULT_TOLERANCE_S, SecretKey
+from connector.common.packs.extraction import rfc3339_seconds
+from connector.common.packs.verification import DEFAULT_TOLERANCE_S, SecretKey
 
 # Rejection reasons of the verifier (HTTP 401).
 SIGNATURE_MISSING: Final = "signature_missing"

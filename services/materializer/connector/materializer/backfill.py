@@ -1,4 +1,4 @@
-"""``connector materializer backfill``: the CLI of ``connector.common.backfill``."""
+"""``connector materializer backfill``: the CLI of ``connector.common.delivery.backfill``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import psycopg
 
-from connector.common import logs, settings
-from connector.common.backfill import BackfillReport, backfill
+from connector.common.core import logs, settings
+from connector.common.delivery.backfill import BackfillReport, backfill
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,15 +1,15 @@
 """Materializer metrics. Labels come from fixed vocabularies only (outcomes, failure classes).
 
-Pool gauges (``connector_db_pool_*{service="materializer"}``) come from ``connector.common.db``.
+Pool gauges (``connector_db_pool_*{service="materializer"}``) come from ``connector.common.core.db``.
 """
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
+from connector.common.core.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, registry
 
-#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.metrics).
+#: This service's own registry: what its ``/metrics`` endpoint serves (connector.common.core.metrics).
 REGISTRY = registry("materializer")
 
 HORIZON_VISIBLE = Gauge(

@@ -2,7 +2,7 @@
 
 Validates the whole manifest first: when anything is wrong every error is printed (one per line,
 ``path: message``), nothing is installed and the exit code is 2. A valid manifest is installed as a
-new generation (``connector.common.pack_store.pack_apply``) and a summary is printed: pack,
+new generation (``connector.common.packs.install.pack_apply``) and a summary is printed: pack,
 generation, status, and each route with its version and whether it changed. ``--dry-run`` does the
 same inside a transaction that is rolled back, so it shows exactly what an apply would install.
 Exit codes: 0 installed (or dry run passed), 1 database unavailable, 2 invalid or refused.
@@ -19,8 +19,9 @@ from typing import TextIO
 
 import psycopg
 
-from connector.common import pack_store, settings
-from connector.common.packs import Manifest, ManifestError, parse_manifest
+from connector.common.core import settings
+from connector.common.packs import install
+from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1
@@ -69,15 +70,15 @@ async def _apply(url: str, manifest: Manifest, *, activate: bool, dry_run: bool,
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         try:
             async with conn.transaction(force_rollback=dry_run):
-                applied = await pack_store.pack_apply(conn, manifest, activate=activate, actor=actor)
-        except pack_store.PackStoreError as exc:
+                applied = await install.pack_apply(conn, manifest, activate=activate, actor=actor)
+        except install.PackStoreError as exc:
             print(f"refused: {exc.message}; nothing installed")
             return EXIT_INVALID
     print(summary(applied, dry_run=dry_run))
     return EXIT_OK
 
 
-def summary(applied: pack_store.AppliedPack, *, dry_run: bool = False) -> str:
+def summary(applied: install.AppliedPack, *, dry_run: bool = False) -> str:
     if applied.created_generation:
         what = f"generation {applied.generation} {'would be ' if dry_run else ''}installed"
     else:

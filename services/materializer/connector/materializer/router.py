@@ -35,8 +35,9 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connector.common import tracing
-from connector.common.materialization import (
+from connector.common.core import tracing
+from connector.common.core.settings import MaterializerSettings
+from connector.common.delivery.materialization import (
     DB_ERROR,
     NO_CLAIM_AUTHORITY,
     NO_ROUTE,
@@ -49,8 +50,7 @@ from connector.common.materialization import (
     plan_batch,
     work_rows,
 )
-from connector.common.pack_store import ActivePack, ActiveRoute, RouteCache
-from connector.common.settings import MaterializerSettings
+from connector.common.packs.install import ActivePack, ActiveRoute, RouteCache
 from connector.common.store.events import event_id_reserve
 from connector.common.store.packs import pack_active_check
 from connector.common.store.receipts import (

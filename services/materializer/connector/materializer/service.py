@@ -8,7 +8,7 @@ a start that fails stops what it started. Stop order (SIGTERM): health NOT_SERVI
 accepting → routing workers finish (or release) the batch in hand → listener → upkeep → deregister →
 pool closed.
 
-Wake-ups: a ``connector.common.listener.Listener`` (its own connection, not from the pool) on
+Wake-ups: a ``connector.common.core.listener.Listener`` (its own connection, not from the pool) on
 ``connector_receipts`` (new receipts: idle workers claim at once) and ``connector_packs`` (an
 activation: reload the route cache, then claim). Polling every ``poll_interval_s`` is the fallback,
 and the route cache is also reloaded every ``routes_refresh_s`` and after every reconnect (a
@@ -29,18 +29,18 @@ from typing import Any
 import psycopg
 from psycopg import Notify
 
-from connector.common import db as common_db
-from connector.common import logs, settings
-from connector.common import metrics as common_metrics
-from connector.common.grpc_server import GrpcServer
-from connector.common.listener import Listener, ListenerConfig
-from connector.common.pack_store import RouteCache
-from connector.common.process_registry import ProcessRegistration
-from connector.common.runtime import run, run_until_signal
-from connector.common.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
-from connector.common.settings import DatabaseSettings, MaterializerSettings
+from connector.common.core import db as common_db
+from connector.common.core import logs, settings
+from connector.common.core import metrics as common_metrics
+from connector.common.core.grpc_server import GrpcServer
+from connector.common.core.listener import Listener, ListenerConfig
+from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.runtime import run, run_until_signal
+from connector.common.core.settings import DatabaseSettings, MaterializerSettings
+from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
+from connector.common.packs.install import RouteCache
 from connector.common.store import receipts
-from connector.common.upkeep import Upkeep, UpkeepConfig
+from connector.common.store.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.materializer import metrics
 from connector.materializer.router import Router, RouterConfig
 

@@ -25,9 +25,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from connector.common.schema import CHANNEL_PACKS
 from connector.common.store.packs import pack_filter
 from connector.common.store.rows import fetch_dict, fetch_dicts
+from connector.common.store.schema import CHANNEL_PACKS
 
 Conn = AsyncConnection[Any]
 
@@ -355,7 +355,7 @@ async def scheduler_lease_get(conn: Conn, params: dict[str, Any]) -> dict[str, A
 
 # --------------------------------------------------------------------------------------------------
 # Pack install: a new generation is bound WorkItem-owned by its install receipt
-# (connector.common.pack_store; the receipt is ``cutover_receipt_insert`` of kind ``install``)
+# (connector.common.packs.install; the receipt is ``cutover_receipt_insert`` of kind ``install``)
 # --------------------------------------------------------------------------------------------------
 
 CLAIM_AUTHORITY_INSERT = """

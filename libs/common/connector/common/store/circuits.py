@@ -1,7 +1,7 @@
 """Every statement on ``connector_circuit``: circuit breakers per handler target
 (docs/adr/013-circuit-breakers.md).
 
-The claim statement (``work_items.WORK_ITEM_CLAIM_BATCH``) is the gate: it admits a circuit's items
+The claim statement (``work_items.claim.WORK_ITEM_CLAIM_BATCH``) is the gate: it admits a circuit's items
 while the circuit is closed, and at most ``half_open_probes`` probes at once while it is half-open
 (it records them in ``probe_ids``). Here are the other statements: the materializer's declaration
 of the circuits of the WorkItems it inserts (same transaction, so a breaker's WorkItem is never

@@ -11,7 +11,7 @@ The contract, per (pack, work type, debounce key):
   oldest waiting item's created_at + max_wait_s)``; the earlier items of the same batch are inserted
   *parked* (``run_after = PARKED``) and the previous newest is parked by ``debounce_schedule`` in
   the same transaction. A parked item always has a newer waiting item of its key.
-* **The claim coalesces** (``work_items.WORK_ITEM_CLAIM_BATCH``, key row ``FOR UPDATE SKIP LOCKED``):
+* **The claim coalesces** (``work_items.claim.WORK_ITEM_CLAIM_BATCH``, key row ``FOR UPDATE SKIP LOCKED``):
   a due candidate that is its key's newest waiting item is claimed and every older waiting item of
   the key ends ``coalesced`` with ``covered_by`` = it, in the same statement; an older candidate is
   parked (the newest will cover it); an item older than the key's ``last_claimed_id`` (a retry of an
@@ -31,7 +31,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import PARKED
+from connector.common.store.schema import PARKED
 
 Conn = AsyncConnection[Any]
 

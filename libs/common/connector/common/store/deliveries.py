@@ -8,7 +8,7 @@ and each delete repeats its own part of it, so a row that changed in between sta
 keys refuse the rest of the delivery. Correctness depends on reading the four statements together
 and running them in one transaction in foreign-key order (WorkItems, events, receipt); split over
 the three table modules the rule would exist in four places nobody reads side by side. The caller
-(``connector.common.retention``) owns the transaction and the lock.
+(``connector.common.maintenance.retention``) owns the transaction and the lock.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ async def event_count_backfill_ineligible(conn: Conn, scope: dict[str, Any]) -> 
 
 
 # --------------------------------------------------------------------------------------------------
-# Pack install: what the install receipt of a new generation proves (connector.common.pack_store)
+# Pack install: what the install receipt of a new generation proves (connector.common.packs.install)
 # --------------------------------------------------------------------------------------------------
 
 EVENT_COUNT_GENERATION = """

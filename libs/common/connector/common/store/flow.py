@@ -1,6 +1,6 @@
 """Flow control: the rate-limit key rows ``connector_rate_limit`` (docs/adr/011-rate-limits.md).
 
-The claim statement (``work_items.WORK_ITEM_CLAIM_BATCH``) spends a key's budget; here are the other
+The claim statement (``work_items.claim.WORK_ITEM_CLAIM_BATCH``) spends a key's budget; here are the other
 statements on the key rows: the materializer's declaration of the keys of the WorkItems it inserts
 (in the same transaction, so a limited WorkItem is never claimable before its key row exists) and
 the reads of the sampler and the admin API.
@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import PARKED
+from connector.common.store.schema import PARKED
 
 Conn = AsyncConnection[Any]
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import LANE_HOLDING_PREDICATE, WORK_LANE_HOLDING
 from connector.common.store.rows import fetch_dicts
+from connector.common.store.schema import LANE_HOLDING_PREDICATE, WORK_LANE_HOLDING
 
 
 class LaneKind(StrEnum):

@@ -1,6 +1,6 @@
 """Every statement on ``connector_installed_pack``, ``connector_pack_generation`` and
 ``connector_route`` (DESIGN §2: the admin API installs and activates packs; the ingress and the
-materializer read the active routes). ``connector.common.pack_store`` holds the install logic
+materializer read the active routes). ``connector.common.packs.install`` holds the install logic
 (route versions, the install receipt) over these statements; the install receipt, the claim
 authority row and the packs notification are store/authority.py's, the event count store/events.py's.
 
@@ -119,7 +119,7 @@ async def route_get_with_manifest(conn: Conn, route_ids: Iterable[int]) -> list[
 
 
 # --------------------------------------------------------------------------------------------------
-# Install, activate, list (the admin API and the CLIs through connector.common.pack_store; the pack
+# Install, activate, list (the admin API and the CLIs through connector.common.packs.install; the pack
 # row is locked first, so concurrent applies of one pack serialize)
 # --------------------------------------------------------------------------------------------------
 
@@ -288,3 +288,23 @@ PACK_EXISTS = "SELECT 1 FROM connector_installed_pack WHERE installed_pack_id = 
 async def pack_exists(conn: Conn, pack: int) -> bool:
     cur = await conn.execute(PACK_EXISTS, {"pack": pack})
     return await cur.fetchone() is not None
+
+
+PACK_GENERATION_MANIFEST = """
+SELECT g.manifest, p.name FROM connector_pack_generation g
+JOIN connector_installed_pack p ON p.installed_pack_id = g.installed_pack_id
+WHERE g.installed_pack_id = %(pack)s AND g.generation = %(generation)s
+"""
+
+PACK_NAMES = "SELECT installed_pack_id, name FROM connector_installed_pack"
+
+
+async def pack_generation_manifest(conn: Conn, pack: int, generation: int) -> tuple[Any, str] | None:
+    cur = await conn.execute(PACK_GENERATION_MANIFEST, {"pack": pack, "generation": generation})
+    row = await cur.fetchone()
+    return None if row is None else (row[0], str(row[1]))
+
+
+async def pack_names(conn: Conn) -> dict[int, str]:
+    cur = await conn.execute(PACK_NAMES)
+    return {int(r[0]): str(r[1]) for r in await cur.fetchall()}

@@ -4,7 +4,7 @@ A row says what a process may claim (``claim_capability``), which version it run
 proved it is alive (``heartbeat_at``, always the *database* clock). Liveness is judged by heartbeat
 age; rows silent for longer than the prune age are deleted by any registered process. The cutover
 gates read it as the source of "zero claim-capable old processes" (docs/cutover.md). The actor that
-registers and heartbeats is ``connector.common.process_registry.ProcessRegistration``.
+registers and heartbeats is ``connector.common.core.process_registry.ProcessRegistration``.
 """
 
 from __future__ import annotations

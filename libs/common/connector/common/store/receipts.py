@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from psycopg import AsyncConnection
 
-from connector.common import schema
+from connector.common.store import schema
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]

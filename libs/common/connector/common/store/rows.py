@@ -1,6 +1,6 @@
 """Reading rows by name: the store's functions that return ``dict`` rows (psycopg's ``dict_row``)
 use these two. The claim path reads plain tuples (no row factory per row) and names their positions
-instead (``work_items.ClaimedRow``)."""
+instead (``work_items.claim.ClaimedRow``)."""
 
 from __future__ import annotations
 

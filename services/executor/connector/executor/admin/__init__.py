@@ -1,6 +1,6 @@
 """The admin gRPC API (connector.v1.AdminService), served by the executor process.
 
-Mount it on any ``connector.common.grpc_server.GrpcServer``::
+Mount it on any ``connector.common.core.grpc_server.GrpcServer``::
 
     from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register, server_credentials
 
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.settings import AdminSettings
+from connector.common.core.settings import AdminSettings
 from connector.executor.admin.auth import PROTECTED_PREFIXES, SERVICE, Principal, Role, TokenAuthenticator
 from connector.executor.admin.auth import server_credentials as server_credentials
 from connector.executor.admin.pagination import PageTokens

@@ -6,7 +6,7 @@ before anything changes, each refusal with a reason: the item exists; it is ``pe
 ``blocked``, ``retry`` or ``dead`` (``processing``: WORK_ITEM_IN_FLIGHT — it is claimed, its
 handler may be running, so it is not ours to stop; ``succeeded`` / ``cancelled``: ALREADY_FINAL;
 ``awaiting_legacy_outcome`` / ``reconciled_legacy_terminal``: the legacy path's); its event is
-WorkItem-owned. The transition (``store.work_items.work_item_cancel``) in the call's transaction:
+WorkItem-owned. The transition (``store.work_items.admin.work_item_cancel``) in the call's transaction:
 lane locks → ``UPDATE`` fenced by the lease token the checks saw and a cancellable state → lane
 settle (the next member of each lane becomes runnable, as for any terminal state) → NOTIFY. A claim
 that took the row in between makes the fence match nothing: the call re-reads the row and answers
@@ -22,7 +22,7 @@ pause and answers ``changed = false``; resuming what is not paused likewise.
 
 All three take ``request_id`` (AIP-155, through the servicer's ``_mutate``) and ``dry_run`` (the
 checks only, the answer a real call would give, nothing changed or remembered), and write one
-structured INFO line each (``connector.common.eventlog``: event ``work_item_cancelled``,
+structured INFO line each (``connector.common.core.eventlog``: event ``work_item_cancelled``,
 ``pack_paused``, ``pack_resumed``) after commit.
 """
 
@@ -33,10 +33,10 @@ from typing import Any, NoReturn
 
 from psycopg import AsyncConnection
 
-from connector.common.eventlog import events, safe_token
-from connector.common.schema import PAUSE_WHOLE_PACK, WORK_CANCELLABLE
+from connector.common.core.eventlog import events, safe_token
 from connector.common.store import authority, circuits, pauses, work_items
 from connector.common.store.lanes import lanes_of
+from connector.common.store.schema import PAUSE_WHOLE_PACK, WORK_CANCELLABLE
 from connector.executor.admin.errors import (
     Reason,
     aborted,
@@ -97,7 +97,7 @@ class Cancelled:
 
 async def work_item_cancel(conn: Conn, work_id: int, *, actor: str, reason: str, dry_run: bool) -> Cancelled:
     """Cancel one item inside the caller's transaction (see the module docstring)."""
-    item = await work_items.work_item_cancel_candidate(conn, work_id)
+    item = await work_items.admin.work_item_cancel_candidate(conn, work_id)
     if item is None:
         raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {work_id} not found")
     state = str(item["state"])
@@ -108,7 +108,7 @@ async def work_item_cancel(conn: Conn, work_id: int, *, actor: str, reason: str,
             Reason.LEGACY_OWNED, f"the event of work item {work_id} is owned by the legacy Event claim path"
         )
     if dry_run:
-        return Cancelled((await work_items.work_item_get_many(conn, [work_id]))[work_id], 0)
+        return Cancelled((await work_items.admin.work_item_get_many(conn, [work_id]))[work_id], 0)
     last = (
         f"; last failure: {item['failure_class']}: {item['failure_summary']}" if item["failure_class"] else ""
     )
@@ -121,10 +121,10 @@ async def work_item_cancel(conn: Conn, work_id: int, *, actor: str, reason: str,
         if item.get("debounce_key") is not None
         else None
     )
-    done, promoted = await work_items.work_item_cancel(
+    done, promoted = await work_items.admin.work_item_cancel(
         conn, work_id, int(item["lease_token"]), lanes, summary=summary, debounce=debounce
     )
-    row = (await work_items.work_item_get_many(conn, [work_id]))[work_id]
+    row = (await work_items.admin.work_item_get_many(conn, [work_id]))[work_id]
     if not done:
         now = str(row["w_state"])
         if now == "processing":

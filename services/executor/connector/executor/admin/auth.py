@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from connector.common.settings import AdminSettings, SettingsError
+from connector.common.core.settings import AdminSettings, SettingsError
 from connector.executor.admin.errors import Reason, permission_denied, unauthenticated
 from connector.executor.metrics import REGISTRY
 

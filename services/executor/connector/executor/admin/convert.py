@@ -1,5 +1,5 @@
 """Rows to protos. The rows come from the store's aliased select lists, whose names these read:
-``w_*`` from ``store.work_items.WORK_ITEM_SELECT_COLUMNS``, ``e_*`` from
+``w_*`` from ``store.work_items.admin.WORK_ITEM_SELECT_COLUMNS``, ``e_*`` from
 ``store.events.EVENT_SELECT_COLUMNS``, ``r_*`` from ``store.receipts.RECEIPT_SELECT_COLUMNS``.
 
 Sanitized by construction: the receipt select list never includes the signature, the verification

@@ -10,8 +10,8 @@ from enum import StrEnum
 
 import grpc
 
-from connector.common import grpc_input, grpc_server
-from connector.common.grpc_server import ServiceError
+from connector.common.core import grpc_input, grpc_server
+from connector.common.core.grpc_server import ServiceError
 
 
 class Reason(StrEnum):
@@ -32,7 +32,7 @@ class Reason(StrEnum):
     INVALID_TIME_RANGE = "INVALID_TIME_RANGE"
     UNKNOWN_STATE = "UNKNOWN_STATE"
     AMBIGUOUS_DELIVERY = "AMBIGUOUS_DELIVERY"
-    # INVALID_ARGUMENT, from the server's input stage (connector.common.grpc_input), before any
+    # INVALID_ARGUMENT, from the server's input stage (connector.common.core.grpc_input), before any
     # handler runs; metadata ``field`` names the field (never its value)
     MALFORMED_REQUEST = grpc_input.MALFORMED_REQUEST
     INVALID_STRING = grpc_input.INVALID_STRING

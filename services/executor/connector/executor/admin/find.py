@@ -15,8 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from connector.common import schema
-from connector.common.store import events, receipts, work_items
+from connector.common.store import events, receipts, schema, work_items
 from connector.common.store.receipts import FIND_TIME_MARGIN_S, DeliveryFilter
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument
@@ -129,7 +128,7 @@ async def find_deliveries(
         if ids:
             rows = await receipts.receipt_get_many(conn, ids)
             event_rows = await events.event_list_by_receipts(conn, ids)
-            item_rows = await work_items.work_item_list_by_events(
+            item_rows = await work_items.admin.work_item_list_by_events(
                 conn, [int(e["e_event_id"]) for e in event_rows]
             )
     if ids:

@@ -1,14 +1,14 @@
-"""Pack RPCs over ``connector.common.pack_store`` (the one implementation of apply / activate / list).
+"""Pack RPCs over ``connector.common.packs.install`` (the one implementation of apply / activate / list).
 
 * ApplyPack parses and validates the manifest (``packs.parse_manifest``: every error listed; text
   with a NUL character or a lone surrogate, nesting deeper than 32 levels and more than 100,000
   values are errors too, so nothing the database cannot store gets past it). An
   invalid manifest is INVALID_ARGUMENT ``INVALID_MANIFEST`` (nothing installed); with
   ``validate_only`` the errors come back in the response instead and nothing is installed either.
-  A valid one is installed by ``pack_store.pack_apply`` as a new generation (WorkItem-owned, with an
+  A valid one is installed by ``install.pack_apply`` as a new generation (WorkItem-owned, with an
   install receipt), activated in the same transaction when asked.
-* ActivateGeneration is ``pack_store.pack_generation_activate``.
-* ListPacks pages ``pack_store.pack_list`` by pack name (packs are few).
+* ActivateGeneration is ``install.pack_generation_activate``.
+* ListPacks pages ``install.pack_list`` by pack name (packs are few).
 Pack store refusals map to NOT_FOUND (``not_found``) or FAILED_PRECONDITION (namespace taken or
 changed, no claim authority), with the store's reason upper-cased as the ErrorInfo reason.
 """
@@ -21,9 +21,9 @@ from typing import Any
 
 import grpc
 
-from connector.common import pack_store
-from connector.common.grpc_server import ServiceError
-from connector.common.packs import ManifestError, parse_manifest
+from connector.common.core.grpc_server import ServiceError
+from connector.common.packs import install
+from connector.common.packs.manifest import ManifestError, parse_manifest
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument, not_found
 from connector.v1 import admin_service_pb2 as pb
@@ -33,12 +33,12 @@ log = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 1_048_576
 
 
-def store_error(exc: pack_store.PackStoreError) -> ServiceError:
+def store_error(exc: install.PackStoreError) -> ServiceError:
     code = grpc.StatusCode.NOT_FOUND if exc.reason == "not_found" else grpc.StatusCode.FAILED_PRECONDITION
     return ServiceError(code, exc.reason.upper(), exc.message)
 
 
-def pack_proto(info: pack_store.PackInfo) -> pb.Pack:
+def pack_proto(info: install.PackInfo) -> pb.Pack:
     return pb.Pack(
         installed_pack_id=info.installed_pack_id,
         name=info.name,
@@ -60,7 +60,7 @@ def pack_proto(info: pack_store.PackInfo) -> pb.Pack:
 
 
 async def _pack(conn: Any, installed_pack_id: int) -> pb.Pack:
-    for info in await pack_store.pack_list(conn):
+    for info in await install.pack_list(conn):
         if info.installed_pack_id == installed_pack_id:
             return pack_proto(info)
     raise not_found(Reason.PACK_NOT_FOUND, f"pack {installed_pack_id} not found")  # pragma: no cover
@@ -88,8 +88,8 @@ async def apply_pack(servicer: Any, request: pb.ApplyPackRequest) -> pb.ApplyPac
 
     async def body(conn: Any) -> pb.ApplyPackResponse:
         try:
-            applied = await pack_store.pack_apply(conn, manifest, activate=request.activate, actor=actor)
-        except pack_store.PackStoreError as exc:
+            applied = await install.pack_apply(conn, manifest, activate=request.activate, actor=actor)
+        except install.PackStoreError as exc:
             raise store_error(exc) from None
         log.info(
             "pack applied",
@@ -116,8 +116,8 @@ async def activate_generation(
 
     async def body(conn: Any) -> pb.ActivateGenerationResponse:
         try:
-            await pack_store.pack_generation_activate(conn, request.installed_pack_id, request.generation)
-        except pack_store.PackStoreError as exc:
+            await install.pack_generation_activate(conn, request.installed_pack_id, request.generation)
+        except install.PackStoreError as exc:
             raise store_error(exc) from None
         log.info(
             "generation activated",
@@ -139,7 +139,7 @@ async def list_packs(
 ) -> pb.ListPacksResponse:
     size = pagination.page_size(request.page_size)
     key = pages.decode("ListPacks", request.page_token, {}, arity=1)
-    infos = sorted(await pack_store.pack_list(conn), key=lambda p: p.name)
+    infos = sorted(await install.pack_list(conn), key=lambda p: p.name)
     if key is not None:
         infos = [p for p in infos if p.name > str(key[0])]
     response = pb.ListPacksResponse(packs=[pack_proto(p) for p in infos[:size]])

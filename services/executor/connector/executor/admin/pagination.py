@@ -24,8 +24,8 @@ import json
 import secrets
 from typing import Any
 
-from connector.common.grpc_server import ServiceError
-from connector.common.settings import AdminSettings
+from connector.common.core.grpc_server import ServiceError
+from connector.common.core.settings import AdminSettings
 from connector.executor.admin.errors import Reason, invalid_argument
 
 DEFAULT_PAGE_SIZE = 50

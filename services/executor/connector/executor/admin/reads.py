@@ -10,8 +10,8 @@ from __future__ import annotations
 from connector.common.store.processes import process_list_page as process_list
 from connector.common.store.receipts import receipt_get
 from connector.common.store.receipts import receipt_list_failed as receipt_failure_list
-from connector.common.store.work_items import DeadLetterFilter, work_item_get
-from connector.common.store.work_items import work_item_list_dead as dead_letter_list
+from connector.common.store.work_items.admin import DeadLetterFilter, work_item_get
+from connector.common.store.work_items.admin import work_item_list_dead as dead_letter_list
 
 __all__ = [
     "DeadLetterFilter",

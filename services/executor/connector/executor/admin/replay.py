@@ -13,7 +13,7 @@ Checked before anything changes (fail closed; each refusal has a reason, see ``e
   that route's fan-out;
 * required data — the receipt body is still there (``body`` or ``body_ref``).
 
-The transition (``store.work_items.work_item_replay_batch``), in one transaction, lane locks first
+The transition (``store.work_items.admin.work_item_replay_batch``), in one transaction, lane locks first
 (ADR 003): ``lane_lock_batch`` → fenced
 ``UPDATE`` (``state = 'dead' AND replay_count = <seen>``: a concurrent replay or transition makes it
 match zero rows, answered ABORTED) → ``lane_settle_batch`` → ``pg_notify('connector_work')``. The
@@ -43,10 +43,10 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from connector.common.packs import Manifest, canonical_json
+from connector.common.packs.manifest import Manifest, canonical_json
 from connector.common.store import packs, receipts, work_items
 from connector.common.store.lanes import lanes_of
-from connector.common.store.work_items import DeadLetterFilter, Replayable
+from connector.common.store.work_items.admin import DeadLetterFilter, Replayable
 from connector.executor.admin.errors import (
     REFUSAL_MESSAGES,
     Reason,
@@ -164,7 +164,7 @@ async def work_item_replay_plan(
     plan = ReplayPlan()
     if not ids:
         return plan
-    items = await work_items.work_item_replay_candidates(conn, ids)
+    items = await work_items.admin.work_item_replay_candidates(conn, ids)
     packs_needed = sorted({int(r["installed_pack_id"]) for r in items.values()})
     active = packs.pack_active_get_for_share if for_update else packs.pack_active_get
     pack_rows = await active(conn, packs_needed)
@@ -190,14 +190,14 @@ async def work_item_replay(conn: AsyncConnection[Any], work_id: int, *, actor: s
     refusal = plan.refused.get(work_id)
     if refusal is not None:
         raise failed_precondition(refusal.reason, refusal.message(), work_id=str(work_id))
-    replayed = await work_items.work_item_replay_batch(conn, plan.eligible)
+    replayed = await work_items.admin.work_item_replay_batch(conn, plan.eligible)
     if work_id not in replayed:
         raise aborted(f"work item {work_id} changed concurrently; read it again", work_id=str(work_id))
     log.info(
         "work item replayed",
         extra={"work_id": work_id, "generation": plan.eligible[0].generation, "actor": actor},
     )
-    return (await work_items.work_item_get_many(conn, [work_id]))[work_id]
+    return (await work_items.admin.work_item_get_many(conn, [work_id]))[work_id]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ async def bulk_replay(
     Cancelling the consumer stops between (or rolls back the current) batch: committed batches stay
     replayed, the rest stay dead. A dry run checks every item and changes nothing."""
     async with connection(pool) as conn:
-        ids = await work_items.work_item_list_dead_ids(conn, flt)
+        ids = await work_items.admin.work_item_list_dead_ids(conn, flt)
     progress = BulkProgress(total=len(ids))
     started = time.monotonic()
     for start in range(0, len(ids), batch_size):
@@ -244,7 +244,7 @@ async def bulk_replay(
             else:
                 async with conn.transaction():
                     plan = await work_item_replay_plan(conn, chunk, for_update=True)
-                    replayed = await work_items.work_item_replay_batch(conn, plan.eligible)
+                    replayed = await work_items.admin.work_item_replay_batch(conn, plan.eligible)
                 progress.replayed += len(replayed)
                 lost = len(plan.eligible) - len(replayed)
                 if lost:

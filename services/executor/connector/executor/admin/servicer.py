@@ -17,8 +17,8 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.grpc_input import InputRules
-from connector.common.grpc_server import current_principal
+from connector.common.core.grpc_input import InputRules
+from connector.common.core.grpc_server import current_principal
 from connector.executor import cutover
 from connector.executor.admin import (
     actions,
@@ -99,7 +99,7 @@ def dead_letter_filter(
     return flt
 
 
-#: Limits of the server's input stage for admin requests (connector.common.grpc_input): every
+#: Limits of the server's input stage for admin requests (connector.common.core.grpc_input): every
 #: string field of every RPC, in characters. Names, namespaces, work types, failure classes and
 #: service names are far shorter; a manifest is bounded by bytes in ``packs`` too.
 INPUT_RULES = InputRules(
@@ -664,7 +664,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             )
         return response
 
-    # -- packs (connector.common.pack_store) ------------------------------------------------------
+    # -- packs (connector.common.packs.install) ------------------------------------------------------
 
     async def ApplyPack(self, request: pb.ApplyPackRequest, context: Any) -> pb.ApplyPackResponse:
         return await packs.apply_pack(self, request)

@@ -6,7 +6,7 @@
 * deadlock / serialization failure / lock timeout → ABORTED ``CONCURRENT_CHANGE`` (retry);
 * statement timeout → DEADLINE_EXCEEDED ``STATEMENT_TIMEOUT``.
 A connection lost under the call becomes UNAVAILABLE ``DATABASE_UNAVAILABLE`` in the server's error
-interceptor (``connector.common.grpc_server``); anything else unexpected becomes INTERNAL there.
+interceptor (``connector.common.core.grpc_server``); anything else unexpected becomes INTERNAL there.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 from psycopg import AsyncConnection, errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connector.common.grpc_server import ServiceError
+from connector.common.core.grpc_server import ServiceError
 from connector.executor.admin.errors import Reason, aborted, resource_exhausted
 
 

@@ -1,5 +1,5 @@
 """Queue, lane and cutover statistics from indexed reads only (tests assert the plans with EXPLAIN),
-assembled from the store's statements: ``store.work_items.work_item_stats_*`` and
+assembled from the store's statements: ``store.work_items.stats.work_item_stats_*`` and
 ``work_item_lanes_blocked``, ``store.receipts.receipt_stats``, ``store.authority.cutover_state_list``
 and ``cutover_receipt_list``, ``store.packs.pack_exists``.
 
@@ -32,13 +32,13 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.schema import PAUSE_WHOLE_PACK
 from connector.common.store import authority, circuits, flow, pauses, receipts, work_items
 from connector.common.store import debounce as debounce_store
 from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
-from connector.common.store.work_items import QUEUE_STATES
-from connector.common.store.work_items import work_item_lanes_blocked as lanes_blocked_list
+from connector.common.store.schema import PAUSE_WHOLE_PACK
+from connector.common.store.work_items.stats import QUEUE_STATES
+from connector.common.store.work_items.stats import work_item_lanes_blocked as lanes_blocked_list
 
 __all__ = [
     "CutoverState",
@@ -97,10 +97,12 @@ RATE_KEYS_SHOWN = 200
 
 async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: float) -> QueueStats:
     params: dict[str, Any] = {"pack": pack, "window": RATE_WINDOW_S, "stale_s": stale_s}
-    packs = {int(r["installed_pack_id"]): r for r in await work_items.work_item_stats_rates(conn, params)}
-    depth = await work_items.work_item_stats_depth(conn, params)
-    classes = await work_items.work_item_stats_classes(conn, params)
-    processing = await work_items.work_item_stats_processing(conn, params)
+    packs = {
+        int(r["installed_pack_id"]): r for r in await work_items.stats.work_item_stats_rates(conn, params)
+    }
+    depth = await work_items.stats.work_item_stats_depth(conn, params)
+    classes = await work_items.stats.work_item_stats_classes(conn, params)
+    processing = await work_items.stats.work_item_stats_processing(conn, params)
     receipt_counts = await receipts.receipt_stats(conn, params)
     assert receipt_counts is not None
     paused = await pauses.pause_list(conn, pack)

@@ -421,7 +421,7 @@ async def _receipt_id(conn: Any, request: pb.TraceDeliveryRequest) -> int:
     if request.receipt_id:
         return int(request.receipt_id)
     if request.work_id:
-        rid = await work_items.work_item_receipt_id(conn, request.work_id)
+        rid = await work_items.admin.work_item_receipt_id(conn, request.work_id)
         if rid is None:
             raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {request.work_id} not found")
         return rid
@@ -452,7 +452,7 @@ async def trace_delivery(
         if row is None:
             raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
         event_rows = await events.event_list_by_receipts(conn, [receipt_id])
-        item_rows = await work_items.work_item_list_by_events(
+        item_rows = await work_items.admin.work_item_list_by_events(
             conn, [int(e["e_event_id"]) for e in event_rows]
         )
         members: list[LaneMember] = []

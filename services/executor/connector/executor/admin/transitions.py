@@ -23,8 +23,8 @@ from typing import Any
 
 import grpc
 
-from connector.common.grpc_server import ServiceError
-from connector.common.packs import canonical_json
+from connector.common.core.grpc_server import ServiceError
+from connector.common.packs.manifest import canonical_json
 from connector.common.store import authority, work_items
 from connector.common.store.legacy import legacy_outcome_receipt_list_failed
 from connector.executor import cutover, legacy
@@ -201,7 +201,9 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
             )
         except legacy.LegacyOutcomeError as exc:
             raise service_error(exc) from None
-        work_state = await work_items.work_item_state_by_event(conn, request.event_id, request.work_type)
+        work_state = await work_items.admin.work_item_state_by_event(
+            conn, request.event_id, request.work_type
+        )
         return pb.ResolveLegacyOutcomeResponse(
             event_id=done.event_id,
             work_type=done.work_type,

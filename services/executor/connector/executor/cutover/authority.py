@@ -13,11 +13,10 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common import migrate
-from connector.common.packs import sha256_hex
-from connector.common.refusal import Refused
+from connector.common.core.refusal import Refused
+from connector.common.packs.manifest import sha256_hex
 from connector.common.store import authority as store
-from connector.common.store import work_items
+from connector.common.store import migrate, work_items
 
 Conn = AsyncConnection[Any]
 
@@ -280,7 +279,7 @@ async def set_authority(
         },
     )
     await store.authority_notify(conn)
-    await work_items.work_notify(conn, "authority")
+    await work_items.finalize.work_notify(conn, "authority")
     return row
 
 

@@ -85,7 +85,7 @@ async def cutover_complete(
             return blocked(locked, "cutover", blockers, dry_run)
 
         switched = await legacy_store.event_owner_switch_to_work_item(conn, p)
-        reconciled = await work_items.work_item_reconciled_count(conn, p)
+        reconciled = await work_items.legacy.work_item_reconciled_count(conn, p)
         fences_resolved = await store.rollback_fence_resolved_ids(conn, installed_pack_id, generation)
         drain, lease = drained.drain, drained.lease
         before, projection = reconciled_proof.coverage_before, reconciled_proof.projection

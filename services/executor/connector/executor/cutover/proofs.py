@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from connector.common.backfill import BackfillReport, backfill
+from connector.common.delivery.backfill import BackfillReport, backfill
 from connector.common.store import authority as store
 from connector.common.store import legacy as legacy_store
 from connector.common.store import processes, work_items
@@ -81,7 +81,7 @@ async def legacy_drain_proof(
                 f" killed process stops counting {process_stale_s:g}s after its last heartbeat)",
             )
         )
-    open_counts = await work_items.work_item_open_counts(conn, p)
+    open_counts = await work_items.legacy.work_item_open_counts(conn, p)
     if open_counts["processing"]["n"]:
         blockers.append(
             Blocker(
@@ -118,7 +118,7 @@ async def reconciliation_proof(conn: Conn, locked: Locked, blockers: list[Blocke
                 " (ambiguous ownership): investigate; they are never overwritten",
             )
         )
-    awaiting = await work_items.work_item_awaiting_split(conn, p)
+    awaiting = await work_items.legacy.work_item_awaiting_split(conn, p)
     if awaiting["awaiting"]:
         blockers.append(
             Blocker(
@@ -188,7 +188,7 @@ async def work_item_idle_proof(
 ) -> WorkItemIdleProof:
     """Gate 4: zero WorkItem claimers' work in flight and nothing the legacy path cannot run."""
     p = locked.params
-    counts = await work_items.work_item_open_counts(conn, p)
+    counts = await work_items.legacy.work_item_open_counts(conn, p)
     processing = counts["processing"]
     if processing["n"]:
         blockers.append(
@@ -202,7 +202,7 @@ async def work_item_idle_proof(
         )
     started = sum(int(counts[s]["started"]) for s in ("pending", "blocked", "retry"))
     if started:
-        sample = await work_items.work_item_started_sample(conn, p)
+        sample = await work_items.legacy.work_item_started_sample(conn, p)
         blockers.append(
             Blocker(
                 "prior_dispatch",
@@ -227,5 +227,7 @@ async def work_item_idle_proof(
 
 async def fence_plan(conn: Conn, locked: Locked, proof: WorkItemIdleProof, process_stale_s: float) -> None:
     """Gate 4's fence plan and the WorkItem executors seen (recorded for audit), into ``proof``."""
-    proof.fenceable, proof.held_by_dead_head = await work_items.work_item_fence_plan(conn, locked.params)
+    proof.fenceable, proof.held_by_dead_head = await work_items.legacy.work_item_fence_plan(
+        conn, locked.params
+    )
     proof.work_item_processes = await processes.process_count_work_item_fresh(conn, stale_s=process_stale_s)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connector.common.packs import sha256_hex
+from connector.common.packs.manifest import sha256_hex
 from connector.common.store import authority as store
 from connector.common.store import work_items
 from connector.executor.cutover import proofs
@@ -126,7 +126,7 @@ async def to_legacy(
     fenced, fenced_events, fenced_sha, first_id, last_id = 0, 0, sha256_hex(""), None, None
     if fenceable:
         fence_id = await store.rollback_fence_insert(conn, pack, generation, fenceable)
-        r = await work_items.work_item_rollback_fence(conn, {**p, "fence_id": fence_id})
+        r = await work_items.legacy.work_item_rollback_fence(conn, {**p, "fence_id": fence_id})
         fenced, fenced_events, fenced_sha, first_id, last_id = int(r[0]), int(r[1]), str(r[2]), r[3], r[4]
         if fenced != fenceable:  # cannot happen under the locks; never write a partial proof
             raise CutoverBlocked(

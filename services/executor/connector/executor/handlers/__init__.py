@@ -119,7 +119,7 @@ class HandlerContext:
             self.source_lane_key,
             self.target_mutation_lane_key,
             self.traceparent,
-            *_,  # the executor's own columns (``work_items.ClaimedRow``: the concurrency key)
+            *_,  # the executor's own columns (``work_items.claim.ClaimedRow``: the concurrency key)
         ) = row
         self._deadline = deadline
         self.lease_lost = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import grpc
 
-from connector.common import tracing
+from connector.common.core import tracing
 from connector.executor.handlers import HandlerContext, Outcome, sanitize_summary
 from connector.v1 import handler_service_pb2, handler_service_pb2_grpc, types_pb2
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from connector.common import tracing
+from connector.common.core import tracing
 from connector.executor.handlers import HandlerContext, Outcome, sanitize_summary
 
 RETRY_STATUSES = frozenset({408, 429})

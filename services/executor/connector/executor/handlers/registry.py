@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from connector.common.packs import HandlerSpec, Manifest, RetryPolicy
+from connector.common.packs.manifest import HandlerSpec, Manifest, RetryPolicy
 from connector.executor.handlers.grpc import GrpcHandler
 from connector.executor.handlers.http import HttpHandler
 from connector.executor.handlers.python import HandlerUnavailable, python_handler

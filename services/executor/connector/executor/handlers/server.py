@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
-from connector.common import tracing
+from connector.common.core import tracing
 from connector.executor.handlers import EventFact, HandlerContext, Outcome, classify
 from connector.v1 import handler_service_pb2, handler_service_pb2_grpc
 
@@ -108,7 +108,7 @@ class WorkHandlerServicer(handler_service_pb2_grpc.WorkHandlerServiceServicer):
 
 
 def register(server: Any, fn: Callable[[HandlerContext], Any]) -> WorkHandlerServicer:
-    """Mount ``fn`` on a ``GrpcServer`` (``connector.common.grpc_server``)."""
+    """Mount ``fn`` on a ``GrpcServer`` (``connector.common.core.grpc_server``)."""
     servicer = WorkHandlerServicer(fn)
     server.add(
         handler_service_pb2_grpc.add_WorkHandlerServiceServicer_to_server,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from connector.common import runtime
-from connector.common.settings import DatabaseSettings, ExecutorSettings
+from connector.common.core import runtime
+from connector.common.core.settings import DatabaseSettings, ExecutorSettings
 from connector.executor.legacy.executor import LegacyNotAdmitted
 from connector.executor.legacy.service import LegacyService
 

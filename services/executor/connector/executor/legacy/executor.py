@@ -32,13 +32,14 @@ from prometheus_client import Counter, Gauge
 from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.eventlog import events
-from connector.common.listener import Listener, ListenerConfig
-from connector.common.runtime import cancel_tasks
-from connector.common.schema import CHANNEL_PACKS, CHANNEL_WORK
+from connector.common.core.eventlog import events
+from connector.common.core.listener import Listener, ListenerConfig
+from connector.common.core.runtime import cancel_tasks
 from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
-from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
+from connector.common.store.packs import pack_generation_manifest
+from connector.common.store.schema import CHANNEL_PACKS, CHANNEL_WORK
+from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor.handlers import (
     EventFact,
     HandlerContext,
@@ -194,7 +195,7 @@ class LegacyExecutor:
             ok, why = await self.admission(conn)
             if not ok:
                 raise LegacyNotAdmitted(why)
-            found = await work_items.pack_generation_manifest(conn, self.pack, self.generation)
+            found = await pack_generation_manifest(conn, self.pack, self.generation)
             if found is None:
                 raise LegacyNotAdmitted(f"pack {self.pack} generation {self.generation} has no manifest")
             self.registry.install(self.pack, self.generation, found[0], found[1])
@@ -425,7 +426,7 @@ class LegacyExecutor:
             payload: bytes | None = None
             content_type: str | None = None
             if any(t.decision == "run" for t in plan):
-                rows = await work_items.work_item_event_batch(conn, [h.event_id])
+                rows = await work_items.claim.work_item_event_batch(conn, [h.event_id])
                 if rows:
                     r = rows[0]
                     fact = EventFact(*r[:EVENT_ROW_BODY])

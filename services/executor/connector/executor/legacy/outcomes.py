@@ -23,8 +23,8 @@ from typing import Any
 from prometheus_client import Counter
 from psycopg import AsyncConnection
 
-from connector.common.packs import sha256_hex
-from connector.common.refusal import Refused
+from connector.common.core.refusal import Refused
+from connector.common.packs.manifest import sha256_hex
 from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
 from connector.common.store.lanes import lane_lock_batch, lane_settle_batch, lanes_of
@@ -123,7 +123,7 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
     # Lanes of the rows about to change: locked first, settled last (ADR 003).
     lanes: set[tuple[int, str, str]] = set()
     for r in receipts:
-        row = await work_items.work_item_legacy_projection_get(conn, r)
+        row = await work_items.legacy.work_item_legacy_projection_get(conn, r)
         if row is not None and row["state"] == "awaiting_legacy_outcome":
             lanes.update(
                 lanes_of(
@@ -153,14 +153,14 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
     if locked:
         settled = await lane_settle_batch(conn, locked)
         if settled.promoted:
-            await work_items.work_notify(conn, "legacy")
+            await work_items.finalize.work_notify(conn, "legacy")
     return report
 
 
 async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
     """``projected`` | ``duplicate`` | ``conflict`` for one receipt (rows locked by the caller's
     transaction)."""
-    w = await work_items.work_item_legacy_projection_lock(conn, r)
+    w = await work_items.legacy.work_item_legacy_projection_lock(conn, r)
     outcome = str(r["outcome"])
     final = outcome in ("succeeded", "failed")
     values = {
@@ -177,7 +177,7 @@ async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
         values["failure_class"] = r["failure_class"] or "legacy_outcome_unknown"
     if w is None:
         values["state"] = "reconciled_legacy_terminal" if final else "awaiting_legacy_outcome"
-        inserted = await work_items.work_item_legacy_mirror_insert(conn, values)
+        inserted = await work_items.legacy.work_item_legacy_mirror_insert(conn, values)
         return "projected" if inserted else "conflict"
     seen_version = w["legacy_outcome_receipt_version"]
     if w["state"] == "awaiting_legacy_outcome":
@@ -185,9 +185,9 @@ async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
             return "duplicate"  # an older version projected after a newer one: superseded
         values["work_id"] = w["work_id"]
         if final:
-            await work_items.work_item_legacy_reconcile(conn, values)
+            await work_items.legacy.work_item_legacy_reconcile(conn, values)
         else:
-            await work_items.work_item_legacy_quarantine(conn, values)
+            await work_items.legacy.work_item_legacy_quarantine(conn, values)
         return "projected"
     if w["state"] == "reconciled_legacy_terminal":
         if w["legacy_outcome_digest"] == r["digest"] or (

@@ -14,11 +14,11 @@ from prometheus_client import start_http_server
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common import db as dbmod
-from connector.common.metrics import stop_server as stop_metrics_server
-from connector.common.process_registry import ProcessRegistration
-from connector.common.runtime import cancel_task
-from connector.common.settings import DatabaseSettings, ExecutorSettings, PoolSettings
+from connector.common.core import db as dbmod
+from connector.common.core.metrics import stop_server as stop_metrics_server
+from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.runtime import cancel_task
+from connector.common.core.settings import DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.common.store import authority
 from connector.executor.legacy.executor import LegacyConfig, LegacyExecutor, LegacyNotAdmitted
 from connector.executor.metrics import REGISTRY

@@ -1,7 +1,7 @@
 """The claimer: the only scanner of this process. It discovers which (pack, queue class) groups have
 ready rows, asks the scheduler how many of the free window each gets, claims them in one statement
 (``work_item_claim_plain_batch``; the rate or flow statement when a group carries flow keys; the
-plain and rate statements by their generic plans, ``work_items.CLAIM_PLANS``),
+plain and rate statements by their generic plans, ``work_items.claim.CLAIM_PLANS``),
 loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
 sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
 ``poll_interval_s`` as the fallback.
@@ -19,7 +19,8 @@ from psycopg import AsyncConnection
 
 from connector.common.store import work_items
 from connector.common.store.debounce import debounce_covered_batch
-from connector.common.store.work_items import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
+from connector.common.store.packs import pack_generation_manifest, pack_names
+from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor import metrics as m
 from connector.executor.handlers import EventFact
 from connector.executor.work.inflight import InFlight
@@ -66,7 +67,7 @@ class Claimer:
         # They stay in ``_flow`` through a recheck: a plain claim that takes nothing from one of them
         # could not report what it left.
         self._keyed_heads: dict[tuple[int, str], int] = {}
-        # The plan mode of the claim connection (``work_items.CLAIM_PLANS``): True generic (plain and
+        # The plan mode of the claim connection (``work_items.claim.CLAIM_PLANS``): True generic (plain and
         # rate claims), False the server's (flow claims), None not set since it was taken.
         self._generic: bool | None = None
         self._due_probe_at = 0.0  # when the last due-time discovery was asked (``DUE_PROBE_S``)
@@ -127,7 +128,7 @@ class Claimer:
                 backoff = min(backoff * 2, 5.0)
         if conn is not None and self._generic and not conn.closed:
             with contextlib.suppress(Exception):  # the pool's next user gets the server's plan mode
-                await conn.execute(work_items.CLAIM_PLANS[False])
+                await conn.execute(work_items.claim.CLAIM_PLANS[False])
         await e.give_back(conn)
 
     async def _wait(self, limit_s: float) -> bool:
@@ -143,10 +144,10 @@ class Claimer:
 
     async def _discover(self, conn: AsyncConnection[Any], now: float) -> None:
         e = self.engine
-        rows = await work_items.work_item_ready_groups(conn)
+        rows = await work_items.claim.work_item_ready_groups(conn)
         new = {r[0] for r in rows} - e.known_packs
         if new:
-            names = await work_items.pack_names(conn)
+            names = await pack_names(conn)
             m.PACK_NAMES.update(names)  # the metrics' pack label is the name
             if e.cfg.pack_weights or e.cfg.pack_budgets:
                 e.scheduler.set_pack_names(names)
@@ -185,17 +186,17 @@ class Claimer:
             self._to_flow(self._keyed_heads, t0)
         level = max((flow.get(g.key, 0) for g, _ in alloc), default=0) if flow else 0
         if self._generic is not (level != FLOW):
-            await conn.execute(work_items.CLAIM_PLANS[level != FLOW])
+            await conn.execute(work_items.claim.CLAIM_PLANS[level != FLOW])
             self._generic = level != FLOW
         if not level:
             other: set[tuple[int, str]] = set()
-            rows = await work_items.work_item_claim_plain_batch(
+            rows = await work_items.claim.work_item_claim_plain_batch(
                 conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed, other=other
             )
             if keyed:
                 self._to_flow({k: FLOW if k in other else RATE for k in keyed}, t0)
         elif level == RATE:
-            rows = await work_items.work_item_claim_rate_batch(
+            rows = await work_items.claim.work_item_claim_rate_batch(
                 conn,
                 packs,
                 qcs,
@@ -209,7 +210,7 @@ class Claimer:
             if keyed:  # candidates with other flow keys: the flow statement's
                 self._to_flow(dict.fromkeys(keyed, FLOW), t0)
         else:  # FLOW
-            rows = await work_items.work_item_claim_batch(
+            rows = await work_items.claim.work_item_claim_batch(
                 conn,
                 packs,
                 qcs,
@@ -318,7 +319,7 @@ class Claimer:
 
     async def _load_generation(self, conn: AsyncConnection[Any], pack: int, generation: int) -> None:
         e = self.engine
-        found = await work_items.pack_generation_manifest(conn, pack, generation)
+        found = await pack_generation_manifest(conn, pack, generation)
         if found is None:
             e.registry.install_broken(pack, generation, "the pack generation has no manifest row")
             return
@@ -332,7 +333,7 @@ class Claimer:
             )
 
     async def _attach_events(self, conn: AsyncConnection[Any], items: list[InFlight]) -> None:
-        rows = await work_items.work_item_event_batch(conn, sorted({f.event_id for f in items}))
+        rows = await work_items.claim.work_item_event_batch(conn, sorted({f.event_id for f in items}))
         by_id: dict[int, tuple[Any, ...]] = {int(r[0]): r for r in rows}
         for f in items:
             r = by_id.get(f.event_id)
@@ -355,6 +356,6 @@ class Claimer:
                     m.COALESCED.labels(m.pack_label(f.installed_pack_id)).inc(len(got))
 
 
-# Positions of a claimed row (work_items.ClaimedRow) the group count reads.
-_PACK = work_items.CLAIM_COLUMNS.index("installed_pack_id")
-_QUEUE_CLASS = work_items.CLAIM_COLUMNS.index("queue_class")
+# Positions of a claimed row (work_items.claim.ClaimedRow) the group count reads.
+_PACK = work_items.claim.CLAIM_COLUMNS.index("installed_pack_id")
+_QUEUE_CLASS = work_items.claim.CLAIM_COLUMNS.index("queue_class")

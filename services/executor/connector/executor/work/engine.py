@@ -31,8 +31,8 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.listener import Listener
-from connector.common.runtime import cancel_tasks
+from connector.common.core.listener import Listener
+from connector.common.core.runtime import cancel_tasks
 from connector.executor import metrics as m
 from connector.executor.handlers.registry import HandlerRegistry
 from connector.executor.work.claimer import Claimer

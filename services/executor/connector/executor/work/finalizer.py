@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import AsyncConnection
 
-from connector.common.eventlog import events
-from connector.common.runtime import cancel_tasks
+from connector.common.core.eventlog import events
+from connector.common.core.runtime import cancel_tasks
 from connector.common.store import circuits, work_items
 from connector.common.store.lanes import Lane, LaneKind
-from connector.common.store.work_items import FailOp
+from connector.common.store.work_items.finalize import FailOp
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, backoff_delay
 from connector.executor.work.inflight import InFlight
@@ -64,7 +64,7 @@ class Pending:
     def __init__(self) -> None:
         self.complete_ids: list[int] = []
         self.complete_tokens: list[int] = []
-        self.fail = work_items.FailBatch()
+        self.fail = work_items.finalize.FailBatch()
         self.items: list[InFlight] = []
         self.lanes: set[Lane] = set()
         #: Concurrency slots the flush gives back: work id -> (pack, concurrency key).
@@ -251,7 +251,7 @@ class Finalizer:
             # The members this flush promotes are claimed by this process's own loop (woken below)
             # as far as its window allows; only what it cannot take is announced to the others.
             free = e.capacity - len(e.held) + len(batch)
-            res = await work_items.work_item_finalize(
+            res = await work_items.finalize.work_item_finalize(
                 conn,
                 batch.complete_ids,
                 batch.complete_tokens,
@@ -262,7 +262,7 @@ class Finalizer:
                 circuits=batch.circuits,
             )
         else:
-            res = await work_items.work_item_finalize(
+            res = await work_items.finalize.work_item_finalize(
                 conn,
                 batch.complete_ids,
                 batch.complete_tokens,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from connector.common.store.work_items import CLAIM_COLUMNS
+from connector.common.store.work_items.claim import CLAIM_COLUMNS
 from connector.executor.handlers import HandlerContext
 
 _CONCURRENCY_KEY = CLAIM_COLUMNS.index("concurrency_key")

@@ -49,7 +49,9 @@ class LeaseKeeper:
         tokens = [f.lease_token for f in live]
         t0 = monotonic()
         async with e.pool.connection() as conn:
-            renewed = await work_items.work_item_renew_lease_batch(conn, ids, tokens, lease_s=e.cfg.lease_s)
+            renewed = await work_items.finalize.work_item_renew_lease_batch(
+                conn, ids, tokens, lease_s=e.cfg.lease_s
+            )
         deadline = t0 + e.cfg.lease_s
         lost = 0
         for f in live:

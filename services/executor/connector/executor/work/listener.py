@@ -1,4 +1,4 @@
-"""The engine's wake-ups: a ``connector.common.listener.Listener`` on ``connector_work``. Every
+"""The engine's wake-ups: a ``connector.common.core.listener.Listener`` on ``connector_work``. Every
 notification marks the scheduler's groups ready and wakes the claimer; one that is not a lane
 promotion (``lanes``: those stay within known groups) also makes it look for new groups. After a
 (re)connect anything may have happened, so the groups are marked ready too.
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection, Notify
 
-from connector.common.listener import Listener, ListenerConfig
-from connector.common.schema import CHANNEL_WORK
+from connector.common.core.listener import Listener, ListenerConfig
+from connector.common.store.schema import CHANNEL_WORK
 
 if TYPE_CHECKING:
     from connector.executor.work.engine import Engine

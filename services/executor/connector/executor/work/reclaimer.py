@@ -51,10 +51,10 @@ class Reclaimer:
             except Exception as exc:
                 e.error("reclaim", exc)
 
-    async def reclaim_once(self) -> list[work_items.Reclaimed]:
+    async def reclaim_once(self) -> list[work_items.finalize.Reclaimed]:
         e = self.engine
         async with e.pool.connection() as conn:
-            rows = await work_items.work_item_reclaim_expired(conn)
+            rows = await work_items.finalize.work_item_reclaim_expired(conn)
         if rows:
             for st in ("retry", "dead"):
                 c = sum(1 for r in rows if r.state == st)

@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from connector.common import tracing
+from connector.common.core import tracing
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, classify, sanitize_summary
 from connector.executor.handlers.registry import WorkTypeRuntime

@@ -19,20 +19,20 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.process_registry import process_list
+from connector.common.core.process_registry import process_list
 from connector.common.store import circuits, debounce, flow, packs, pauses, work_items
 from connector.executor import metrics as m
 
 
 async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
-    m.PACK_NAMES.update(await work_items.pack_names(conn))  # the pack label is the name
+    m.PACK_NAMES.update(await packs.pack_names(conn))  # the pack label is the name
     for pack, work_type in await packs.pack_work_types_active(conn):
         m.outcomes_known(pack, work_type)
-    depth = await work_items.work_item_queue_depth(conn)
+    depth = await work_items.stats.work_item_queue_depth(conn)
     m.QUEUE_DEPTH.clear()
     for pack, qc, state, n in depth:
         m.QUEUE_DEPTH.labels(m.pack_label(pack), qc, state).set(n)
-    groups = await work_items.work_item_ready_groups(conn)
+    groups = await work_items.claim.work_item_ready_groups(conn)
     m.OLDEST_READY_AGE.clear()
     for g in groups:  # paused groups too: their work keeps ageing (the alerts tell the two apart)
         m.OLDEST_READY_AGE.labels(m.pack_label(g.pack), g.queue_class).set(max(0.0, -g.due_in))
@@ -72,7 +72,7 @@ async def sample_once(conn: AsyncConnection[Any], heartbeat_s: float) -> None:
             m.CIRCUIT_STATE.labels(label, target, st).set(1 if st == state else 0)
         m.CIRCUIT_STATE_SECONDS.labels(label, target).set(max(0.0, for_s))
     m.BLOCKED_LANES.clear()
-    for pack, dead_head, retry_wait in await work_items.work_item_blocked_lanes(conn):
+    for pack, dead_head, retry_wait in await work_items.stats.work_item_blocked_lanes(conn):
         m.BLOCKED_LANES.labels(m.pack_label(pack), "dead_head").set(dead_head)
         m.BLOCKED_LANES.labels(m.pack_label(pack), "retry_wait").set(retry_wait)
     processes = await process_list(conn)

@@ -9,7 +9,7 @@ provider exactly as the HTTP endpoint would:
     namespace_limit → RESOURCE_EXHAUSTED   database unavailable / overloaded → UNAVAILABLE
     every other refusal (method, size, empty, JSON, media type, header) → INVALID_ARGUMENT
 
-Before the handler runs, the server's input stage (``connector.common.grpc_input``) refuses, with
+Before the handler runs, the server's input stage (``connector.common.core.grpc_input``) refuses, with
 INVALID_ARGUMENT and ``http_status`` 400: bytes that are not a SubmitDeliveryRequest
 (``MALFORMED_REQUEST``), a string (namespace, route key, method, URI, header names and values)
 longer than ``MAX_STRING`` (``STRING_TOO_LONG``) or, outside the headers, holding a NUL character
@@ -38,9 +38,9 @@ from typing import Any
 import grpc
 from multidict import CIMultiDict
 
-from connector.common.eventlog import new_request_id, safe_peer, safe_token
-from connector.common.grpc_input import InputRules
-from connector.common.grpc_server import ServiceError
+from connector.common.core.eventlog import new_request_id, safe_peer, safe_token
+from connector.common.core.grpc_input import InputRules
+from connector.common.core.grpc_server import ServiceError
 from connector.ingress import admission as adm
 from connector.ingress.admission import Admission, Outcome
 from connector.v1 import ingress_service_pb2 as pb

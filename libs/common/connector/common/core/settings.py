@@ -62,7 +62,7 @@ class PoolSettings(BaseSettings):
 
 
 class UpkeepSettings(PoolSettings):
-    """Queue-table VACUUM/ANALYZE by the service itself (connector.common.upkeep, ADR 008)."""
+    """Queue-table VACUUM/ANALYZE by the service itself (connector.common.maintenance.upkeep, ADR 008)."""
 
     #: ``auto``: only while autovacuum is off for a table; ``on``: always; ``off``: never.
     upkeep_mode: Literal["auto", "on", "off"] = "auto"
@@ -181,7 +181,7 @@ class ExecutorSettings(UpkeepSettings):
     handler_threads: int = Field(default=0, ge=0)
     #: Queue depth / oldest-ready / blocked-lane sampling for metrics (0 disables).
     stats_interval_s: float = Field(default=15.0, ge=0)
-    #: Retention (connector.common.retention, ADR 009): retired deliveries (receipt, events, all
+    #: Retention (connector.common.maintenance.retention, ADR 009): retired deliveries (receipt, events, all
     #: WorkItems succeeded) accepted longer ago than this are deleted; 0 = keep forever. Must exceed
     #: the providers' redelivery windows (a redelivery of a deleted delivery is a new delivery).
     retention_delivered_s: float = Field(default=604_800.0, ge=0)

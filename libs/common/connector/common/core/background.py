@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from connector.common.runtime import cancel_task
+from connector.common.core.runtime import cancel_task
 
 REPORT_EVERY_S = 300.0
 

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, Notify, sql
 
-from connector.common.runtime import cancel_task
+from connector.common.core.runtime import cancel_task
 
 Conn = AsyncConnection[Any]
 WakeCallback = Callable[[list[Notify]], Awaitable[None] | None]

@@ -15,8 +15,8 @@ import psycopg
 from prometheus_client.core import GaugeMetricFamily
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from connector.common import metrics
-from connector.common.settings import DatabaseSettings, PoolSettings
+from connector.common.core import metrics
+from connector.common.core.settings import DatabaseSettings, PoolSettings
 
 log = logging.getLogger(__name__)
 

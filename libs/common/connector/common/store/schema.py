@@ -1,6 +1,6 @@
 """The one schema source of truth: every table of the connector runtime as SQLAlchemy Core.
 
-Alembic migrations (``connector/common/migrations``) are checked against this ``MetaData`` by a test
+Alembic migrations (``connector/common/store/migrations``) are checked against this ``MetaData`` by a test
 that dumps both catalogs and diffs them, partial-index predicates and triggers included.
 
 Ownership (DESIGN §2): ingress inserts receipts; the materializer owns receipt-routing columns,

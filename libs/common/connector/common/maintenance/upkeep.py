@@ -28,8 +28,8 @@ import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 from psycopg import sql
 
-from connector.common.background import BackgroundJob, session_lock_release, session_lock_try
-from connector.common.metrics import LATENCY_BUCKETS, SHARED
+from connector.common.core.background import BackgroundJob, session_lock_release, session_lock_try
+from connector.common.core.metrics import LATENCY_BUCKETS, SHARED
 
 log = logging.getLogger("connector.upkeep")
 

@@ -2,7 +2,7 @@
 insert — one module for the routing loop, the backfill and the cutover (docs/adr/004-materializer.md).
 
 * **Plan** (pure): a route is compiled once per route id (``compile_route``, the extraction language
-  of ``connector.common.extraction``; header values come from what the ingress stored on the
+  of ``connector.common.packs.extraction``; header values come from what the ingress stored on the
   receipt). ``plan_receipt`` gives an ``EventDraft`` (event fields, companion, correlation ids and one
   ``WorkDraft`` per fan-out entry with its lane keys) or a ``Failure`` whose summary names fields and
   rules, never a value. A missing required field, a lane key that cannot be formed or a body that is
@@ -30,8 +30,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common import extraction
-from connector.common.extraction import (
+from connector.common.packs import extraction
+from connector.common.packs.extraction import (
     Context,
     Getter,
     compile_template,
@@ -41,9 +41,9 @@ from connector.common.extraction import (
     references,
     template_reads_body,
 )
-from connector.common.jsonvalues import scalar_text
-from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import (
+from connector.common.packs.install import ActivePack, ActiveRoute
+from connector.common.packs.jsonvalues import scalar_text
+from connector.common.packs.manifest import (
     DEFAULT_SOURCE_LANE_KEY,
     HEADER_FIELDS,
     CircuitBreaker,
@@ -60,7 +60,8 @@ from connector.common.store.debounce import DebounceKey, debounce_declare, debou
 from connector.common.store.flow import RateKey, SlotKey, concurrency_declare, rate_limit_declare
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
 from connector.common.store.receipts import ReceiptRow
-from connector.common.store.work_items import WorkRow, work_item_insert_batch, work_notify
+from connector.common.store.work_items.finalize import work_notify
+from connector.common.store.work_items.insert import WorkRow, work_item_insert_batch
 
 #: Longest extracted value kept (object ids, kinds, correlation ids).
 #: Longest lane key, in UTF-8 bytes (lane keys are indexed; a btree entry must stay well under 2.7 kB).

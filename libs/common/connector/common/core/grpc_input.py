@@ -1,6 +1,6 @@
 """Request checks at the gRPC boundary: once, for every RPC of every service, before its handler.
 
-The server's interceptor (``connector.common.grpc_server``) runs ``check`` on every decoded request
+The server's interceptor (``connector.common.core.grpc_server``) runs ``check`` on every decoded request
 and answers INVALID_ARGUMENT with an ``ErrorInfo`` reason (metadata ``field``: the field's path)
 instead of letting client input reach the database or a conversion that raises:
 

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import psycopg
 from prometheus_client import Counter, Gauge, Histogram
 
-from connector.common.background import BackgroundJob, session_lock_release, session_lock_try
-from connector.common.metrics import LATENCY_BUCKETS, registry
+from connector.common.core.background import BackgroundJob, session_lock_release, session_lock_try
+from connector.common.core.metrics import LATENCY_BUCKETS, registry
 from connector.common.store import admin_requests, deliveries, receipts
 
 log = logging.getLogger("connector.retention")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from connector.common.schema import metadata
+from connector.common.store.schema import metadata
 
 config = context.config
 

@@ -2,10 +2,10 @@
 flood the log.
 
 One ``EventLog`` per service (``events("ingress")``). ``emit(event, reason, **fields)`` writes one
-JSON line (``connector.common.logs``: sensitive field names are redacted there as everywhere) while
+JSON line (``connector.common.core.logs``: sensitive field names are redacted there as everywhere) while
 the key's token bucket has a token: ``burst`` lines at once, refilled at ``rate_per_s``. Past that a
 line is not written but counted: ``connector_log_lines_suppressed_total{service,event,reason}``
-(shared code's registry, ``connector.common.metrics.SHARED``), and one summary line per
+(shared code's registry, ``connector.common.core.metrics.SHARED``), and one summary line per
 ``summary_s`` per key says how many were dropped (``msg="log lines suppressed"``, ``suppressed=N``)
 — written by a timer started on the first suppressed line of an interval, so a flood that stops is
 still summarised, and ``flush()`` (on shutdown) writes any pending summary at once.
@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from prometheus_client import Counter
 
-from connector.common.metrics import SHARED
+from connector.common.core.metrics import SHARED
 
 SUPPRESSED = Counter(
     "connector_log_lines_suppressed_total",

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
-from connector.common import tracing
+from connector.common.core import tracing
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ async def run_until_signal(
 def run(main: Callable[[], Coroutine[Any, Any, None]], *, traced_as: str | None = None) -> None:
     """Run ``main`` on uvloop when available (the default event loop otherwise). ``traced_as``: the
     service's name for traces, set up before and flushed after (only when the standard
-    ``OTEL_*`` variables turn tracing on; connector.common.tracing)."""
+    ``OTEL_*`` variables turn tracing on; connector.common.core.tracing)."""
     if traced_as is not None:
         tracing.setup(traced_as)
     try:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from connector.common.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
-from connector.common.packs import ValueSpec
+from connector.common.packs.jsonvalues import pointer_tokens, resolve_tokens, scalar_text
+from connector.common.packs.manifest import ValueSpec
 
 HeaderGet = Callable[[str], str | None]
 

@@ -38,9 +38,9 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg_pool import PoolTimeout
 
-from connector.common import grpc_input
-from connector.common.db import connection_lost
-from connector.common.metrics import LATENCY_BUCKETS, PerService
+from connector.common.core import grpc_input
+from connector.common.core.db import connection_lost
+from connector.common.core.metrics import LATENCY_BUCKETS, PerService
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ class GrpcServer:
         reuse_port: bool = False,
         service: str = "unattributed",
     ) -> None:
-        """``service`` names the registry the gRPC server metrics go to (``connector.common.metrics``;
+        """``service`` names the registry the gRPC server metrics go to (``connector.common.core.metrics``;
         ``unattributed`` is served by no endpoint)."""
         # SO_REUSEPORT only when asked (several worker processes on one port): otherwise a second
         # server on a taken port must fail instead of silently sharing it.

@@ -25,7 +25,7 @@ from importlib import metadata
 
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.runtime import cancel_task
+from connector.common.core.runtime import cancel_task
 from connector.common.store.processes import (
     ProcessRow,
     process_deregister,

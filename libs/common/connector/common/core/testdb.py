@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from connector.common import migrate
+from connector.common.store import migrate
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def server_url() -> str:
         return str(container.get_connection_url())
     except Exception as exc:  # no docker engine: fall through to the embedded server
         log.debug("testcontainers PostgreSQL unavailable: %s", type(exc).__name__)
-    from connector.common.embedded import start_embedded
+    from connector.common.core.embedded import start_embedded
 
     return start_embedded(Path(os.environ.get("CONNECTOR_TEST_DATA_DIR", ".data/test-pg")))
 

@@ -24,7 +24,8 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from connector.common.packs import (
+from connector.common.core.refusal import Refused
+from connector.common.packs.manifest import (
     Manifest,
     RouteSpec,
     WorkTypeSpec,
@@ -33,7 +34,6 @@ from connector.common.packs import (
     route_effective_config,
     sha256_hex,
 )
-from connector.common.refusal import Refused
 from connector.common.store import authority, events
 from connector.common.store import packs as store_packs
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from connector.common.materialization import (
+from connector.common.delivery.materialization import (
     EventDraft,
     Failure,
     RouteCompiler,
@@ -36,11 +36,11 @@ from connector.common.materialization import (
     plan_receipt,
     work_row,
 )
-from connector.common.pack_store import ActivePack, ActiveRoute
-from connector.common.packs import Manifest, RouteSpec
+from connector.common.packs.install import ActivePack, ActiveRoute
+from connector.common.packs.manifest import Manifest, RouteSpec
 from connector.common.store import events, packs
 from connector.common.store.receipts import ReceiptRow
-from connector.common.store.work_items import WorkRow
+from connector.common.store.work_items.insert import WorkRow
 
 log = logging.getLogger(__name__)
 

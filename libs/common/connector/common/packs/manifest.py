@@ -2,7 +2,7 @@
 
 A manifest (YAML or JSON; see docs/packs.md) is validated in full: ``parse_manifest`` reports field
 errors, cross-reference errors and verification errors *together*, every one as ``path: message``,
-and nothing is installed when any is found (``connector.common.pack_store`` installs it as a new
+and nothing is installed when any is found (``connector.common.packs.install`` installs it as a new
 generation with versioned routes; activation is a separate, atomic step). Nothing here branches on a
 provider: presets are just named verification configs.
 
@@ -37,12 +37,12 @@ from pydantic import (
     model_validator,
 )
 
-from connector.common import verification
+from connector.common.packs import verification
 
 # A route's verification spec is the verifier's own model (verification.py); re-exported here with
 # the other manifest models.
-from connector.common.verification import SecretRef as SecretRef
-from connector.common.verification import VerificationSpec as VerificationSpec
+from connector.common.packs.verification import SecretRef as SecretRef
+from connector.common.packs.verification import VerificationSpec as VerificationSpec
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
 EXTRACTABLE = (

@@ -1,0 +1,360 @@
+"""The admin API's reads and transitions on ``connector_work_item``: dead letters and one WorkItem
+with their event and receipt (built from the aliased select lists ``WORK_ITEM_SELECT_COLUMNS``,
+``events.EVENT_SELECT_COLUMNS``, ``receipts.RECEIPT_SELECT_COLUMNS``), replay, cancel, and the
+lookups of find and trace."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from connector.common.store.debounce import debounce_lock, debounce_unpark_newest
+from connector.common.store.events import EVENT_SELECT_COLUMNS
+from connector.common.store.lanes import (
+    Lane,
+    lane_lock_batch,
+    lane_settle_batch,
+)
+from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
+from connector.common.store.rows import fetch_dict, fetch_dicts
+from connector.common.store.work_items.finalize import work_notify
+
+Conn = AsyncConnection[Any]
+
+# ------------------------------------------------------------------------------------------------
+# The admin API
+# ------------------------------------------------------------------------------------------------
+
+# A WorkItem row as the admin API shows it, each column aliased ``w_<column>`` so it can share a row
+# with its event's and receipt's (``connector.executor.admin.convert.work_item`` reads these names).
+WORK_ITEM_SELECT_COLUMNS = """
+  w.work_id AS w_work_id, w.event_id AS w_event_id, w.installed_pack_id AS w_installed_pack_id,
+  w.generation AS w_generation, w.work_type AS w_work_type, w.queue_class AS w_queue_class,
+  w.state AS w_state, w.run_after AS w_run_after, w.priority AS w_priority, w.attempts AS w_attempts,
+  w.max_attempts AS w_max_attempts, w.delivery_seq AS w_delivery_seq,
+  w.source_lane_key AS w_source_lane_key, w.target_mutation_lane_key AS w_target_mutation_lane_key,
+  w.lease_owner AS w_lease_owner, w.lease_token AS w_lease_token, w.lease_until AS w_lease_until,
+  w.outcome AS w_outcome, w.failure_class AS w_failure_class, w.failure_summary AS w_failure_summary,
+  w.replay_count AS w_replay_count, w.created_at AS w_created_at, w.updated_at AS w_updated_at,
+  w.finished_at AS w_finished_at, w.rate_key AS w_rate_key, w.concurrency_key AS w_concurrency_key,
+  w.debounce_key AS w_debounce_key, w.covered_by AS w_covered_by, w.circuit_key AS w_circuit_key,
+  w.priority_head_s AS w_priority_head_s"""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Which dead letters a list or a bulk replay covers. Statements are built from constant
+    fragments for the filters present (never a ``param IS NULL OR`` catch-all, which gives generic
+    plans that ignore the partial indexes)."""
+
+    installed_pack_id: int | None = None
+    generation: int | None = None
+    work_type: str | None = None
+    failure_class: str | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pack": self.installed_pack_id,
+            "generation": self.generation,
+            "work_type": self.work_type,
+            "failure_class": self.failure_class,
+            "after": self.finished_after.isoformat() if self.finished_after else None,
+            "before": self.finished_before.isoformat() if self.finished_before else None,
+        }
+
+    def where(self) -> tuple[list[str], dict[str, Any]]:
+        """Conditions on alias ``w`` (state = 'dead' included) and their parameters."""
+        clauses = ["w.state = 'dead'"]
+        params: dict[str, Any] = {}
+        if self.installed_pack_id is not None:
+            clauses.append("w.installed_pack_id = %(pack)s")
+            params["pack"] = self.installed_pack_id
+        if self.generation is not None:
+            clauses.append("w.generation = %(generation)s")
+            params["generation"] = self.generation
+        if self.work_type is not None:
+            clauses.append("w.work_type = %(work_type)s")
+            params["work_type"] = self.work_type
+        if self.failure_class is not None:
+            clauses.append("w.failure_class = %(failure_class)s")
+            params["failure_class"] = self.failure_class
+        if self.finished_after is not None:
+            clauses.append("w.finished_at >= %(after)s")
+            params["after"] = self.finished_after
+        if self.finished_before is not None:
+            clauses.append("w.finished_at < %(before)s")
+            params["before"] = self.finished_before
+        return clauses, params
+
+
+# Dead WorkItems with their event and receipt, newest finish first, keyset on (finished_at,
+# work_id): ``ix_connector_work_item_dead`` (installed_pack_id, finished_at, work_id) WHERE state =
+# 'dead'. ``{where}``: ``DeadLetterFilter.where()`` and the keyset.
+WORK_ITEM_LIST_DEAD = (
+    f"SELECT {WORK_ITEM_SELECT_COLUMNS}, {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS} "
+    "\nFROM connector_work_item w"
+    "\nJOIN connector_event e ON e.event_id = w.event_id"
+    "\nJOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id"
+    " WHERE {where} ORDER BY w.finished_at DESC, w.work_id DESC LIMIT %(limit)s"
+)
+
+# One WorkItem with its event and receipt (outer joins: shown even without them); the body only
+# when ``with_body`` (a caller allowed to see payloads).
+WORK_ITEM_GET = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS}, {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS},
+       CASE WHEN %(with_body)s THEN r.body END AS r_body
+FROM connector_work_item w
+LEFT JOIN connector_event e ON e.event_id = w.event_id
+LEFT JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = %(work_id)s
+"""
+
+
+# The ids of every dead letter matching a filter (a bulk replay's worklist), in id order.
+WORK_ITEM_LIST_DEAD_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
+
+WORK_ITEM_GET_MANY = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+# Replay (admin/replay.py checks; docs/admin.md): what the checks read of each item, its event and
+# its receipt.
+WORK_ITEM_REPLAY_CANDIDATES = """
+SELECT w.work_id, w.state, w.replay_count, w.installed_pack_id, w.work_type,
+       w.source_lane_key, w.target_mutation_lane_key,
+       e.incarnation, e.execution_owner, r.route_key,
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body
+FROM connector_work_item w
+JOIN connector_event e ON e.event_id = w.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+# The replay transition, fenced by the state seen (``dead``, or ``cancelled``: a cancel can be
+# undone by a replay) and ``replay_count = <seen>``: a concurrent replay or transition makes a row
+# match nothing. The item moves to the active generation with its work
+# type's settings; lane members go ``blocked`` (the settle promotes the runnable ones).
+WORK_ITEM_REPLAY_BATCH = """
+UPDATE connector_work_item w SET
+  state = CASE WHEN w.source_lane_key IS NULL AND w.target_mutation_lane_key IS NULL
+               THEN 'pending' ELSE 'blocked' END,
+  generation = v.generation,
+  queue_class = v.queue_class,
+  priority = v.priority,
+  priority_head_s = v.priority_head_s,
+  max_attempts = v.max_attempts,
+  dead_blocks_lane = v.dead_blocks_lane,
+  attempts = 0,
+  run_after = now(),
+  replay_count = w.replay_count + 1,
+  outcome = NULL,
+  lease_owner = NULL,
+  lease_until = NULL,
+  started_at = NULL,
+  finished_at = NULL,
+  updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(seen)s::int[], %(generations)s::int[], %(queue_classes)s::text[],
+            %(priorities)s::smallint[], %(heads)s::float8[], %(max_attempts)s::int[],
+            %(dead_blocks)s::boolean[], %(seen_states)s::text[])
+  AS v(work_id, seen_replay_count, generation, queue_class, priority, priority_head_s, max_attempts,
+       dead_blocks_lane, seen_state)
+WHERE w.work_id = v.work_id AND w.state IN ('dead', 'cancelled') AND w.state = v.seen_state
+  AND w.replay_count = v.seen_replay_count
+RETURNING w.work_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayable:
+    """A dead item that passed the replay checks: the replay count it was seen with (the fence) and
+    the active generation's settings for its work type."""
+
+    work_id: int
+    seen_replay_count: int
+    installed_pack_id: int
+    generation: int
+    queue_class: str
+    priority: int
+    max_attempts: int
+    dead_blocks_lane: bool
+    lanes: tuple[Lane, ...]
+    seen_state: str = "dead"
+    #: The active generation's head start for its work type (``packs.priority_heads``).
+    priority_head_s: float = 0.0
+
+
+async def work_item_list_dead(
+    conn: Conn,
+    flt: DeadLetterFilter,
+    *,
+    after: tuple[datetime | None, int] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Dead WorkItems matching ``flt`` with event and receipt context, after the keyset."""
+    clauses, params = flt.where()
+    if after is not None:
+        finished, work_id = after
+        params["k_work_id"] = work_id
+        if finished is None:  # NULL finish times sort first in DESC order
+            clauses.append("(w.finished_at IS NOT NULL OR w.work_id < %(k_work_id)s)")
+        else:
+            params["k_finished"] = finished
+            clauses.append("(w.finished_at, w.work_id) < (%(k_finished)s, %(k_work_id)s)")
+    params["limit"] = limit
+    return await fetch_dicts(conn, WORK_ITEM_LIST_DEAD.format(where=" AND ".join(clauses)), params)
+
+
+async def work_item_get(conn: Conn, work_id: int, *, with_body: bool) -> dict[str, Any] | None:
+    return await fetch_dict(conn, WORK_ITEM_GET, {"work_id": work_id, "with_body": with_body})
+
+
+async def work_item_list_dead_ids(conn: Conn, flt: DeadLetterFilter) -> list[int]:
+    clauses, params = flt.where()
+    cur = await conn.execute(WORK_ITEM_LIST_DEAD_IDS.format(where=" AND ".join(clauses)), params)
+    return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def work_item_get_many(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    return {int(r["w_work_id"]): r for r in await fetch_dicts(conn, WORK_ITEM_GET_MANY, {"ids": list(ids)})}
+
+
+async def work_item_replay_candidates(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    rows = await fetch_dicts(conn, WORK_ITEM_REPLAY_CANDIDATES, {"ids": list(ids)})
+    return {int(r["work_id"]): r for r in rows}
+
+
+async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> list[int]:
+    """The transition for checked items (caller's transaction), lane locks first (ADR 003): lock,
+    fenced update, settle, wake-up. Returns the ids replayed; an id missing from the result lost its
+    fence (changed since the check)."""
+    if not eligible:
+        return []
+    todo = sorted(eligible, key=lambda r: r.work_id)  # fixed row order (DESIGN §8 trap 1)
+    locked = await lane_lock_batch(conn, [lane for r in todo for lane in r.lanes])
+    cur = await conn.execute(
+        WORK_ITEM_REPLAY_BATCH,
+        {
+            "ids": [r.work_id for r in todo],
+            "seen": [r.seen_replay_count for r in todo],
+            "generations": [r.generation for r in todo],
+            "queue_classes": [r.queue_class for r in todo],
+            "priorities": [r.priority for r in todo],
+            "heads": [float(r.priority_head_s) for r in todo],
+            "max_attempts": [r.max_attempts for r in todo],
+            "dead_blocks": [r.dead_blocks_lane for r in todo],
+            "seen_states": [r.seen_state for r in todo],
+        },
+    )
+    replayed = sorted(int(row[0]) for row in await cur.fetchall())
+    if locked:
+        # demote: a replayed member is earlier than members that moved on while it was dead (a
+        # "continue" dead head); they wait again behind it.
+        await lane_settle_batch(conn, locked, demote=True)
+    if replayed:
+        await work_notify(conn)
+    return replayed
+
+
+# Cancel (admin/actions.py; docs/admin.md): what the checks read of one item and its event.
+WORK_ITEM_CANCEL_CANDIDATE = """
+SELECT w.work_id, w.state, w.lease_token, w.installed_pack_id, w.source_lane_key,
+       w.target_mutation_lane_key, w.failure_class, w.failure_summary, e.execution_owner,
+       w.work_type, w.debounce_key
+FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
+WHERE w.work_id = %(id)s
+"""
+
+# The cancel transition, fenced by the lease token seen by the checks and a cancellable state: a
+# claim in between (``processing``, token + 1) makes it match nothing. A claimer holding the row
+# (its claim statement has it locked) makes this wait for that statement's commit and then re-check
+# the new row version (READ COMMITTED), which no longer matches; a claimer arriving later skips the
+# row this holds (``SKIP LOCKED``). Lane promotions in between (blocked -> pending) keep the token.
+WORK_ITEM_CANCEL = """
+UPDATE connector_work_item w
+SET state = 'cancelled', outcome = 'cancelled', failure_class = 'cancelled',
+    failure_summary = left(%(summary)s, 512), lease_owner = NULL, lease_until = NULL,
+    finished_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE w.work_id = %(id)s AND w.lease_token = %(token)s
+  AND w.state IN ('pending', 'blocked', 'retry', 'dead')
+RETURNING w.work_id
+"""
+
+
+async def work_item_cancel_candidate(conn: Conn, work_id: int) -> dict[str, Any] | None:
+    return await fetch_dict(conn, WORK_ITEM_CANCEL_CANDIDATE, {"id": work_id})
+
+
+async def work_item_cancel(
+    conn: Conn,
+    work_id: int,
+    token: int,
+    lanes: Sequence[Lane],
+    *,
+    summary: str,
+    debounce: tuple[int, str, str] | None = None,
+) -> tuple[bool, int]:
+    """Cancel one checked item (caller's transaction), lane locks first (ADR 003): lock, fenced
+    update, settle (the lane's next member becomes runnable), wake-up when one was promoted.
+    Returns ``(cancelled, lane members promoted)``; ``False``: the fence did not match (claimed or
+    changed since the check). A debounced item (``debounce``: pack, work type, key) locks its key
+    row first, as the materializer does, and afterwards makes its key's newest waiting item live
+    again if it was parked (docs/packs.md#debounce: the cancelled one may have been the live one)."""
+    locked = await lane_lock_batch(conn, lanes)
+    if debounce is not None:
+        await debounce_lock(conn, *debounce)
+    cur = await conn.execute(WORK_ITEM_CANCEL, {"id": work_id, "token": token, "summary": summary})
+    done = await cur.fetchone() is not None
+    if done and debounce is not None:
+        await debounce_unpark_newest(conn, *debounce)
+    promoted = 0
+    if done and locked:
+        promoted = (await lane_settle_batch(conn, locked)).promoted
+        if promoted:
+            await work_notify(conn, "lanes")
+    return done, promoted
+
+
+WORK_ITEM_STATE_BY_EVENT = """
+SELECT state FROM connector_work_item WHERE event_id = %(event_id)s AND work_type = %(work_type)s
+"""
+
+
+async def work_item_state_by_event(conn: Conn, event_id: int, work_type: str) -> str | None:
+    """The state of an event's WorkItem of ``work_type`` (``None``: there is none)."""
+    cur = await conn.execute(WORK_ITEM_STATE_BY_EVENT, {"event_id": event_id, "work_type": work_type})
+    row = await cur.fetchone()
+    return None if row is None else str(row[0])
+
+
+# The WorkItems of found or traced deliveries (one statement per page or trace), by their events:
+# ``uq_connector_work_item_event_id_work_type``; with the lane policy the trace's wait reads.
+WORK_ITEM_LIST_BY_EVENTS = f"""
+SELECT {WORK_ITEM_SELECT_COLUMNS}, w.dead_blocks_lane AS w_dead_blocks_lane
+FROM connector_work_item w WHERE w.event_id = ANY(%(ids)s::bigint[])
+ORDER BY w.event_id, w.work_id
+"""
+
+
+async def work_item_list_by_events(conn: Conn, event_ids: Sequence[int]) -> list[dict[str, Any]]:
+    if not event_ids:
+        return []
+    return await fetch_dicts(conn, WORK_ITEM_LIST_BY_EVENTS, {"ids": list(event_ids)})
+
+
+# The receipt of a WorkItem's event (TraceDelivery by work id): two primary-key probes.
+WORK_ITEM_RECEIPT_ID = """
+SELECT e.receipt_id FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id
+WHERE w.work_id = %(work_id)s
+"""
+
+
+async def work_item_receipt_id(conn: Conn, work_id: int) -> int | None:
+    cur = await conn.execute(WORK_ITEM_RECEIPT_ID, {"work_id": work_id})
+    row = await cur.fetchone()
+    return None if row is None else int(row[0])
