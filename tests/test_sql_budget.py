@@ -40,7 +40,7 @@ CLAIMS = tuple(
     STORE + "work_items.claim." + n
     for n in ("WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH", "WORK_ITEM_CLAIM_BATCH")
 )
-ROUTED = STORE + "receipts.RECEIPT_MARK_MATERIALIZED_BATCH"
+ROUTED = STORE + "receipts.routing.RECEIPT_MARK_MATERIALIZED_BATCH"
 
 #: Hot-loop statements per delivery, per stage, at this load (fan out to 2 WorkItems, one in a
 #: source lane; bursts of 32 at 300/s). Measured at the time of writing: ingress 0.06,
@@ -140,7 +140,7 @@ def violations(rep: dict[str, Any]) -> list[str]:
     if bg / rep["span_s"] > BACKGROUND_PER_S:
         out.append(f"background: {bg / rep['span_s']:.1f} statements/s > {BACKGROUND_PER_S}")
     routed = _calls(rep, ROUTED, "materializer")
-    routing_claims = _calls(rep, STORE + "receipts.RECEIPT_CLAIM_ROUTABLE", "materializer")
+    routing_claims = _calls(rep, STORE + "receipts.routing.RECEIPT_CLAIM_ROUTABLE", "materializer")
     per_batch, per_s = ROUTING_CLAIMS_PER_BATCH
     if routing_claims > per_batch * routed + per_s * rep["span_s"]:
         out.append(f"materializer: {routing_claims} routing claims for {routed} routed batches "

@@ -186,11 +186,11 @@ async def test_time_range_reads_only_its_receipt_id_range(admin: Admin, seed: Se
     assert found.scanned_receipts == 3, found.scanned_receipts
     first_new = min(d.receipt.receipt_id for d in found.deliveries)
     async with admin.pool.connection() as conn:
-        assert await receipts.receipt_id_at(conn, datetime.now(UTC) - timedelta(hours=1)) == first_new
-        assert await receipts.receipt_id_at(conn, datetime.now(UTC) - timedelta(days=3)) == min(old)
-        assert await receipts.receipt_id_at(conn, datetime.now(UTC) + timedelta(days=1)) == first_new + 3
-        page = await receipts.receipt_find_scan(
-            conn, receipts.DeliveryFilter(namespace="shop"), after=None, id_range=(None, None), limit=10
+        assert await receipts.find.receipt_id_at(conn, datetime.now(UTC) - timedelta(hours=1)) == first_new
+        assert await receipts.find.receipt_id_at(conn, datetime.now(UTC) - timedelta(days=3)) == min(old)
+        assert await receipts.find.receipt_id_at(conn, datetime.now(UTC) + timedelta(days=1)) == first_new + 3
+        page = await receipts.find.receipt_find_scan(
+            conn, receipts.find.DeliveryFilter(namespace="shop"), after=None, id_range=(None, None), limit=10
         )
     assert page.scanned == 33  # control: unbounded, the old receipts are examined too
 
@@ -242,7 +242,7 @@ async def test_a_scan_without_a_key_is_bounded_per_call(
     """Only the oldest of 25 deliveries matches; with 10 receipts examined per call the first two
     pages are empty but carry a token, the third finds it. Control: the scan count is what bounds
     the call (``scanned_receipts``)."""
-    monkeypatch.setattr(receipts, "FIND_SCAN_LIMIT", 10)
+    monkeypatch.setattr(receipts.find, "FIND_SCAN_LIMIT", 10)
     pack = await seed.pack("shop")
     target = await seed.item(pack, state="dead")
     for _ in range(24):

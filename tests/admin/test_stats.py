@@ -373,7 +373,7 @@ def _plans() -> list[tuple[str, str, dict[str, Any]]]:
             ),
             ("cutover", authority.cutover_state_list_sql(pack), p),
         ]
-    out.append(("receipts", receipts.RECEIPT_STATS, params))
+    out.append(("receipts", receipts.admin.RECEIPT_STATS, params))
     clauses, dparams = work_items.admin.DeadLetterFilter(installed_pack_id=1).where()
     out.append(
         (

@@ -618,7 +618,7 @@ def test_chunk_statements_use_indexes_on_a_large_table(db) -> None:
         ("events", deliveries.EVENT_DELETE_RETIRED, {"event_ids": event_ids}, {"pk_connector_event"}, 8 * n),
         ("receipts", deliveries.RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff},
          {"pk_connector_ingress_receipt"}, 8 * n),
-        ("oldest", receipts.RECEIPT_OLDEST_AGE, {}, {"pk_connector_ingress_receipt"}, 20),
+        ("oldest", receipts.admin.RECEIPT_OLDEST_AGE, {}, {"pk_connector_ingress_receipt"}, 20),
     ]  # fmt: skip
     with db.transaction(force_rollback=True):  # the deletes run in order, as in a chunk, then undone
         for name, query, params, indexes, most in cases:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from connector.common.store.receipts import RECEIPT_GET_BY_KEYS, RECEIPT_INSERT_BATCH
+from connector.common.store.receipts.insert import RECEIPT_GET_BY_KEYS, RECEIPT_INSERT_BATCH
 
 UNIQUE = "uq_connector_ingress_receipt_namespace_idempotency_key"
 

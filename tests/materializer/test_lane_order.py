@@ -197,7 +197,7 @@ async def _two_batches(adb, make_router, *, order_wait_max_s: float) -> tuple[Ro
     first: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
     second: Router = await make_router(batch_size=32, order_wait_max_s=order_wait_max_s)
     async with first._pool.connection() as conn:
-        earlier = await receipts.receipt_claim_routable(
+        earlier = await receipts.routing.receipt_claim_routable(
             conn, owner="first", limit=32, lease_s=30, horizon_wait_s=30
         )
     assert len(earlier) == 32

@@ -46,7 +46,7 @@ async def test_claim_and_gate_statements_use_their_partial_indexes(adb) -> None:
 
     claim = await _explain(
         adb,
-        receipts.RECEIPT_CLAIM_ROUTABLE,
+        receipts.routing.RECEIPT_CLAIM_ROUTABLE,
         {"owner": "x", "limit": 256, "lease_s": 30.0, "horizon_wait_s": 5.0},
     )
     scans = _scans(claim, "connector_ingress_receipt")
@@ -54,11 +54,13 @@ async def test_claim_and_gate_statements_use_their_partial_indexes(adb) -> None:
     assert ("Index Scan", "ix_connector_ingress_receipt_routing") in scans, scans
     assert not any(kind == "Seq Scan" for kind, _ in scans), scans
 
-    floor = await _explain(adb, receipts.RECEIPT_INFLIGHT_FLOOR, {"namespaces": ["shop"], "mine": [1, 2]})
+    floor = await _explain(
+        adb, receipts.routing.RECEIPT_INFLIGHT_FLOOR, {"namespaces": ["shop"], "mine": [1, 2]}
+    )
     kinds = _scans(floor, "connector_ingress_receipt")
     assert kinds and all(index == "ix_connector_ingress_receipt_routing" for _, index in kinds), kinds
 
-    lag = await _explain(adb, receipts.RECEIPT_ROUTING_LAG, {})
+    lag = await _explain(adb, receipts.routing.RECEIPT_ROUTING_LAG, {})
     assert sorted(_scans(lag, "connector_ingress_receipt")) == [
         ("Index Scan", "ix_connector_ingress_receipt_routable"),
         ("Index Scan", "ix_connector_ingress_receipt_routing"),
@@ -109,7 +111,7 @@ async def test_claim_plan_stays_by_id_when_the_backlog_grows(adb) -> None:
     await adb.execute("UPDATE connector_ingress_receipt SET router_status = 'materialized'")
     await adb.execute("ANALYZE connector_ingress_receipt")
     await adb.execute("SET plan_cache_mode = force_generic_plan")
-    body, order = positional(receipts.RECEIPT_CLAIM_ROUTABLE)
+    body, order = positional(receipts.routing.RECEIPT_CLAIM_ROUTABLE)
     await adb.execute("PREPARE claim AS " + body)
     params = {"owner": "x", "limit": 256, "lease_s": 30.0, "horizon_wait_s": 0.0}
     call = "EXECUTE claim(" + ", ".join(sql.Literal(params[k]).as_string(adb) for k in order) + ")"

@@ -168,7 +168,7 @@ async def test_a_stale_claim_is_fenced_off(adb, make_router) -> None:
     async with slow._pool.connection() as conn:
         from connector.common.store import receipts
 
-        claimed = await receipts.receipt_claim_routable(
+        claimed = await receipts.routing.receipt_claim_routable(
             conn, owner="slow", limit=10, lease_s=30, horizon_wait_s=30
         )
     assert len(claimed) == 3
@@ -269,18 +269,18 @@ async def test_started_workers_drain_the_backlog_and_stop(adb, make_router) -> N
 async def test_routing_lag_counts_due_and_stuck_receipts(adb) -> None:
     from connector.common.store import receipts
 
-    assert await receipts.receipt_routing_lag(adb) == 0.0
+    assert await receipts.routing.receipt_routing_lag(adb) == 0.0
     [due, stuck] = await insert_receipts(adb, [body(1), body(2)])
     await adb.execute(
         "UPDATE connector_ingress_receipt SET next_attempt_at = now() - interval '20 s'"
         " WHERE receipt_id = %s",
         (due,),
     )
-    assert 19 < await receipts.receipt_routing_lag(adb) < 40
+    assert 19 < await receipts.routing.receipt_routing_lag(adb) < 40
     # A receipt claimed by a process that died keeps counting from its acceptance.
     await adb.execute(
         """UPDATE connector_ingress_receipt SET router_status = 'routing', lease_until = now(),
              accepted_at = now() - interval '90 s' WHERE receipt_id = %s""",
         (stuck,),
     )
-    assert 89 < await receipts.receipt_routing_lag(adb) < 120
+    assert 89 < await receipts.routing.receipt_routing_lag(adb) < 120

@@ -132,7 +132,7 @@ async def _post_demo(http_base: str, key: str) -> str:
 
 async def _wait_executed(url: str, msg_id: str, wait_s: float) -> dict[str, Any]:
     from connector.cli import demo
-    from connector.common.store.receipts import receipt_work_outcome
+    from connector.common.store.receipts.admin import receipt_work_outcome
 
     deadline = time.monotonic() + wait_s
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:

@@ -136,7 +136,7 @@ async def receipt_commit_batch(
     conn: psycopg.AsyncConnection[Any], batch: Sequence[PendingReceipt]
 ) -> list[CommitResult]:
     """Insert a batch in one statement (one transaction, autocommit); results in batch order."""
-    inserted, existing = await receipts.receipt_insert_batch(conn, batch)
+    inserted, existing = await receipts.insert.receipt_insert_batch(conn, batch)
     missing = [
         item
         for item in batch
@@ -144,7 +144,7 @@ async def receipt_commit_batch(
         and (item.namespace, item.idempotency_key) not in existing
     ]
     if missing:
-        existing.update(await receipts.receipt_get_by_keys(conn, missing))
+        existing.update(await receipts.insert.receipt_get_by_keys(conn, missing))
     results: list[CommitResult] = []
     answered: set[tuple[str, str]] = set()
     for item in batch:

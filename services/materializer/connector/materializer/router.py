@@ -53,7 +53,7 @@ from connector.common.delivery.materialization import (
 from connector.common.packs.install import ActivePack, ActiveRoute, RouteCache
 from connector.common.store.events import event_id_reserve
 from connector.common.store.packs import pack_active_check
-from connector.common.store.receipts import (
+from connector.common.store.receipts.routing import (
     ReceiptRow,
     receipt_claim_routable,
     receipt_inflight_floor,

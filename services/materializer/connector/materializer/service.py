@@ -233,7 +233,7 @@ class MaterializerService:
         while not self._stopping.is_set():
             try:
                 async with self.pool.connection() as conn:
-                    metrics.ROUTING_LAG.set(await receipts.receipt_routing_lag(conn))
+                    metrics.ROUTING_LAG.set(await receipts.routing.receipt_routing_lag(conn))
             except Exception as exc:
                 log.debug("lag sample failed", extra={"error_class": type(exc).__name__})
             with contextlib.suppress(TimeoutError):

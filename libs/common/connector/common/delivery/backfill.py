@@ -39,7 +39,7 @@ from connector.common.delivery.materialization import (
 from connector.common.packs.install import ActivePack, ActiveRoute
 from connector.common.packs.manifest import Manifest, RouteSpec
 from connector.common.store import events, packs
-from connector.common.store.receipts import ReceiptRow
+from connector.common.store.receipts.routing import ReceiptRow
 from connector.common.store.work_items.insert import WorkRow
 
 log = logging.getLogger(__name__)

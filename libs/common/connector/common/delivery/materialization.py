@@ -59,7 +59,7 @@ from connector.common.store.circuits import CircuitKey, circuit_declare
 from connector.common.store.debounce import DebounceKey, debounce_declare, debounce_schedule
 from connector.common.store.flow import RateKey, SlotKey, concurrency_declare, rate_limit_declare
 from connector.common.store.lanes import Lane, lane_lock_batch, lane_overtaken, lane_settle_batch
-from connector.common.store.receipts import ReceiptRow
+from connector.common.store.receipts.routing import ReceiptRow
 from connector.common.store.work_items.finalize import work_notify
 from connector.common.store.work_items.insert import WorkRow, work_item_insert_batch
 

@@ -262,7 +262,7 @@ async def sweep(
             n = await admin_requests.admin_request_delete_expired(conn, admin_requests_s)
             RETENTION_DELETED.labels("connector_admin_request").inc(n)
         res.deleted["connector_admin_request"] += n
-    res.oldest_receipt_age_s = await receipts.receipt_oldest_age(conn)
+    res.oldest_receipt_age_s = await receipts.admin.receipt_oldest_age(conn)
     res.seconds = time.perf_counter() - t0
     return res
 

@@ -27,7 +27,7 @@ from connector.common.store.authority import LEGACY_AUTHORITY as _LEGACY_AUTHORI
 from connector.common.store.authority import SCHEDULER_LEASE_HELD as _SCHEDULER_LEASE_HELD
 from connector.common.store.events import EVENT_SELECT_COLUMNS
 from connector.common.store.lanes import lane_holding
-from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
+from connector.common.store.receipts.admin import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]

@@ -1,6 +1,6 @@
 """Rows to protos. The rows come from the store's aliased select lists, whose names these read:
 ``w_*`` from ``store.work_items.admin.WORK_ITEM_SELECT_COLUMNS``, ``e_*`` from
-``store.events.EVENT_SELECT_COLUMNS``, ``r_*`` from ``store.receipts.RECEIPT_SELECT_COLUMNS``.
+``store.events.EVENT_SELECT_COLUMNS``, ``r_*`` from ``store.receipts.admin.RECEIPT_SELECT_COLUMNS``.
 
 Sanitized by construction: the receipt select list never includes the signature, the verification
 secret reference or the body; the body is added only when a caller allowed to see payloads asks.

@@ -1,10 +1,10 @@
 """FindDeliveries: deliveries (a receipt with its events and WorkItems, in every state) by key or
 filter, newest receipt first, keyset-paginated (docs/admin.md, "Find").
 
-The request becomes a ``store.receipts.DeliveryFilter``. A key (receipt id, work id, provider
+The request becomes a ``store.receipts.find.DeliveryFilter``. A key (receipt id, work id, provider
 delivery id, idempotency key, correlation id, a receipt status other than ``materialized``) makes
 the search an index lookup; without one the receipts are scanned newest first, at most
-``store.receipts.FIND_SCAN_LIMIT`` per call, so a call costs the same whatever the table size: its
+``store.receipts.find.FIND_SCAN_LIMIT`` per call, so a call costs the same whatever the table size: its
 page may hold fewer matches than asked for, even none, with a page token to resume below the last
 receipt it examined. A time range bounds the scan by receipt id (``receipt_id_at``). Each page is completed by
 three batched statements (receipts, their events, their WorkItems), never one per row.
@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from connector.common.store import events, receipts, schema, work_items
-from connector.common.store.receipts import FIND_TIME_MARGIN_S, DeliveryFilter
+from connector.common.store.receipts.find import FIND_TIME_MARGIN_S, DeliveryFilter
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument
 from connector.executor.admin.session import connection
@@ -104,18 +104,18 @@ async def find_deliveries(
     resume: int | None = None
     async with connection(pool) as conn:
         if flt.keyed:
-            ids = await receipts.receipt_find(conn, flt, after=after, limit=size + 1)
+            ids = await receipts.find.receipt_find(conn, flt, after=after, limit=size + 1)
             if len(ids) > size:
                 ids = ids[:size]
                 resume = ids[-1]
         else:
             low = high = None
             if flt.accepted_after is not None and (at := _shift(flt.accepted_after, -1)) is not None:
-                low = await receipts.receipt_id_at(conn, at)
+                low = await receipts.find.receipt_id_at(conn, at)
             if flt.accepted_before is not None and (at := _shift(flt.accepted_before, 1)) is not None:
-                high = await receipts.receipt_id_at(conn, at)
-            scan_limit = receipts.FIND_SCAN_LIMIT
-            page = await receipts.receipt_find_scan(
+                high = await receipts.find.receipt_id_at(conn, at)
+            scan_limit = receipts.find.FIND_SCAN_LIMIT
+            page = await receipts.find.receipt_find_scan(
                 conn, flt, after=after, id_range=(low, high), limit=size + 1, scan_limit=scan_limit
             )
             response.scanned_receipts = page.scanned
@@ -126,7 +126,7 @@ async def find_deliveries(
             elif page.scanned >= scan_limit and page.scanned_min is not None:
                 resume = page.scanned_min  # more receipts below: the next call scans on
         if ids:
-            rows = await receipts.receipt_get_many(conn, ids)
+            rows = await receipts.find.receipt_get_many(conn, ids)
             event_rows = await events.event_list_by_receipts(conn, ids)
             item_rows = await work_items.admin.work_item_list_by_events(
                 conn, [int(e["e_event_id"]) for e in event_rows]

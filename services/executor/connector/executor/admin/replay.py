@@ -283,7 +283,7 @@ async def bulk_replay(
 async def receipt_replay(conn: AsyncConnection[Any], receipt_id: int, *, actor: str) -> dict[str, Any]:
     """Hand a failed receipt back to the materializer (caller's transaction). The materializer
     routes it again against the active generation; checks here fail closed first."""
-    row = await receipts.receipt_replay_check(conn, receipt_id)
+    row = await receipts.admin.receipt_replay_check(conn, receipt_id)
     if row is None:
         raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
     md = {"receipt_id": str(receipt_id)}
@@ -310,9 +310,9 @@ async def receipt_replay(conn: AsyncConnection[Any], receipt_id: int, *, actor: 
         )
     if not row["has_body"]:
         raise failed_precondition(Reason.PAYLOAD_MISSING, "the receipt body is gone", **md)
-    updated = await receipts.receipt_replay(conn, receipt_id)
+    updated = await receipts.admin.receipt_replay(conn, receipt_id)
     if updated is None:  # pragma: no cover - the row is locked FOR UPDATE above
         raise aborted(f"receipt {receipt_id} changed concurrently")
-    await receipts.receipt_notify(conn)
+    await receipts.admin.receipt_notify(conn)
     log.info("receipt replayed", extra={"receipt_id": receipt_id, "actor": actor})
     return updated

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from connector.common.core.grpc_input import InputRules
 from connector.common.core.grpc_server import current_principal
+from connector.common.store import processes, receipts, work_items
 from connector.executor import cutover
 from connector.executor.admin import (
     actions,
@@ -26,7 +27,6 @@ from connector.executor.admin import (
     find,
     packs,
     pagination,
-    reads,
     replay,
     requests,
     stats,
@@ -81,10 +81,10 @@ def _optional_id(value: int, name: str) -> int | None:
 
 def dead_letter_filter(
     req: pb.ListDeadLettersRequest | pb.ReplayDeadLettersRequest,
-) -> reads.DeadLetterFilter:
+) -> work_items.admin.DeadLetterFilter:
     if req.generation < 0:
         raise invalid_argument("generation must not be negative", field="generation")
-    flt = reads.DeadLetterFilter(
+    flt = work_items.admin.DeadLetterFilter(
         installed_pack_id=_optional_id(req.installed_pack_id, "installed_pack_id"),
         generation=req.generation or None,
         work_type=req.work_type or None,
@@ -177,7 +177,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             except (TypeError, ValueError):
                 raise pagination.bad_page_token() from None
         async with connection(self._pool) as conn:
-            rows = await reads.dead_letter_list(conn, flt, after=after, limit=size + 1)
+            rows = await work_items.admin.work_item_list_dead(conn, flt, after=after, limit=size + 1)
         response = pb.ListDeadLettersResponse()
         for row in rows[:size]:
             response.dead_letters.append(
@@ -206,7 +206,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     role="ReplayConnectorEvents",
                 )
         async with connection(self._pool) as conn:
-            row = await reads.work_item_get(conn, work_id, with_body=request.include_payload)
+            row = await work_items.admin.work_item_get(conn, work_id, with_body=request.include_payload)
         if row is None:
             raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {work_id} not found")
         body = bytes(row["r_body"]) if request.include_payload and row.get("r_body") is not None else None
@@ -385,7 +385,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             except (TypeError, ValueError):
                 raise pagination.bad_page_token() from None
         async with connection(self._pool) as conn:
-            rows = await reads.receipt_failure_list(
+            rows = await receipts.admin.receipt_list_failed(
                 conn, request.namespace or None, after=after, limit=size + 1
             )
         response = pb.ListReceiptFailuresResponse()
@@ -464,7 +464,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             except (TypeError, ValueError):
                 raise pagination.bad_page_token() from None
         async with connection(self._pool) as conn:
-            rows = await stats.lanes_blocked_list(conn, pack, after=after, limit=size + 1)
+            rows = await work_items.stats.work_item_lanes_blocked(conn, pack, after=after, limit=size + 1)
         response = pb.ListBlockedLanesResponse()
         for row in rows[:size]:
             response.lanes.append(
@@ -617,7 +617,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                 raise pagination.bad_page_token()
             after = key[0]
         async with connection(self._pool) as conn:
-            rows = await reads.process_list(
+            rows = await processes.process_list_page(
                 conn,
                 request.service or None,
                 stale_after_s=self._process_stale_after_s,

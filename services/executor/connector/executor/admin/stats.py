@@ -1,6 +1,6 @@
 """Queue, lane and cutover statistics from indexed reads only (tests assert the plans with EXPLAIN),
 assembled from the store's statements: ``store.work_items.stats.work_item_stats_*`` and
-``work_item_lanes_blocked``, ``store.receipts.receipt_stats``, ``store.authority.cutover_state_list``
+``work_item_lanes_blocked``, ``store.receipts.admin.receipt_stats``, ``store.authority.cutover_state_list``
 and ``cutover_receipt_list``, ``store.packs.pack_exists``.
 
 Every count is driven from the small control tables (packs, generations) into equality ranges of
@@ -38,14 +38,12 @@ from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
 from connector.common.store.schema import PAUSE_WHOLE_PACK
 from connector.common.store.work_items.stats import QUEUE_STATES
-from connector.common.store.work_items.stats import work_item_lanes_blocked as lanes_blocked_list
 
 __all__ = [
     "CutoverState",
     "QueueRow",
     "QueueStats",
     "cutover_state_get",
-    "lanes_blocked_list",
     "pack_exists",
     "queue_stats",
 ]
@@ -103,7 +101,7 @@ async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: 
     depth = await work_items.stats.work_item_stats_depth(conn, params)
     classes = await work_items.stats.work_item_stats_classes(conn, params)
     processing = await work_items.stats.work_item_stats_processing(conn, params)
-    receipt_counts = await receipts.receipt_stats(conn, params)
+    receipt_counts = await receipts.admin.receipt_stats(conn, params)
     assert receipt_counts is not None
     paused = await pauses.pause_list(conn, pack)
     rate_rows = await flow.rate_limit_stats(conn, pack, RATE_KEYS_SHOWN + 1)

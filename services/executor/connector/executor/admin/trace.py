@@ -21,7 +21,7 @@ from connector.common.store import authority, events, processes, receipts, work_
 from connector.common.store import circuits as circuit_store
 from connector.common.store import pauses as pause_store
 from connector.common.store.lanes import LaneKind, LaneMember, lane_position_batch, lanes_of
-from connector.common.store.receipts import DeliveryFilter
+from connector.common.store.receipts.find import DeliveryFilter
 from connector.common.store.rows import snapshot_read_only
 from connector.executor.admin import convert
 from connector.executor.admin.auth import Principal
@@ -428,7 +428,7 @@ async def _receipt_id(conn: Any, request: pb.TraceDeliveryRequest) -> int:
     flt = DeliveryFilter(
         provider_delivery_id=request.provider_delivery_id, namespace=request.namespace or None
     )
-    ids = await receipts.receipt_find(conn, flt, after=None, limit=10)
+    ids = await receipts.find.receipt_find(conn, flt, after=None, limit=10)
     if not ids:
         raise not_found(Reason.DELIVERY_NOT_FOUND, "no receipt has this provider delivery id")
     if len(ids) > 1:
@@ -448,7 +448,7 @@ async def trace_delivery(
     async with connection(pool) as conn, conn.transaction():
         await snapshot_read_only(conn)
         receipt_id = await _receipt_id(conn, request)
-        row = await receipts.receipt_trace_get(conn, receipt_id, with_body=with_body)
+        row = await receipts.find.receipt_trace_get(conn, receipt_id, with_body=with_body)
         if row is None:
             raise not_found(Reason.RECEIPT_NOT_FOUND, f"receipt {receipt_id} not found")
         event_rows = await events.event_list_by_receipts(conn, [receipt_id])

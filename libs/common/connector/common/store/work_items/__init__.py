@@ -6,7 +6,7 @@ Joins held here (their driving table is the WorkItem): the claimed batch's event
 (``work_item_event_batch``: ``connector_event`` + ``connector_ingress_receipt`` by primary key); the
 admin API's dead letters and WorkItem with their event and receipt (``work_item_list_dead``,
 ``work_item_get``, built from the aliased select lists ``WORK_ITEM_SELECT_COLUMNS``,
-``events.EVENT_SELECT_COLUMNS``, ``receipts.RECEIPT_SELECT_COLUMNS``), the replay checks' item,
+``events.EVENT_SELECT_COLUMNS``, ``receipts.admin.RECEIPT_SELECT_COLUMNS``), the replay checks' item,
 event and receipt (``work_item_replay_candidates``), and its queue and lane statistics driven from
 the pack and generation rows (``work_item_stats_*``, ``work_item_lanes_blocked``).
 

@@ -1,6 +1,6 @@
 """The admin API's reads and transitions on ``connector_work_item``: dead letters and one WorkItem
 with their event and receipt (built from the aliased select lists ``WORK_ITEM_SELECT_COLUMNS``,
-``events.EVENT_SELECT_COLUMNS``, ``receipts.RECEIPT_SELECT_COLUMNS``), replay, cancel, and the
+``events.EVENT_SELECT_COLUMNS``, ``receipts.admin.RECEIPT_SELECT_COLUMNS``), replay, cancel, and the
 lookups of find and trace."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from connector.common.store.lanes import (
     lane_lock_batch,
     lane_settle_batch,
 )
-from connector.common.store.receipts import RECEIPT_SELECT_COLUMNS
+from connector.common.store.receipts.admin import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
 from connector.common.store.work_items.finalize import work_notify
 

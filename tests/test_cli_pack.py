@@ -14,9 +14,8 @@ import psycopg
 import pytest
 import yaml
 
-from connector.materializer import packs_cli
-
-from .test_manifest import BROKEN, EXAMPLES
+from connector.cli import pack
+from tests.materializer.test_manifest import BROKEN, EXAMPLES
 
 CONNECTOR = Path(sys.executable).with_name("connector")
 
@@ -53,7 +52,7 @@ def test_apply_dry_run_then_activate(
         args = argparse.Namespace(file=str(path), activate=False, dry_run=False, actor="test", **{})
         for k, v in flags.items():
             setattr(args, k, v)
-        assert packs_cli.apply(args) == 0
+        assert pack.apply(args) == 0
         return capsys.readouterr().out
 
     dry = apply(example, dry_run=True)

@@ -1,0 +1,126 @@
+"""The ingress's statements on ``connector_ingress_receipt``: the group commit's one multi-row
+insert per batch (``receipt_insert_batch``, docs/adr/002-ingress-group-commit.md) and the lookup of
+the keys a batch found taken."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from psycopg import AsyncConnection
+
+from connector.common.store import schema
+
+Conn = AsyncConnection[Any]
+
+# --------------------------------------------------------------------------------------------------
+# Ingress: the group commit
+# --------------------------------------------------------------------------------------------------
+
+RECEIPT_INSERT_BATCH = f"""
+WITH input AS (
+  SELECT j.r->>0 AS namespace, j.r->>1 AS route_key, (j.r->>2)::int8 AS route_id,
+         (j.r->>3)::int4 AS route_version, j.r->>4 AS provider_delivery_id, j.r->>5 AS idempotency_key,
+         j.r->>6 AS method, j.r->>7 AS content_type, j.r->>8 AS event_kind,
+         to_timestamp((j.r->>9)::float8) AS received_at, (j.r->>10)::jsonb AS correlation_ids,
+         j.r->>11 AS verification, j.r->>12 AS traceparent, b.payload_sha256, b.body, j.ord
+  FROM jsonb_array_elements(%(envelope)s::jsonb) WITH ORDINALITY AS j(r, ord)
+  JOIN unnest(%(payload_sha256)b::bytea[], %(body)b::bytea[]) WITH ORDINALITY AS b(payload_sha256, body, ord)
+    USING (ord)
+), inserted AS (
+  INSERT INTO connector_ingress_receipt (namespace, route_key, route_id, route_version,
+    provider_delivery_id, idempotency_key, method, content_type, event_kind, received_at,
+    correlation_ids, verification, traceparent, payload_sha256, body)
+  SELECT namespace, route_key, route_id, route_version, provider_delivery_id, idempotency_key, method,
+         content_type, event_kind, received_at, correlation_ids, verification, traceparent,
+         payload_sha256, body
+  FROM input ORDER BY ord
+  ON CONFLICT (namespace, idempotency_key) DO NOTHING
+  RETURNING namespace, idempotency_key, receipt_id
+)
+SELECT namespace, idempotency_key, receipt_id, true AS inserted,
+       (SELECT 1 FROM pg_notify('{schema.CHANNEL_RECEIPTS}', '')) AS notified
+FROM inserted
+UNION ALL
+SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL
+FROM connector_ingress_receipt r
+JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace, idempotency_key)
+"""
+
+# Keys whose conflicting row committed after the batch statement's snapshot was taken.
+RECEIPT_GET_BY_KEYS = """
+SELECT r.namespace, r.idempotency_key, r.receipt_id
+FROM connector_ingress_receipt r
+JOIN unnest(%(namespace)s::text[], %(idempotency_key)s::text[]) AS k(namespace, idempotency_key)
+  USING (namespace, idempotency_key)
+"""
+
+
+class ReceiptInsert(Protocol):
+    """One verified delivery as the insert reads it (the ingress' ``PendingReceipt``)."""
+
+    namespace: str
+    route_key: str
+    route_id: int
+    route_version: int
+    provider_delivery_id: str | None
+    idempotency_key: str
+    method: str
+    content_type: str | None
+    event_kind: str | None
+    received_at: float
+    correlation_ids: str
+    payload_sha256: bytes
+    body: bytes
+    verification: str
+    #: W3C traceparent of the ingress span (``None`` while tracing is off).
+    traceparent: str | None
+
+
+ReceiptKey = tuple[str, str]
+
+
+def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
+    """The batch as three parameters: the envelope as one JSON array of rows (serialized by the C
+    encoder in one call; positions match ``RECEIPT_INSERT_BATCH``) and two binary arrays for the
+    bytes. Fourteen typed arrays cost the writer ~40% more CPU per batch in parameter adaptation
+    alone (measured: ~500 vs ~300 us per 16 rows)."""
+    envelope = [
+        [
+            i.namespace, i.route_key, i.route_id, i.route_version, i.provider_delivery_id, i.idempotency_key,
+            i.method, i.content_type, i.event_kind, i.received_at, i.correlation_ids, i.verification,
+            i.traceparent,
+        ]
+        for i in batch
+    ]  # fmt: skip
+    return {
+        "envelope": json.dumps(envelope, separators=(",", ":")),
+        "payload_sha256": [i.payload_sha256 for i in batch],
+        "body": [i.body for i in batch],
+    }
+
+
+async def receipt_insert_batch(
+    conn: Conn, batch: Sequence[ReceiptInsert]
+) -> tuple[dict[ReceiptKey, int], dict[ReceiptKey, int]]:
+    """Insert a batch in one statement (one transaction when ``conn`` is in autocommit). Returns
+    (receipt ids inserted, receipt ids of earlier duplicates seen by the statement's snapshot), both
+    keyed by (namespace, idempotency key)."""
+    cur = await conn.execute(RECEIPT_INSERT_BATCH, _insert_params(batch))
+    inserted: dict[ReceiptKey, int] = {}
+    existing: dict[ReceiptKey, int] = {}
+    for namespace, key, receipt_id, was_inserted, _notified in await cur.fetchall():
+        (inserted if was_inserted else existing)[(namespace, key)] = receipt_id
+    return inserted, existing
+
+
+async def receipt_get_by_keys(conn: Conn, items: Sequence[ReceiptInsert]) -> dict[ReceiptKey, int]:
+    cur = await conn.execute(
+        RECEIPT_GET_BY_KEYS,
+        {
+            "namespace": [i.namespace for i in items],
+            "idempotency_key": [i.idempotency_key for i in items],
+        },
+    )
+    return {(ns, key): rid for ns, key, rid in await cur.fetchall()}
