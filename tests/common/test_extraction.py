@@ -15,9 +15,9 @@ from connector.common.packs.extraction import (
     reads_body,
     references,
 )
-from connector.common.packs.install import ActivePack, ActiveRoute
 from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, pointer_tokens, resolve_tokens, scalar_text
 from connector.common.packs.manifest import ValueSpec, parse_manifest
+from connector.common.packs.routes import ActivePack, ActiveRoute
 from connector.ingress.envelope import Envelope
 
 

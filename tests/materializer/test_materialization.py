@@ -19,8 +19,8 @@ from connector.common.delivery.materialization import (
     compile_route,
     plan_receipt,
 )
-from connector.common.packs.install import ActivePack, ActiveRoute
 from connector.common.packs.manifest import parse_manifest
+from connector.common.packs.routes import ActivePack, ActiveRoute
 
 from .conftest import manifest, work_type
 

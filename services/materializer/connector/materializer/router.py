@@ -50,7 +50,7 @@ from connector.common.delivery.materialization import (
     plan_batch,
     work_rows,
 )
-from connector.common.packs.install import ActivePack, ActiveRoute, RouteCache
+from connector.common.packs.routes import ActivePack, ActiveRoute, RouteCache
 from connector.common.store.events import event_id_reserve
 from connector.common.store.packs import pack_active_check
 from connector.common.store.receipts.routing import (

@@ -38,7 +38,7 @@ from connector.common.core.process_registry import ProcessRegistration
 from connector.common.core.runtime import run, run_until_signal
 from connector.common.core.settings import DatabaseSettings, MaterializerSettings
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
-from connector.common.packs.install import RouteCache
+from connector.common.packs.routes import RouteCache
 from connector.common.store import receipts
 from connector.common.store.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.materializer import metrics

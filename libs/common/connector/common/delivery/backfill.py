@@ -36,8 +36,8 @@ from connector.common.delivery.materialization import (
     plan_receipt,
     work_row,
 )
-from connector.common.packs.install import ActivePack, ActiveRoute
 from connector.common.packs.manifest import Manifest, RouteSpec
+from connector.common.packs.routes import ActivePack, ActiveRoute
 from connector.common.store import events, packs
 from connector.common.store.receipts.routing import ReceiptRow
 from connector.common.store.work_items.insert import WorkRow

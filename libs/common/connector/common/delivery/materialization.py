@@ -41,7 +41,6 @@ from connector.common.packs.extraction import (
     references,
     template_reads_body,
 )
-from connector.common.packs.install import ActivePack, ActiveRoute
 from connector.common.packs.jsonvalues import scalar_text
 from connector.common.packs.manifest import (
     DEFAULT_SOURCE_LANE_KEY,
@@ -54,6 +53,7 @@ from connector.common.packs.manifest import (
     canonical_json,
     circuit_target,
 )
+from connector.common.packs.routes import ActivePack, ActiveRoute
 from connector.common.store import events
 from connector.common.store.circuits import CircuitKey, circuit_declare
 from connector.common.store.debounce import DebounceKey, debounce_declare, debounce_schedule
