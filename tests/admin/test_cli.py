@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from connector.cli import main as cli_main
-from connector.cli.admin_output import Progress
+from connector.cli.admin.output import Progress
 
 from .conftest import OPERATOR, VIEW, VIEW_REPLAY, Admin, Seed, manifest
 

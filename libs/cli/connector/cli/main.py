@@ -20,7 +20,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("executor",): ("connector.executor.service:cli", "run the executor service (+ admin API)"),
     ("up",): ("connector.cli.up:cli", "run all three services locally (embedded PostgreSQL by default)"),
     ("pack", "apply"): ("connector.cli.pack:apply", "install a pack manifest"),
-    ("admin",): ("connector.cli.admin:cli", "operator commands over the admin API"),
+    ("admin",): ("connector.cli.admin.commands:cli", "operator commands over the admin API"),
     ("retention", "sweep"): (
         "connector.cli.retention:sweep",
         "delete retired deliveries and expired admin request ids now (--dry-run counts them)",

@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin_client import Client, fetch_pages, positive_int, print_more_hint, resolve_pack_id
-from connector.cli.admin_output import enum_name, table, to_json, when, work_item_state
+from connector.cli.admin.client import Client, fetch_pages, positive_int, print_more_hint, resolve_pack_id
+from connector.cli.admin.output import emit, enum_name, table, to_json, when, work_item_state
 from connector.common.core.grpc_server import error_info
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
@@ -349,3 +349,49 @@ def add_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -
     p.add_argument("outcome", choices=("succeeded", "failed"))
     p.add_argument("--reason", required=True, help="what was checked in the external system, by whom")
     p.add_argument("--request-id")
+
+
+def cutover_status(client: Client, args: argparse.Namespace) -> int:
+    response = client.call(
+        "GetCutoverState", pb.GetCutoverStateRequest(installed_pack_id=resolve_pack_id(client, args.pack))
+    )
+
+    def render() -> None:
+        table(
+            [
+                "pack",
+                "gen",
+                "status",
+                "active",
+                "claim_path",
+                "phase",
+                "receipts",
+                "open_fences",
+                "awaiting(unknown)",
+                "processing",
+                "legacy(pend/run)",
+                "unprojected",
+                "claimers(wi/legacy)",
+            ],
+            [
+                (
+                    g.installed_pack_id,
+                    g.generation,
+                    g.generation_status,
+                    "yes" if g.active else "",
+                    enum_name(types_pb2.ClaimPath.Name(g.claim_path), "CLAIM_PATH_"),
+                    enum_name(types_pb2.CutoverPhase.Name(g.phase), "CUTOVER_PHASE_"),
+                    ",".join(f"{r.kind}#{r.cutover_receipt_id}" for r in g.receipts) or "-",
+                    g.open_rollback_fences,
+                    f"{g.awaiting_legacy_outcome}({g.awaiting_legacy_unknown})",
+                    g.processing,
+                    f"{g.legacy_pending}/{g.legacy_in_flight}",
+                    g.unprojected_legacy_receipts,
+                    f"{g.work_item_claim_processes}/{g.legacy_event_claim_processes}",
+                )
+                for g in response.generations
+            ],
+        )
+
+    emit(args, response, render)
+    return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -157,3 +158,10 @@ class Progress:
 def work_item_state(value: int) -> str:
     """A ``WorkItemState`` as the CLI prints it (``dead``, ``awaiting_legacy_outcome``)."""
     return enum_name(types_pb2.WorkItemState.Name(value), "WORK_ITEM_STATE_")
+
+
+def emit(args: argparse.Namespace, message: Message, render: Callable[[], None]) -> None:
+    if args.json:
+        print(to_json(message))
+    else:
+        render()

@@ -23,8 +23,8 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin_client import Client, format_error, positive_int, resolve_pack_id
-from connector.cli.admin_output import table, to_json, when, work_item_state
+from connector.cli.admin.client import Client, format_error, positive_int, resolve_pack_id
+from connector.cli.admin.output import table, to_json, when, work_item_state
 from connector.v1 import admin_service_pb2 as pb
 
 

@@ -15,8 +15,8 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from connector.cli.admin_client import Client, CliError, fetch_pages, positive_int, print_more_hint
-from connector.cli.admin_output import ago, enum_name, table, timestamp, to_json, when, work_item_state
+from connector.cli.admin.client import Client, CliError, fetch_pages, positive_int, print_more_hint
+from connector.cli.admin.output import ago, enum_name, table, timestamp, to_json, when, work_item_state
 from connector.common.store import schema
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2

@@ -5,9 +5,11 @@ resolved to ids, and paging."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +136,19 @@ def fetch_pages(client: Client, method: str, request: Any, field: str, follow: b
 def print_more_hint(args: argparse.Namespace, response: Any) -> None:
     if response.next_page_token and not args.json:
         print(f"(more: --page-token {response.next_page_token}, or --all)", file=sys.stderr)
+
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 (UTC when no offset) or a relative age such as ``90s``, ``15m``, ``2h``, ``7d``."""
+    match = _RELATIVE.match(text.strip())
+    if match:
+        return datetime.now(UTC) - timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (ISO 8601 or e.g. 15m, 2h, 7d)") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
