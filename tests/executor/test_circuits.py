@@ -234,7 +234,7 @@ async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
         stmt = work_items.claim.WORK_ITEM_CLAIM_BATCH
         assert "FOR KEY SHARE SKIP LOCKED" in stmt
         monkeypatch.setattr(
-            work_items, "WORK_ITEM_CLAIM_BATCH", stmt.replace("FOR KEY SHARE SKIP LOCKED", "")
+            work_items.claim, "WORK_ITEM_CLAIM_BATCH", stmt.replace("FOR KEY SHARE SKIP LOCKED", "")
         )
     pack = seed.seed_pack(db, "p", WT)
     pol = {"consecutive_failures": 1, "open_s": 60}

@@ -123,7 +123,7 @@ async def test_a_pack_of_keyed_items_only_is_claimed_through_the_flow_statement(
         flag = work_items.claim.FLOW_KEYED + " AS keyed"
         assert flag in work_items.claim.WORK_ITEM_READY_GROUPS
         monkeypatch.setattr(
-            work_items,
+            work_items.claim,
             "WORK_ITEM_READY_GROUPS",
             work_items.claim.WORK_ITEM_READY_GROUPS.replace(flag, "false AS keyed"),
         )
