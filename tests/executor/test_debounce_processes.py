@@ -160,7 +160,17 @@ def _check(db: psycopg.Connection, keys: dict[int, str], *, processes: int = 2) 
     assert states <= {"succeeded", "coalesced"}, states
     assert executed == {w for w, r in rows.items() if r[1] == "succeeded"}
     coalesced = [w for w, r in rows.items() if r[1] == "coalesced"]
-    assert len(coalesced) > len(ids) // 3, "bursts should coalesce"
+    # Items of one key inserted in one batch (one transaction: the same created_at) coalesce
+    # whatever the machine's speed: all but the newest are parked at insert. Across batches it
+    # depends on timing (a loaded machine spreads a burst over more than the window), so that is
+    # the bound, not a share of the items.
+    (same_batch,) = db.execute(
+        "SELECT count(*) - count(DISTINCT (debounce_key, created_at)) FROM connector_work_item"
+        " WHERE work_id = ANY(%s)",
+        (ids,),
+    ).fetchone()
+    assert same_batch > 0, "the feed made no burst: the check below would assert nothing"
+    assert len(coalesced) >= same_batch, f"bursts should coalesce: {len(coalesced)} < {same_batch}"
     # Every coalesced item: covered by a newer item of its key that started after it was created,
     # and its chain of covers ends at a succeeded execution.
     for w in coalesced:
