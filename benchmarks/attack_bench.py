@@ -305,7 +305,7 @@ def _install_noisy_route(url: str) -> None:
     from psycopg.types.json import Jsonb
 
     from connector.common.packs.manifest import parse_manifest, sha256_hex
-    from connector.common.store import schema
+    from connector.common.store import vocabulary
 
     manifest = parse_manifest(
         {
@@ -344,7 +344,7 @@ def _install_noisy_route(url: str) -> None:
             " config, config_sha256) VALUES (%s, 1, %s, %s, 1, %s, %s)",
             (row[0], NOISY_NAMESPACE, ingress_bench.ROUTE_KEY, Jsonb(route), sha256_hex(route)),
         )
-        conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
+        conn.execute("SELECT pg_notify(%s, '')", (vocabulary.CHANNEL_PACKS,))
 
 
 def _rss_mib(pid: int) -> float:

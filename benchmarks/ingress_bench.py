@@ -159,7 +159,7 @@ def _install_route(url: str) -> None:
     from psycopg.types.json import Jsonb
 
     from connector.common.packs.manifest import parse_manifest, sha256_hex
-    from connector.common.store import schema
+    from connector.common.store import vocabulary
 
     manifest = parse_manifest(
         {
@@ -195,7 +195,7 @@ def _install_route(url: str) -> None:
             " config, config_sha256) VALUES (%s, 1, %s, %s, 1, %s, %s)",
             (pack_id, NAMESPACE, ROUTE_KEY, Jsonb(route), sha256_hex(route)),
         )
-        conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
+        conn.execute("SELECT pg_notify(%s, '')", (vocabulary.CHANNEL_PACKS,))
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:

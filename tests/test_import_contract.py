@@ -204,8 +204,9 @@ def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
 
 
-#: Modules under store/ that hold no statements on rows: the schema, the migrations and their runner.
-STORE_NOT_STATEMENTS = ("schema", "migrate", "migrations")
+#: Modules under store/ that hold no statements on rows: the schema and its vocabularies, the
+#: migrations and their runner.
+STORE_NOT_STATEMENTS = ("schema", "vocabulary", "migrate", "migrations")
 
 
 def _store_modules() -> dict[str, Path]:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from connector.common.store import work_items
-from connector.common.store.schema import LANE_HOLDING_PREDICATE
+from connector.common.store.vocabulary import LANE_HOLDING_PREDICATE
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 

@@ -145,7 +145,7 @@ def test_claim_rank_is_an_index_expression(db: psycopg.Connection) -> None:
     """The ready index is on ``claim_rank``: due time less the head, in epoch seconds."""
     pack = seed.seed_pack(db, "p", WT)
     (wid,) = seed.seed_items(db, pack, 1, heads=[42.5])
-    from connector.common.store.schema import claim_rank
+    from connector.common.store.vocabulary import claim_rank
 
     got = db.execute(
         f"SELECT {claim_rank()} - extract(epoch FROM run_after)::float8 FROM connector_work_item"

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from connector.common.packs.manifest import parse_manifest, sha256_hex
-from connector.common.store import schema
+from connector.common.store import vocabulary
 
 
 def install(
@@ -62,7 +62,7 @@ def install(
             ).fetchone()
             assert rid is not None
             ids[route.key] = int(rid[0])
-        conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
+        conn.execute("SELECT pg_notify(%s, '')", (vocabulary.CHANNEL_PACKS,))
     return ids
 
 

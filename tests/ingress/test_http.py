@@ -16,7 +16,7 @@ import standardwebhooks
 import stripe
 from multidict import CIMultiDict
 
-from connector.common.store import schema
+from connector.common.store import vocabulary
 from connector.ingress.metrics import REGISTRY
 from connector.ingress.service import IngressService
 
@@ -164,10 +164,10 @@ async def test_materializer_is_notified_in_the_commit_and_not_for_duplicates(
 ) -> None:
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
     try:
-        await listener.execute(f"LISTEN {schema.CHANNEL_RECEIPTS}")
+        await listener.execute(f"LISTEN {vocabulary.CHANNEL_RECEIPTS}")
         await post(http, ingress, "open", b'{"notify":1}')
         got = [n async for n in listener.notifies(timeout=5, stop_after=1)]
-        assert [n.channel for n in got] == [schema.CHANNEL_RECEIPTS]
+        assert [n.channel for n in got] == [vocabulary.CHANNEL_RECEIPTS]
         await post(http, ingress, "open", b'{"notify":1}')  # duplicate: nothing new to route
         assert [n async for n in listener.notifies(timeout=0.5)] == []
     finally:
@@ -444,7 +444,7 @@ async def test_rotated_secret_file_takes_effect_on_refresh(
     assert ingress.routes is not None
     version = ingress.routes.version
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_notify(%s, '')", (schema.CHANNEL_PACKS,))
+        conn.execute("SELECT pg_notify(%s, '')", (vocabulary.CHANNEL_PACKS,))
     await asyncio.wait_for(ingress.routes.wait_refreshed(version), 10)
     assert (
         await post(http, ingress, "filed", b'{"a":2}', github_headers(b'{"a":2}', secret="first"))

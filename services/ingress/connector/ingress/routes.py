@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from connector.common.core.listener import Listener, ListenerConfig
 from connector.common.packs.manifest import RouteSpec
 from connector.common.packs.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
-from connector.common.store import schema
+from connector.common.store import vocabulary
 from connector.common.store.packs import route_list_active
 from connector.ingress import metrics
 from connector.ingress.envelope import Envelope
@@ -150,7 +150,7 @@ class RouteTable:
         self._listener = Listener(
             conninfo,
             ListenerConfig(
-                channels=(schema.CHANNEL_PACKS,),
+                channels=(vocabulary.CHANNEL_PACKS,),
                 poll_interval_s=refresh_s,
                 coalesce_s=0.05,
                 backoff_s=reconnect_s,

@@ -40,7 +40,7 @@ from connector.common.core.settings import DatabaseSettings, MaterializerSetting
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
 from connector.common.packs.routes import RouteCache
 from connector.common.store import receipts
-from connector.common.store.schema import CHANNEL_PACKS, CHANNEL_RECEIPTS
+from connector.common.store.vocabulary import CHANNEL_PACKS, CHANNEL_RECEIPTS
 from connector.materializer import metrics
 from connector.materializer.router import Router, RouterConfig
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from connector.cli.admin.client import Client, CliError, fetch_pages, positive_int, print_more_hint
 from connector.cli.admin.output import ago, enum_name, table, timestamp, to_json, when, work_item_state
-from connector.common.store import schema
+from connector.common.store import vocabulary
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -208,8 +208,8 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("--namespace")
     p.add_argument("--route", help="route key")
     p.add_argument("--event-kind")
-    p.add_argument("--state", choices=schema.WORK_STATES, help="a delivery with a WorkItem in this state")
-    p.add_argument("--receipt-status", choices=schema.RECEIPT_STATES, help="the receipt's routing state")
+    p.add_argument("--state", choices=vocabulary.WORK_STATES, help="a delivery with a WorkItem in this state")
+    p.add_argument("--receipt-status", choices=vocabulary.RECEIPT_STATES, help="the receipt's routing state")
     p.add_argument("--since", type=parse_time, help="accepted at or after (ISO 8601 or e.g. 2h)")
     p.add_argument("--until", type=parse_time, help="accepted before (ISO 8601 or e.g. 10m)")
     paging(p)

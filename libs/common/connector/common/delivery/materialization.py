@@ -660,7 +660,7 @@ async def materialize(
     return Materialized(work_items, demoted, inverted)
 
 
-#: ``run_after`` of a debounced item that a newer one of its key already supersedes (schema.PARKED).
+#: ``run_after`` of a debounced item that a newer one of its key already supersedes (vocabulary.PARKED).
 _PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 
 

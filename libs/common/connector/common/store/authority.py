@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from connector.common.store.packs import pack_filter
 from connector.common.store.rows import fetch_dict, fetch_dicts
-from connector.common.store.schema import CHANNEL_PACKS
+from connector.common.store.vocabulary import CHANNEL_PACKS
 
 Conn = AsyncConnection[Any]
 

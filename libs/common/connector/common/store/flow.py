@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.store.schema import PARKED
+from connector.common.store.vocabulary import PARKED
 
 Conn = AsyncConnection[Any]
 

@@ -26,7 +26,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from connector.common.store.rows import fetch_dicts
-from connector.common.store.schema import LANE_HOLDING_PREDICATE, WORK_LANE_HOLDING
+from connector.common.store.vocabulary import LANE_HOLDING_PREDICATE, WORK_LANE_HOLDING
 
 
 class LaneKind(StrEnum):
@@ -41,7 +41,7 @@ Lane = tuple[int, str, str]  # (installed_pack_id, LaneKind, key)
 
 def lane_holding(alias: str = "") -> str:
     """The condition "this member holds its lane" on the WorkItem alias ``alias`` (``""``: bare
-    column names, as in ``schema.LANE_HOLDING_PREDICATE``, the partial lane indexes' predicate)."""
+    column names, as in ``vocabulary.LANE_HOLDING_PREDICATE``, the partial lane indexes' predicate)."""
     col = f"{alias}." if alias else ""
     states = ", ".join(repr(s) for s in WORK_LANE_HOLDING)
     return f"({col}state IN ({states}) OR ({col}state = 'dead' AND {col}dead_blocks_lane))"

@@ -25,7 +25,7 @@ from psycopg import AsyncConnection
 
 from connector.common.store.packs import pack_filter
 from connector.common.store.rows import fetch_dict, fetch_dicts
-from connector.common.store.schema import CHANNEL_WORK
+from connector.common.store.vocabulary import CHANNEL_WORK
 
 Conn = AsyncConnection[Any]
 

@@ -6,6 +6,9 @@ that dumps both catalogs and diffs them, partial-index predicates and triggers i
 Ownership (DESIGN §2): ingress inserts receipts; the materializer owns receipt-routing columns,
 events and WorkItem creation; the executor owns WorkItem claim/lease/finalize; the admin API owns
 replay, packs, cutover receipts and fences. No service defines tables of its own.
+
+The vocabularies the constraints, the statements and the services share (row states, the claim
+order, the channels) are ``vocabulary.py``'s: a service reads a state list without SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -34,6 +37,24 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from connector.common.store.vocabulary import (
+    AUTHORITY_PHASES,
+    CLAIM_PATHS,
+    EVENT_FACT_COLUMNS,
+    GENERATION_STATES,
+    LANE_HOLDING_PREDICATE,
+    LEGACY_OUTCOMES,
+    LEGACY_STATES,
+    PARKED,
+    PROCESS_CAPABILITIES,
+    RECEIPT_ROUTABLE,
+    RECEIPT_STATES,
+    WORK_READY,
+    WORK_STATES,
+    claim_rank,
+    sql_in,
+)
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -52,72 +73,6 @@ def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Colum
         nullable=nullable,
         server_default=text("now()") if default_now else None,
     )
-
-
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
-
-
-# --------------------------------------------------------------------------------------------------
-# State vocabularies. Claim statements inline these as literals (DESIGN §8 trap 5: a parameterised
-# state list gives a generic plan that ignores the partial index).
-# --------------------------------------------------------------------------------------------------
-
-RECEIPT_STATES = ("pending", "routing", "retry", "materialized", "failed")
-RECEIPT_ROUTABLE = ("pending", "retry")
-
-WORK_STATES = (
-    "pending",  # ready once run_after has come
-    "blocked",  # waiting behind an earlier member of its source or target lane (not in the ready index)
-    "processing",  # claimed: lease_owner/lease_token/lease_until are set
-    "retry",  # ready again once run_after has come
-    "succeeded",
-    "dead",
-    "awaiting_legacy_outcome",  # rollback-fenced, non-executable on the WorkItem path
-    "reconciled_legacy_terminal",  # immutable, never reopened
-    "cancelled",  # discarded by an operator (CancelWorkItem) before it ran again; replayable
-    "coalesced",  # debounced: covered by the execution of a later item of its key (``covered_by``)
-)
-WORK_READY = ("pending", "retry")
-#: ``run_after`` of a WorkItem parked for a concurrency slot (docs/adr/011-rate-limits.md): a finite
-#: date (not ``'infinity'``, whose differences with ``now()`` are errors in due-time and age reads).
-PARKED = "'9999-01-01 00:00:00+00'"
-
-
-def claim_rank(alias: str = "") -> str:
-    """The claim order of a ready WorkItem (docs/adr/014-priorities.md): its due time less its
-    priority head start, in seconds since the epoch — ``run_after - priority_head_s``. The ready
-    index is built on this expression and the claim orders by it; every statement that wants that
-    index spells it with this function (the planner matches the expression, not a name). Written
-    with immutable functions only (``timestamptz - interval`` is merely stable), so it can be
-    indexed: ``timestamptz - timestamptz`` and ``date_part(text, interval)`` are immutable."""
-    col = f"{alias}." if alias else ""
-    return f"(date_part('epoch', {col}run_after - {EPOCH}) - {col}priority_head_s)"
-
-
-#: The epoch as a timestamptz literal (a constant after parsing, so ``claim_rank`` stays immutable).
-EPOCH = "'1970-01-01 00:00:00+00'::timestamptz"
-#: ``now()`` on the ``claim_rank`` scale: a ready item with rank at most this may be due.
-NOW_RANK = f"date_part('epoch', now() - {EPOCH})"
-WORK_TERMINAL = ("succeeded", "dead", "reconciled_legacy_terminal", "cancelled", "coalesced")
-# What CancelWorkItem may discard: not claimed (no lease), not rollback-fenced, not already final.
-WORK_CANCELLABLE = ("pending", "blocked", "retry", "dead")
-# Members that hold their lane (a later member of the same lane waits while one of these exists).
-WORK_LANE_HOLDING = ("pending", "blocked", "processing", "retry", "awaiting_legacy_outcome")
-LANE_HOLDING_PREDICATE = f"({_in('state', WORK_LANE_HOLDING)} OR (state = 'dead' AND dead_blocks_lane))"
-
-CLAIM_PATHS = ("work_item", "legacy_event", "none")
-AUTHORITY_PHASES = (
-    "legacy_active",  # legacy Event path owns claims
-    "quiescing",  # Event claim admission stopped, draining leases; nobody may start new claims
-    "work_item_active",  # a cutover receipt admits WorkItem claims
-    "rollback_fenced",  # WorkItem admission disabled, unstarted items fenced awaiting legacy outcomes
-)
-# Event states on the legacy Event claim path (executor --claim-path event; docs/cutover.md).
-LEGACY_STATES = ("pending", "processing", "retry", "succeeded", "failed", "unknown")
-LEGACY_OUTCOMES = ("succeeded", "failed", "unknown")
-GENERATION_STATES = ("staged", "active", "retired")
-PROCESS_CAPABILITIES = ("work_item", "legacy_event", "none")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -152,7 +107,7 @@ pack_generation = Table(
     _ts("created_at", nullable=False, default_now=True),
     _ts("activated_at"),
     PrimaryKeyConstraint("installed_pack_id", "generation"),
-    CheckConstraint(_in("status", GENERATION_STATES), name="status"),
+    CheckConstraint(sql_in("status", GENERATION_STATES), name="status"),
 )
 
 route = Table(
@@ -219,14 +174,14 @@ ingress_receipt = Table(
     Column("error_summary", Text, nullable=True),
     _ts("routed_at"),
     UniqueConstraint("namespace", "idempotency_key"),
-    CheckConstraint(_in("router_status", RECEIPT_STATES), name="router_status"),
+    CheckConstraint(sql_in("router_status", RECEIPT_STATES), name="router_status"),
     CheckConstraint("body IS NOT NULL OR body_ref IS NOT NULL", name="body_present"),
     # The routable set: the materializer's candidate read walks this in due order.
     Index(
         "ix_connector_ingress_receipt_routable",
         "next_attempt_at",
         "receipt_id",
-        postgresql_where=text(_in("router_status", RECEIPT_ROUTABLE)),
+        postgresql_where=text(sql_in("router_status", RECEIPT_ROUTABLE)),
     ),
     # Expired routing leases (a small set: at most the in-flight batches).
     Index(
@@ -247,27 +202,6 @@ ingress_receipt = Table(
 # Event: immutable materialized fact (+ bounded legacy-compatibility columns)
 # --------------------------------------------------------------------------------------------------
 
-EVENT_FACT_COLUMNS = (
-    "event_id",
-    "receipt_id",
-    "event_index",
-    "installed_pack_id",
-    "generation",
-    "incarnation",
-    "route_id",
-    "route_version",
-    "namespace",
-    "event_kind",
-    "source_object_kind",
-    "source_object_id",
-    "idempotency_key",
-    "delivery_seq",
-    "payload_sha256",
-    "parse_outcome",
-    "companion",
-    "correlation_ids",
-    "created_at",
-)
 
 event_table = Table(
     "connector_event",
@@ -309,8 +243,8 @@ event_table = Table(
     # Earliest next legacy attempt of a ``retry`` event (the legacy path's run-after).
     _ts("legacy_run_after"),
     UniqueConstraint("receipt_id", "event_index"),
-    CheckConstraint(_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
-    CheckConstraint(f"legacy_state IS NULL OR {_in('legacy_state', LEGACY_STATES)}", name="legacy_state"),
+    CheckConstraint(sql_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
+    CheckConstraint(f"legacy_state IS NULL OR {sql_in('legacy_state', LEGACY_STATES)}", name="legacy_state"),
     Index("ix_connector_event_installed_pack_id_generation", "installed_pack_id", "generation", "event_id"),
     # Deliveries by correlation id (the admin API's FindDeliveries: ``correlation_ids @> {...}``).
     Index(
@@ -404,7 +338,7 @@ work_item = Table(
     _ts("started_at"),
     _ts("finished_at"),
     UniqueConstraint("event_id", "work_type"),
-    CheckConstraint(_in("state", WORK_STATES), name="state"),
+    CheckConstraint(sql_in("state", WORK_STATES), name="state"),
     CheckConstraint(
         "state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)",
         name="processing_has_lease",
@@ -423,7 +357,7 @@ work_item = Table(
         text(claim_rank()),
         "work_id",
         "run_after",
-        postgresql_where=text(_in("state", WORK_READY)),
+        postgresql_where=text(sql_in("state", WORK_READY)),
     ),
     # In-flight rows by id: fenced by-id renew/finalize/reclaim and the reclaim candidate read.
     # Small once vacuumed (slots x processes). ``work_id`` leads so a by-id lookup is an exact
@@ -662,7 +596,7 @@ circuit = Table(
     Column("note", Text, nullable=True),
     _ts("created_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "circuit_key"),
-    CheckConstraint(_in("state", ("closed", "open", "half_open")), name="state"),
+    CheckConstraint(sql_in("state", ("closed", "open", "half_open")), name="state"),
     CheckConstraint(
         "consecutive_failures >= 0 AND (failure_ratio IS NULL OR (failure_ratio > 0 AND failure_ratio <= 1))"
         " AND window_s > 0 AND min_outcomes >= 1 AND open_s > 0 AND half_open_probes >= 1",
@@ -699,8 +633,8 @@ claim_authority = Table(
     # for the claims in flight, and every claim that commits after the pause sees it (docs/admin.md).
     Column("paused_queue_classes", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     PrimaryKeyConstraint("installed_pack_id", "generation"),
-    CheckConstraint(_in("claim_path", CLAIM_PATHS), name="claim_path"),
-    CheckConstraint(_in("phase", AUTHORITY_PHASES), name="phase"),
+    CheckConstraint(sql_in("claim_path", CLAIM_PATHS), name="claim_path"),
+    CheckConstraint(sql_in("phase", AUTHORITY_PHASES), name="phase"),
     # WorkItem claims are admitted only with a cutover receipt bound.
     CheckConstraint(
         "claim_path <> 'work_item' OR (phase = 'work_item_active' AND cutover_receipt_id IS NOT NULL)",
@@ -722,8 +656,8 @@ cutover_receipt = Table(
     Column("proof_sha256", Text, nullable=False),
     Column("actor", Text, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
-    CheckConstraint(_in("kind", ("install", "cutover", "rollback")), name="kind"),
-    CheckConstraint(_in("claim_path", CLAIM_PATHS), name="claim_path"),
+    CheckConstraint(sql_in("kind", ("install", "cutover", "rollback")), name="kind"),
+    CheckConstraint(sql_in("claim_path", CLAIM_PATHS), name="claim_path"),
     Index("ix_connector_cutover_receipt_installed_pack_id_generation", "installed_pack_id", "generation"),
 )
 
@@ -737,7 +671,7 @@ rollback_fence = Table(
     Column("fenced_work_items", Integer, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
     _ts("resolved_at"),
-    CheckConstraint(_in("status", ("open", "resolved")), name="status"),
+    CheckConstraint(sql_in("status", ("open", "resolved")), name="status"),
     Index(
         "ix_connector_rollback_fence_open",
         "installed_pack_id",
@@ -766,7 +700,7 @@ legacy_outcome_receipt = Table(
     Column("projected", Boolean, nullable=False, server_default=text("false")),
     _ts("created_at", nullable=False, default_now=True),
     UniqueConstraint("event_id", "work_type", "version"),
-    CheckConstraint(_in("outcome", LEGACY_OUTCOMES), name="outcome"),
+    CheckConstraint(sql_in("outcome", LEGACY_OUTCOMES), name="outcome"),
     Index(
         "ix_connector_legacy_outcome_receipt_unprojected",
         "legacy_outcome_receipt_id",
@@ -806,12 +740,11 @@ process = Table(
     Column("claim_capability", Text, nullable=False),
     _ts("started_at", nullable=False, default_now=True),
     _ts("heartbeat_at", nullable=False, default_now=True),
-    CheckConstraint(_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
+    CheckConstraint(sql_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
 )
 
 # Paused packs and queue classes (PausePack / ResumePack): the durable record with its audit. The
 # claim statement reads its projection ``connector_claim_authority.paused_queue_classes``.
-PAUSE_WHOLE_PACK = "*"
 pause = Table(
     "connector_pause",
     metadata,
@@ -922,11 +855,6 @@ ALTER TABLE connector_ingress_receipt SET (autovacuum_vacuum_scale_factor = 0.02
   autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, fillfactor = 85)
 """,
 )
-
-# Wake-up channels (LISTEN/NOTIFY); the payload is never data, only a hint.
-CHANNEL_RECEIPTS = "connector_receipts"
-CHANNEL_WORK = "connector_work"
-CHANNEL_PACKS = "connector_packs"
 
 
 @event.listens_for(metadata, "after_create")

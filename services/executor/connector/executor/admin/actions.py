@@ -36,7 +36,7 @@ from psycopg import AsyncConnection
 from connector.common.core.eventlog import events, safe_token
 from connector.common.store import authority, circuits, pauses, work_items
 from connector.common.store.lanes import lanes_of
-from connector.common.store.schema import PAUSE_WHOLE_PACK, WORK_CANCELLABLE
+from connector.common.store.vocabulary import PAUSE_WHOLE_PACK, WORK_CANCELLABLE
 from connector.executor.admin.errors import (
     Reason,
     aborted,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from connector.common.store import events, receipts, schema, work_items
+from connector.common.store import events, receipts, vocabulary, work_items
 from connector.common.store.receipts.find import FIND_TIME_MARGIN_S, DeliveryFilter
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument
@@ -68,8 +68,8 @@ def delivery_filter(req: pb.FindDeliveriesRequest) -> DeliveryFilter:
         namespace=req.namespace or None,
         route_key=req.route_key or None,
         event_kind=req.event_kind or None,
-        receipt_status=_state(req.receipt_status, "receipt_status", schema.RECEIPT_STATES),
-        work_item_state=_state(req.work_item_state, "work_item_state", schema.WORK_STATES),
+        receipt_status=_state(req.receipt_status, "receipt_status", vocabulary.RECEIPT_STATES),
+        work_item_state=_state(req.work_item_state, "work_item_state", vocabulary.WORK_STATES),
         accepted_after=_dt(req, "accept_time_after"),
         accepted_before=_dt(req, "accept_time_before"),
     )

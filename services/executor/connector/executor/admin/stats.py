@@ -36,7 +36,7 @@ from connector.common.store import authority, circuits, flow, pauses, receipts, 
 from connector.common.store import debounce as debounce_store
 from connector.common.store.packs import pack_exists
 from connector.common.store.processes import process_count_by_capability
-from connector.common.store.schema import PAUSE_WHOLE_PACK
+from connector.common.store.vocabulary import PAUSE_WHOLE_PACK
 from connector.common.store.work_items.stats import QUEUE_STATES
 
 __all__ = [

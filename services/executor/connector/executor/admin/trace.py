@@ -29,7 +29,7 @@ from connector.executor.admin.errors import Reason, invalid_argument, not_found,
 from connector.executor.admin.session import connection
 from connector.v1 import admin_service_pb2 as pb
 
-#: ``run_after`` of an item parked for a concurrency slot (``schema.PARKED``).
+#: ``run_after`` of an item parked for a concurrency slot (``vocabulary.PARKED``).
 PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 
 #: ``<scheme>:<key reference>`` as the ingress stores it (ingress/verify.py), e.g.

@@ -38,7 +38,7 @@ from connector.common.core.runtime import cancel_tasks
 from connector.common.store import authority, work_items
 from connector.common.store import legacy as legacy_store
 from connector.common.store.packs import pack_generation_manifest
-from connector.common.store.schema import CHANNEL_PACKS, CHANNEL_WORK
+from connector.common.store.vocabulary import CHANNEL_PACKS, CHANNEL_WORK
 from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor.handlers import (
     EventFact,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import AsyncConnection, Notify
 
 from connector.common.core.listener import Listener, ListenerConfig
-from connector.common.store.schema import CHANNEL_WORK
+from connector.common.store.vocabulary import CHANNEL_WORK
 
 if TYPE_CHECKING:
     from connector.executor.work.engine import Engine

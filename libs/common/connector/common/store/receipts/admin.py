@@ -8,7 +8,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.store import schema
+from connector.common.store import vocabulary
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
 Conn = AsyncConnection[Any]
@@ -100,7 +100,7 @@ WHERE r.receipt_id = %(receipt_id)s AND r.router_status = 'failed'
 RETURNING {RECEIPT_SELECT_COLUMNS}
 """
 
-RECEIPT_NOTIFY = f"SELECT pg_notify('{schema.CHANNEL_RECEIPTS}', '')"
+RECEIPT_NOTIFY = f"SELECT pg_notify('{vocabulary.CHANNEL_RECEIPTS}', '')"
 
 RECEIPT_GET = (
     f"SELECT {RECEIPT_SELECT_COLUMNS} FROM connector_ingress_receipt r WHERE r.receipt_id = %(receipt_id)s"

@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.store import schema
+from connector.common.store import vocabulary
 from connector.common.store.receipts.admin import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
 
@@ -24,7 +24,7 @@ Conn = AsyncConnection[Any]
 # --------------------------------------------------------------------------------------------------
 
 #: Receipt routing states a find may filter on.
-RECEIPT_STATUSES = schema.RECEIPT_STATES
+RECEIPT_STATUSES = vocabulary.RECEIPT_STATES
 #: A scan without a key examines at most this many receipts per call (its page may be short).
 FIND_SCAN_LIMIT = 5000
 #: Acceptance-time bounds are turned into receipt-id bounds widened by this much: a receipt's id is
@@ -121,7 +121,7 @@ class DeliveryFilter:
             clauses.append(_FIND_EVENT_KIND)
             params["event_kind"] = self.event_kind
         if self.work_item_state is not None:
-            assert self.work_item_state in schema.WORK_STATES
+            assert self.work_item_state in vocabulary.WORK_STATES
             clauses.append(_FIND_WORK_STATE.format(state=self.work_item_state))
         if self.accepted_after is not None:
             clauses.append("r.accepted_at >= %(accepted_after)s")

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from psycopg import AsyncConnection
 
-from connector.common.store import schema
+from connector.common.store import vocabulary
 
 Conn = AsyncConnection[Any]
 
@@ -40,7 +40,7 @@ WITH input AS (
   RETURNING namespace, idempotency_key, receipt_id
 )
 SELECT namespace, idempotency_key, receipt_id, true AS inserted,
-       (SELECT 1 FROM pg_notify('{schema.CHANNEL_RECEIPTS}', '')) AS notified
+       (SELECT 1 FROM pg_notify('{vocabulary.CHANNEL_RECEIPTS}', '')) AS notified
 FROM inserted
 UNION ALL
 SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL

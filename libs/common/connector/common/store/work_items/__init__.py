@@ -14,7 +14,7 @@ The WorkItem row is the sole distributed execution authority. Rules every claim-
 here follows:
 
 * **Claim** is one statement: per (pack, queue class) group a candidate read of the partial ready
-  index, due rows in claim order (``schema.claim_rank``: the due time less the priority head start,
+  index, due rows in claim order (``vocabulary.claim_rank``: the due time less the priority head start,
   docs/adr/014-priorities.md) ``ORDER BY claim_rank, work_id LIMIT n FOR UPDATE SKIP LOCKED``
   (never waits on a row), then a
   primary-key update of exactly those rows that sets ``processing``, ``lease_token + 1`` (strictly

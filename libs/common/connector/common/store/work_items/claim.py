@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from connector.common.store.flow import rate_key_lock
-from connector.common.store.schema import EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
+from connector.common.store.vocabulary import EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
 
 Conn = AsyncConnection[Any]
 
@@ -493,7 +493,7 @@ FROM g
 """
 
 # A ``work_item_event_batch`` row: the event fact columns a handler sees (``handlers.EventFact``, in
-# schema.EVENT_FACT_COLUMNS' order), then these positions.
+# vocabulary.EVENT_FACT_COLUMNS' order), then these positions.
 EVENT_ROW_BODY = len(EVENT_FACT_COLUMNS)
 EVENT_ROW_CONTENT_TYPE = EVENT_ROW_BODY + 2
 

@@ -20,7 +20,7 @@ from connector.common.store.lanes import (
     lane_lock_batch,
     lane_settle_batch,
 )
-from connector.common.store.schema import CHANNEL_WORK
+from connector.common.store.vocabulary import CHANNEL_WORK
 from connector.common.store.work_items.claim import AUTHORITY_ROWS
 
 Conn = AsyncConnection[Any]

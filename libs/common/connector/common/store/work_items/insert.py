@@ -36,7 +36,7 @@ WORK_ITEM_INSERT_COLUMNS = (
 
 # Rows go in (delivery_seq, fan-out order), so work_id order agrees with lane order. ``run_after``
 # is the due time: now, or a delay's instant (``not_before``, NULL without one; ``greatest`` ignores
-# NULL; a past one is due now). Priority is not in it: the claim orders by ``schema.claim_rank``
+# NULL; a past one is due now). Priority is not in it: the claim orders by ``vocabulary.claim_rank``
 # (due time less ``priority_head_s``, docs/adr/014-priorities.md), so it survives retries and delays.
 _INSERT_INPUT = (*WORK_ITEM_INSERT_COLUMNS, ("not_before", "timestamptz"))
 WORK_ITEM_INSERT_BATCH = f"""
