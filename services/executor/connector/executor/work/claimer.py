@@ -4,7 +4,8 @@ ready rows, asks the scheduler how many of the free window each gets, claims the
 plain and rate statements by their generic plans, ``work_items.claim.CLAIM_PLANS``),
 loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
 sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
-``poll_interval_s`` as the fallback.
+``poll_interval_s`` as the fallback. What the claimer may read and change of the engine is its door
+(``doors.ClaimerDoor``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import AsyncConnection
 
@@ -23,10 +24,8 @@ from connector.common.store.packs import pack_generation_manifest, pack_names
 from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor import metrics as m
 from connector.executor.handlers import EventFact
+from connector.executor.work.doors import ClaimerDoor
 from connector.executor.work.inflight import InFlight
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
 
 monotonic = time.monotonic
 
@@ -47,7 +46,7 @@ DUE_PROBE_S = 0.005
 
 
 class Claimer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ClaimerDoor) -> None:
         self.engine = engine
         # Groups whose candidates were deferred for their rate limit: when the first becomes due.
         # Applied once the group has no due rows left (the scheduler then waits for that time

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -26,10 +26,8 @@ from connector.common.store.lanes import Lane, LaneKind
 from connector.common.store.work_items.finalize import FailOp
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, backoff_delay
+from connector.executor.work.doors import FinalizerDoor
 from connector.executor.work.inflight import InFlight
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
 
 monotonic = time.monotonic
 
@@ -77,7 +75,7 @@ class Pending:
 
 
 class Finalizer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: FinalizerDoor) -> None:
         self.engine = engine
         self._pending = Pending()  # plain items: one batch, flushed whole
         self._lane_chunks: deque[Pending] = deque()  # lane members: chunks of <= LANE_FLUSH_MAX
