@@ -3,6 +3,7 @@
 Data flow of one item (no per-item round trip anywhere)::
 
   claimer      ──(claim statement: a batch for several groups)──▶ held + ready deque
+                  (which statement: claim_levels; how many per group: scheduler.allocate)
   runner       ──(handler)──▶ outcome appended to the finalizer's pending batch
   finalizer    ──(one fenced UPDATE per batch; lane items: lock → update → settle)──▶ rows final
   lease keeper ──(one fenced renew per interval for every held item)──▶ leases extended / lost
