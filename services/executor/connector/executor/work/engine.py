@@ -6,6 +6,8 @@ Data flow of one item (no per-item round trip anywhere)::
                   (which statement: claim_levels; how many per group: scheduler.allocate)
   runner       ──(handler)──▶ outcome appended to the finalizer's pending batch
   finalizer    ──(one fenced UPDATE per batch; lane items: lock → update → settle)──▶ rows final
+                  then its follow-ups: circuits, slots, lane promotions (scheduler hints, wake),
+                  held released, outcome metrics
   lease keeper ──(one fenced renew per interval for every held item)──▶ leases extended / lost
   reclaimer    ──(expired leases of any process, re-checked in the statement)──▶ retry / dead
   listener     ──(NOTIFY connector_work)──▶ scheduler hints, claimer woken
