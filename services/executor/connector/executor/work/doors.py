@@ -29,9 +29,11 @@ door                  reads                                      changes
                                                                  scheduler hints
 ====================  =========================================  =================================
 
-Every door also has ``error`` (count and log a loop's error). The scheduler and the stats sampler
-have no door: the scheduler is built from its settings and only answers the claimer (``allocate``,
-``record``) and takes hints (``Hints``); the sampler reads the database on its own connection.
+Every door but the runner's also has ``error`` (count and log a loop's error); the claimer's and
+the finalizer's take a pool connection for their loop (``dedicated``, ``give_back``). The scheduler
+and the stats sampler have no door: the scheduler is built from its settings and only answers the
+claimer (``allocate``, ``record``) and takes hints (``Hints``); the sampler reads the database on
+its own connection.
 """
 
 from __future__ import annotations
