@@ -11,7 +11,9 @@
     on tables: catalog reads, VACUUM/ANALYZE), checked to read nothing but catalogs.
 (c) **Layering.** The services never import one another (the executor does not import the
     materializer), the store imports no service, and no connector.* modules import each other in
-    a circle (lazy imports count; type-only ``TYPE_CHECKING`` imports do not).
+    a circle (lazy imports count; type-only ``TYPE_CHECKING`` imports do not). Within the
+    executor's ``work/`` package type-only imports count too: an actor names the narrow door it
+    needs (``work/doors.py``), never the engine that owns it.
 
 The scanners are tested on planted sources (controls), so a scanner that finds nothing cannot pass.
 """
@@ -604,14 +606,17 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return ids
 
 
-def module_graph(files: Iterable[Path], roots: Iterable[Path] = SOURCE_ROOTS) -> dict[str, set[str]]:
-    """``{module: modules it imports}`` over ``files`` (edges to modules outside them dropped)."""
+def module_graph(
+    files: Iterable[Path], roots: Iterable[Path] = SOURCE_ROOTS, *, type_only: bool = False
+) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` over ``files`` (edges to modules outside them dropped);
+    ``type_only``: imports under ``if TYPE_CHECKING:`` count too."""
     roots = tuple(roots)
     paths = {_module_name(p, roots): p for p in files}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         tree = _parse(path)
-        skip = _type_checking_nodes(tree)
+        skip = set() if type_only else _type_checking_nodes(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
         for node in ast.walk(tree):
@@ -682,9 +687,20 @@ def test_no_import_cycles_among_connector_modules() -> None:
     assert not import_cycles(graph)
 
 
+WORK = EXECUTOR / "work"
+
+
+def test_no_import_cycles_among_the_executor_actors_even_type_only() -> None:
+    """The engine wires the actors; an actor sees only its door (``work/doors.py``), so nothing in
+    ``work/`` refers back to the engine, not even for a type annotation."""
+    graph = module_graph(_py_files(WORK), type_only=True)
+    assert "connector.executor.work.claimer" in graph["connector.executor.work.engine"], "scanner sees edges"
+    assert not import_cycles(graph)
+
+
 def test_import_cycle_scanner_control(tmp_path: Path) -> None:
     """A cycle closed by a lazy import inside a function (and one through a relative import) is
-    found; a back edge under ``if TYPE_CHECKING:`` is not a cycle."""
+    found; a back edge under ``if TYPE_CHECKING:`` is not a cycle, unless type-only imports count."""
     pkg = tmp_path / "connector" / "demo"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -701,3 +717,6 @@ def test_import_cycle_scanner_control(tmp_path: Path) -> None:
         ["connector.demo.a", "connector.demo.b"],
         ["connector.demo.c", "connector.demo.d"],
     ]
+    # Counting type-only imports (the executor's work/ package), the back edge closes a cycle.
+    graph = module_graph(sorted(pkg.glob("*.py")), roots=[tmp_path], type_only=True)
+    assert ["connector.demo.e", "connector.demo.f"] in import_cycles(graph)

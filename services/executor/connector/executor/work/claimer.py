@@ -4,7 +4,9 @@ ready rows, asks the scheduler how many of the free window each gets, claims the
 plain and rate statements by their generic plans, ``work_items.claim.CLAIM_PLANS``),
 loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
 sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
-``poll_interval_s`` as the fallback.
+``poll_interval_s`` as the fallback. Which statement each group needs, and when the rows a claim
+deferred are due, is ``claim_levels.ClaimLevels``; what the claimer may read and change of the
+engine is its door (``doors.ClaimerDoor``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import AsyncConnection
 
@@ -23,54 +24,47 @@ from connector.common.store.packs import pack_generation_manifest, pack_names
 from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor import metrics as m
 from connector.executor.handlers import EventFact
+from connector.executor.work.claim_levels import FLOW, PLAIN, RATE, ClaimLevels
+from connector.executor.work.doors import ClaimerDoor
 from connector.executor.work.inflight import InFlight
+from connector.executor.work.scheduler import Group, GroupKey
 
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
+__all__ = ["DUE_PROBE_S", "FLOW", "FLOW_RECHECK_S", "PLAIN", "RATE", "Claimer"]
 
 monotonic = time.monotonic
 
 # How long a group found carrying flow keys keeps the flow claim statement before the plain one looks
 # again (one plain batch per group and interval: the keyed candidates it meets are left untouched).
+# Read when the claimer is built (``ClaimLevels.recheck_s``).
 FLOW_RECHECK_S = 60.0
-
-#: The claim statements a group may need (0: the plain one): rate-limit keys only, any flow key.
-RATE, FLOW = 1, 2
 
 # A flow group that yields fewer than asked with nothing deferred by that claim may still hold items
 # a previous claim deferred to their budget's time: the claim cannot see them (they are not due), so
 # the claimer asks discovery at once for the group's next due time instead of learning it at the next
 # poll (a claimed item was late by up to ``poll_interval_s``: p90 ~400 ms with 100 keys at 10/s). At
 # most one such discovery per this interval (seconds), so a group whose due rows another process
-# holds for an instant cannot make the claimer spin.
+# holds for an instant cannot make the claimer spin. Read when the claimer is built
+# (``ClaimLevels.probe_s``).
 DUE_PROBE_S = 0.005
 
 
 class Claimer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ClaimerDoor) -> None:
         self.engine = engine
-        # Groups whose candidates were deferred for their rate limit: when the first becomes due.
-        # Applied once the group has no due rows left (the scheduler then waits for that time
-        # instead of the next discovery).
-        self._due_hints: dict[tuple[int, str], float] = {}
-        # Groups whose candidates carry flow keys, and the statement they need: RATE (rate-limit
-        # keys only: the rate statement) or FLOW (concurrency, debounce or circuit keys: the flow
-        # statement); a batch goes through the statement its most demanding group needs, every other
-        # batch through the plain one, which costs what the claim cost before flow limits existed.
-        # Found by discovery (a group's first ready row is keyed) and by the plain and rate
-        # statements themselves (they claim no candidate they cannot judge and report the ones they
-        # left), forgotten every FLOW_RECHECK_S so a group whose limits were removed returns to the
-        # plain statement.
-        self._flow: dict[tuple[int, str], int] = {}
-        self._flow_until = 0.0
-        # Groups whose first ready row was keyed at the last discovery (and the statement it needs).
-        # They stay in ``_flow`` through a recheck: a plain claim that takes nothing from one of them
-        # could not report what it left.
-        self._keyed_heads: dict[tuple[int, str], int] = {}
+        self.levels = ClaimLevels(recheck_s=FLOW_RECHECK_S, probe_s=DUE_PROBE_S, stats=engine.stats)
         # The plan mode of the claim connection (``work_items.claim.CLAIM_PLANS``): True generic (plain and
         # rate claims), False the server's (flow claims), None not set since it was taken.
         self._generic: bool | None = None
-        self._due_probe_at = 0.0  # when the last due-time discovery was asked (``DUE_PROBE_S``)
+
+    @property
+    def _flow(self) -> dict[GroupKey, int]:
+        """The groups that need more than the plain statement (read by tests)."""
+        return self.levels.levels
+
+    @property
+    def _flow_until(self) -> float:
+        """When they are forgotten (read by tests)."""
+        return self.levels.until
 
     async def run(self) -> None:
         e = self.engine
@@ -156,45 +150,67 @@ class Claimer:
         # statement is what enforces a pause, whatever this process knows.
         e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
         e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
-        self._keyed_heads = {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}
-        self._to_flow(self._keyed_heads, now)
+        self.levels.discovered(
+            {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}, now
+        )
 
-    def _to_flow(self, levels: Mapping[tuple[int, str], int], now: float) -> None:
-        """Send these groups' batches through the statement they need (until the next recheck)."""
-        flow = self._flow
-        raised = {key: level for key, level in levels.items() if flow.get(key, 0) < level}
-        if not raised:
-            return
-        if not flow:
-            self._flow_until = now + FLOW_RECHECK_S
-        flow.update(raised)
-        self.engine.stats["flow_switches"] += 1
+    async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Group, int]]) -> None:
+        """One claim for ``alloc`` through the statement its groups need; what each group yielded goes
+        to the scheduler and the claim levels, the claimed items to the runners."""
+        e = self.engine
+        levels = self.levels
+        t0 = monotonic()
+        level = levels.level((g.key for g, _ in alloc), t0)
+        if self._generic is not (level != FLOW):
+            await conn.execute(work_items.claim.CLAIM_PLANS[level != FLOW])
+            self._generic = level != FLOW
+        held_back: dict[GroupKey, int] = {}
+        due_in: dict[GroupKey, float] = {}
+        keyed: dict[GroupKey, int] = {}
+        debounced: dict[GroupKey, int] = {}
+        rows = await self._statement(conn, alloc, level, t0, held_back, due_in, keyed, debounced)
+        m.CLAIM_SECONDS.observe(monotonic() - t0)
+        m.CLAIM_STATEMENTS.labels("rows" if rows else "empty").inc()
+        m.CLAIM_BATCH.observe(len(rows))
+        e.stats["claims"] += 1
+        e.stats["claimed"] += len(rows)
+        if held_back:
+            self._count_held_back(held_back, debounced)
+            levels.deferred(due_in, t0)
+        if keyed:  # left to the flow statement: the group is not drained, ask again at once
+            for key, c in keyed.items():
+                held_back[key] = held_back.get(key, 0) + c
+        short = self._record(alloc, level, rows, held_back)
+        if short and levels.probe(short, due_in, t0):
+            e.rediscover = True
+        levels.tell_due(e.scheduler)
+        if rows:
+            # The lease started no earlier than we sent the claim.
+            await self._hold(conn, rows, t0 + e.cfg.lease_s)
 
-    async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Any, int]]) -> None:
+    async def _statement(
+        self,
+        conn: AsyncConnection[Any],
+        alloc: list[tuple[Group, int]],
+        level: int,
+        now: float,
+        held_back: dict[GroupKey, int],
+        due_in: dict[GroupKey, float],
+        keyed: dict[GroupKey, int],
+        debounced: dict[GroupKey, int],
+    ) -> list[tuple[Any, ...]]:
+        """The claim statement of ``level``; the groups whose keyed candidates it left go up a level."""
         e = self.engine
         packs = [g.pack for g, _ in alloc]
         qcs = [g.queue_class for g, _ in alloc]
         limits = [n for _, n in alloc]
-        t0 = monotonic()
-        held_back: dict[tuple[int, str], int] = {}
-        due_in: dict[tuple[int, str], float] = {}
-        keyed: dict[tuple[int, str], int] = {}
-        debounced: dict[tuple[int, str], int] = {}
-        flow = self._flow
-        if flow and t0 >= self._flow_until:
-            flow.clear()
-            self._to_flow(self._keyed_heads, t0)
-        level = max((flow.get(g.key, 0) for g, _ in alloc), default=0) if flow else 0
-        if self._generic is not (level != FLOW):
-            await conn.execute(work_items.claim.CLAIM_PLANS[level != FLOW])
-            self._generic = level != FLOW
-        if not level:
-            other: set[tuple[int, str]] = set()
+        if level == PLAIN:
+            other: set[GroupKey] = set()
             rows = await work_items.claim.work_item_claim_plain_batch(
                 conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed, other=other
             )
             if keyed:
-                self._to_flow({k: FLOW if k in other else RATE for k in keyed}, t0)
+                self.levels.left(PLAIN, keyed, other, now)
         elif level == RATE:
             rows = await work_items.claim.work_item_claim_rate_batch(
                 conn,
@@ -208,7 +224,7 @@ class Claimer:
                 keyed=keyed,
             )
             if keyed:  # candidates with other flow keys: the flow statement's
-                self._to_flow(dict.fromkeys(keyed, FLOW), t0)
+                self.levels.left(RATE, keyed, (), now)
         else:  # FLOW
             rows = await work_items.claim.work_item_claim_batch(
                 conn,
@@ -221,63 +237,59 @@ class Claimer:
                 due_in=due_in,
                 debounced=debounced,
             )
-        dt = monotonic() - t0
-        m.CLAIM_SECONDS.observe(dt)
-        m.CLAIM_STATEMENTS.labels("rows" if rows else "empty").inc()
-        m.CLAIM_BATCH.observe(len(rows))
-        e.stats["claims"] += 1
-        e.stats["claimed"] += len(rows)
-        deadline = t0 + e.cfg.lease_s  # the lease started no earlier than we sent the claim
-        if held_back:
-            # Rate-limited candidates are not claimed but the group is not drained: count them as
-            # yielded so the scheduler keeps asking (they moved to their budget's time, or their key
-            # was busy in another claim for an instant).
-            # Debounced ones (coalesced, parked behind a newer item, or their key busy) likewise.
-            for (pack, qc), c in held_back.items():
-                d = debounced.get((pack, qc), 0)
-                if c > d:
-                    m.RATE_LIMITED.labels(m.pack_label(pack), qc).inc(c - d)
-                if d:
-                    m.DEBOUNCE_HELD.labels(m.pack_label(pack), qc).inc(d)
-            e.stats["rate_limited"] += sum(held_back.values()) - sum(debounced.values())
-            for key, s in due_in.items():  # the first deferred one: look again then
-                at = t0 + s
-                self._due_hints[key] = min(at, self._due_hints.get(key, at))
-        if keyed:  # left to the flow statement: the group is not drained, ask again at once
-            for key, c in keyed.items():
-                held_back[key] = held_back.get(key, 0) + c
-        short = False  # a flow group yielded fewer than asked and this claim deferred none of it
+        return rows
+
+    def _count_held_back(self, held_back: dict[GroupKey, int], debounced: dict[GroupKey, int]) -> None:
+        """Rate-limited candidates are not claimed but the group is not drained: they count as
+        yielded so the scheduler keeps asking (they moved to their budget's time, or their key was
+        busy in another claim for an instant). Debounced ones (coalesced, parked behind a newer
+        item, or their key busy) likewise."""
+        for (pack, qc), c in held_back.items():
+            d = debounced.get((pack, qc), 0)
+            if c > d:
+                m.RATE_LIMITED.labels(m.pack_label(pack), qc).inc(c - d)
+            if d:
+                m.DEBOUNCE_HELD.labels(m.pack_label(pack), qc).inc(d)
+        self.engine.stats["rate_limited"] += sum(held_back.values()) - sum(debounced.values())
+
+    def _record(
+        self,
+        alloc: list[tuple[Group, int]],
+        level: int,
+        rows: list[tuple[Any, ...]],
+        held_back: dict[GroupKey, int],
+    ) -> list[GroupKey]:
+        """Tell the scheduler what each group yielded (claimed or held back); the groups of a rate or
+        flow claim that yielded fewer than asked."""
+        sched = self.engine.scheduler
+        short: list[GroupKey] = []
         if len(alloc) == 1:
             g, n = alloc[0]
             yielded = len(rows) + held_back.get(g.key, 0)
-            e.scheduler.record(g, n, yielded)
-            short = level > 0 and yielded < n and g.key in flow and g.key not in due_in
+            sched.record(g, n, yielded)
+            if level and yielded < n:
+                short.append(g.key)
             if rows:
                 m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(len(rows))
-        else:
-            got: dict[tuple[int, str], int] = {}
-            for r in rows:
-                k = (r[_PACK], r[_QUEUE_CLASS])
-                got[k] = got.get(k, 0) + 1
-            for g, n in alloc:
-                c = got.get(g.key, 0)
-                yielded = c + held_back.get(g.key, 0)
-                e.scheduler.record(g, n, yielded)
-                short = short or (level > 0 and yielded < n and g.key in flow and g.key not in due_in)
-                if c:
-                    m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
-        if short and t0 - self._due_probe_at >= DUE_PROBE_S:
-            self._due_probe_at = t0
-            e.rediscover = True
-            e.stats["due_probes"] += 1
-        if self._due_hints:
-            groups = e.scheduler.groups
-            for key in list(self._due_hints):
-                g = groups.get(key)
-                if g is None or not g.ready:
-                    e.scheduler.note_due(key[0], key[1], self._due_hints.pop(key))
-        if not rows:
-            return
+            return short
+        got: dict[GroupKey, int] = {}
+        for r in rows:
+            k = (r[_PACK], r[_QUEUE_CLASS])
+            got[k] = got.get(k, 0) + 1
+        for g, n in alloc:
+            c = got.get(g.key, 0)
+            yielded = c + held_back.get(g.key, 0)
+            sched.record(g, n, yielded)
+            if level and yielded < n:
+                short.append(g.key)
+            if c:
+                m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
+        return short
+
+    async def _hold(self, conn: AsyncConnection[Any], rows: list[tuple[Any, ...]], deadline: float) -> None:
+        """The claimed rows become held items (their handlers and event facts loaded), ready for the
+        runners; idle runners are woken."""
+        e = self.engine
         registry = e.registry
         lookup = registry.lookup
         held = e.held

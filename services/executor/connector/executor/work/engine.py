@@ -3,16 +3,32 @@
 Data flow of one item (no per-item round trip anywhere)::
 
   claimer      ──(claim statement: a batch for several groups)──▶ held + ready deque
+                  (which statement: claim_levels; how many per group: scheduler.allocate)
   runner       ──(handler)──▶ outcome appended to the finalizer's pending batch
   finalizer    ──(one fenced UPDATE per batch; lane items: lock → update → settle)──▶ rows final
+                  then its follow-ups: circuits, slots, lane promotions (scheduler hints, wake),
+                  held released, outcome metrics
   lease keeper ──(one fenced renew per interval for every held item)──▶ leases extended / lost
   reclaimer    ──(expired leases of any process, re-checked in the statement)──▶ retry / dead
   listener     ──(NOTIFY connector_work)──▶ scheduler hints, claimer woken
 
-Admission: ``held`` (claimed and not yet finalized) never exceeds ``capacity = workers + prefetch``;
-the scheduler (``scheduler.py``) splits the free part of that window between (pack, queue class)
-groups. Every time decision against the database uses the database clock; this process only
-measures local intervals with ``time.monotonic()``.
+Doors (``doors.py``): the engine passes itself to every actor, which is typed with its door only —
+what it may read and what it may change of the shared state::
+
+  claimer      reads cfg, capacity, registry, scheduler  changes held, held_by_pack, ready, idle,
+                                                          wake, rediscover, known_packs, stats
+  runner       reads draining                            changes ready, idle, running, idle_runners
+  finalizer    reads capacity, claiming                  changes held, held_by_pack, wake, stats;
+                                                          scheduler hints
+  lease keeper reads held                                changes ready (lost items), stats
+  reclaimer    reads cfg                                 changes wake, stats; scheduler hints
+  listener     —                                         changes rediscover, wake; scheduler hints
+
+No actor module imports this one (tests/test_import_contract.py). Admission: ``held`` (claimed and
+not yet finalized) never exceeds ``capacity = workers + prefetch``; the scheduler (``scheduler.py``)
+splits the free part of that window between (pack, queue class) groups. Every time decision against
+the database uses the database clock; this process only measures local intervals with
+``time.monotonic()``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ last, ADR 003). A flusher takes the whole plain batch, or one chunk of lane memb
 finishes meanwhile forms the next batch. Lane chunks are small so that promotions commit early and
 the claimer, the other flusher and this one keep both database cores busy (a lane advances one
 member per flush). A statement that keeps failing on a healthy connection is abandoned after
-``FINALIZE_GIVE_UP`` tries: the items' leases expire and a reclaim retries them.
+``FINALIZE_GIVE_UP`` tries: the items' leases expire and a reclaim retries them. A flush is its
+write (``_write``: the store call) and then its follow-ups, in this order: stale counts, the groups
+the write made due again (lane promotions, circuit transitions, woken concurrency slots), the items
+leaving the window, outcome counters with retries' due times and dead-letter lines.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -26,10 +29,8 @@ from connector.common.store.lanes import Lane, LaneKind
 from connector.common.store.work_items.finalize import FailOp
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, backoff_delay
+from connector.executor.work.doors import FinalizerDoor
 from connector.executor.work.inflight import InFlight
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
 
 monotonic = time.monotonic
 
@@ -77,7 +78,7 @@ class Pending:
 
 
 class Finalizer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: FinalizerDoor) -> None:
         self.engine = engine
         self._pending = Pending()  # plain items: one batch, flushed whole
         self._lane_chunks: deque[Pending] = deque()  # lane members: chunks of <= LANE_FLUSH_MAX
@@ -242,16 +243,29 @@ class Finalizer:
             self._flushed.set()
 
     async def _flush_batch(self, conn: AsyncConnection[Any], batch: Pending) -> None:
-        e = self.engine
+        """The write (one ``work_item_finalize``), then what follows from what it committed."""
         t0 = monotonic()
         n = len(batch)
+        res = await self._write(conn, batch)
+        m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
+        m.FINALIZE_BATCH.observe(n)
+        self._count_stale(res)
+        self._wake_groups(batch, res)
+        self._let_go(batch)
+        self._count_outcomes(batch, res)
+        m.HELD.set(len(self.engine.held))
+        self.engine.space()
+
+    async def _write(self, conn: AsyncConnection[Any], batch: Pending) -> work_items.finalize.FinalizeResult:
+        """The batch's one store call: every transition fenced by its lease token."""
+        e = self.engine
         if batch.lanes:
             # Lane members and plain items of one flush share the transaction: the plain ones just
             # ride along (no lock is taken for them).
             # The members this flush promotes are claimed by this process's own loop (woken below)
             # as far as its window allows; only what it cannot take is announced to the others.
             free = e.capacity - len(e.held) + len(batch)
-            res = await work_items.finalize.work_item_finalize(
+            return await work_items.finalize.work_item_finalize(
                 conn,
                 batch.complete_ids,
                 batch.complete_tokens,
@@ -261,23 +275,30 @@ class Finalizer:
                 slots=batch.slots,
                 circuits=batch.circuits,
             )
-        else:
-            res = await work_items.finalize.work_item_finalize(
-                conn,
-                batch.complete_ids,
-                batch.complete_tokens,
-                batch.fail,
-                slots=batch.slots,
-                circuits=batch.circuits,
-            )
-        m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
-        m.FINALIZE_BATCH.observe(n)
+        return await work_items.finalize.work_item_finalize(
+            conn,
+            batch.complete_ids,
+            batch.complete_tokens,
+            batch.fail,
+            slots=batch.slots,
+            circuits=batch.circuits,
+        )
+
+    def _count_stale(self, res: work_items.finalize.FinalizeResult) -> None:
+        """Fenced writes that matched nothing (another claimer holds the item now), and completions."""
+        stats = self.engine.stats
         if res.complete_stale:
             m.STALE.labels("complete").inc(res.complete_stale)
         if res.fail_stale:
             m.STALE.labels("finalize_failure").inc(res.fail_stale)
-        e.stats["stale"] += res.complete_stale + res.fail_stale
-        e.stats["completed"] += len(res.completed)
+        stats["stale"] += res.complete_stale + res.fail_stale
+        stats["completed"] += len(res.completed)
+
+    def _wake_groups(self, batch: Pending, res: work_items.finalize.FinalizeResult) -> None:
+        """What the write made due in the database, told to the scheduler and the claimer: promoted
+        lane members, the deferred items of a circuit that closed (each state change of a circuit is
+        one line), parked items of released concurrency slots."""
+        e = self.engine
         if res.promoted:
             m.LANE_PROMOTIONS.inc(res.promoted)
             e.scheduler.mark_ready({lane[0] for lane in batch.lanes})
@@ -298,11 +319,19 @@ class Finalizer:
             m.SLOT_WAKEUPS.inc(res.woken)
             e.scheduler.mark_ready({slot[0] for slot in batch.slots.values()})
             e.wake.set()
-        held = e.held
-        hbp = e.held_by_pack
+
+    def _let_go(self, batch: Pending) -> None:
+        """The batch's items leave the window."""
+        held = self.engine.held
+        hbp = self.engine.held_by_pack
         for f in batch.items:
             if held.pop(f.work_id, None) is not None:
                 hbp[f.installed_pack_id] -= 1
+
+    def _count_outcomes(self, batch: Pending, res: work_items.finalize.FinalizeResult) -> None:
+        """Outcome counters per (pack, work type); a retry's due time told to the scheduler; one line
+        per dead letter."""
+        e = self.engine
         counts: dict[tuple[int, str, str], int] = {}
         if res.completed:
             kinds = {(c.installed_pack_id, c.work_type) for c in batch.items}
@@ -347,5 +376,3 @@ class Finalizer:
             e.wake.set()
         for (pack, work_type, label), c in counts.items():
             m.OUTCOMES.labels(m.pack_label(pack), m.work_type_label(work_type), label).inc(c)
-        m.HELD.set(len(held))
-        e.space()

@@ -10,20 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
 
 from connector.common.store import work_items
 from connector.executor import metrics as m
+from connector.executor.work.doors import LeaseKeeperDoor
 from connector.executor.work.inflight import InFlight
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
 
 monotonic = time.monotonic
 
 
 class LeaseKeeper:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: LeaseKeeperDoor) -> None:
         self.engine = engine
 
     async def run(self) -> None:

@@ -6,18 +6,16 @@ promotion (``lanes``: those stay within known groups) also makes it look for new
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from psycopg import AsyncConnection, Notify
 
 from connector.common.core.listener import Listener, ListenerConfig
 from connector.common.store.vocabulary import CHANNEL_WORK
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
+from connector.executor.work.doors import ListenerDoor
 
 
-def work_listener(engine: Engine) -> Listener:
+def work_listener(engine: ListenerDoor) -> Listener:
     def on_notify(notes: list[Notify]) -> None:
         engine.scheduler.mark_ready()
         if any(note.payload != "lanes" for note in notes):  # lane promotions stay within known groups

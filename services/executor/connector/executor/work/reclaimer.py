@@ -11,22 +11,18 @@ idle debounce key rows (``debounce.debounce_retire``, the same setting).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import psycopg
 
 from connector.common.store import debounce, flow, work_items
 from connector.executor import metrics as m
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
-
+from connector.executor.work.doors import ReclaimerDoor
 
 CHECK_EVERY = 6  # reclaim rounds per concurrency-slot check (30 s at the default 5 s interval)
 
 
 class Reclaimer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ReclaimerDoor) -> None:
         self.engine = engine
         self._rounds = 0
         self._key_cursors = (flow.KeyCursor(), flow.KeyCursor())  # where the idle-key walk continues

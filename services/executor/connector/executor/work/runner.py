@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from connector.common.core import tracing
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, classify, sanitize_summary
 from connector.executor.handlers.registry import WorkTypeRuntime
-
-if TYPE_CHECKING:
-    from connector.executor.work.engine import Engine
-    from connector.executor.work.inflight import InFlight
+from connector.executor.work.doors import RunnerDoor
+from connector.executor.work.inflight import InFlight
 
 monotonic = time.monotonic
 
@@ -62,7 +60,7 @@ def end_attempt_span(span: Any, token: object, out: Outcome | None, override: st
 
 
 class Runner:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: RunnerDoor) -> None:
         self.engine = engine
 
     async def run(self) -> None:
