@@ -26,7 +26,7 @@ if _ROOT not in sys.path:
 
 from connector.common.core.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
 from connector.common.packs import install  # noqa: E402
-from connector.common.packs.manifest import parse_manifest  # noqa: E402
+from connector.common.packs.document import parse_manifest  # noqa: E402
 from connector.common.packs.routes import RouteCache  # noqa: E402
 from connector.executor.legacy import LegacyService  # noqa: E402
 from connector.executor.service import ExecutorService  # noqa: E402

@@ -23,7 +23,7 @@ import grpc
 
 from connector.common.core.grpc_server import ServiceError
 from connector.common.packs import install
-from connector.common.packs.manifest import ManifestError, parse_manifest
+from connector.common.packs.document import ManifestError, parse_manifest
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument, not_found
 from connector.v1 import admin_service_pb2 as pb
