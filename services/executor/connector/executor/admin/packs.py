@@ -1,6 +1,6 @@
 """Pack RPCs over ``connector.common.packs.install`` (the one implementation of apply / activate / list).
 
-* ApplyPack parses and validates the manifest (``packs.parse_manifest``: every error listed; text
+* ApplyPack parses and validates the manifest (``packs.document.parse_manifest``: every error listed; text
   with a NUL character or a lone surrogate, nesting deeper than 32 levels and more than 100,000
   values are errors too, so nothing the database cannot store gets past it). An
   invalid manifest is INVALID_ARGUMENT ``INVALID_MANIFEST`` (nothing installed); with
