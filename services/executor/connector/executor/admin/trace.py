@@ -245,22 +245,23 @@ def _coalesced(i: _Item) -> Wait | None:
     )
 
 
-def _legacy_terminal(i: _Item) -> Wait | None:
-    if i.state != "reconciled_legacy_terminal":
-        return None
-    return Wait(
+#: The states of the legacy Event path's hand-over, each with its one answer.
+_LEGACY_STATES: dict[str, tuple[int, str]] = {
+    "reconciled_legacy_terminal": (
         pb.WAIT_REASON_LEGACY_TERMINAL,
         "executed by the legacy Event path; never runs on the WorkItem path",
-    )
-
-
-def _awaiting_legacy_outcome(i: _Item) -> Wait | None:
-    if i.state != "awaiting_legacy_outcome":
-        return None
-    return Wait(
+    ),
+    "awaiting_legacy_outcome": (
         pb.WAIT_REASON_AWAITING_LEGACY_OUTCOME,
         "rollback-fenced: waiting for the legacy Event path's outcome (docs/cutover.md)",
-    )
+    ),
+}
+
+
+def _legacy(i: _Item) -> Wait | None:
+    """Executed by the legacy path, or fenced until its outcome is known."""
+    answer = _LEGACY_STATES.get(i.state)
+    return Wait(*answer) if answer is not None else None
 
 
 def _leased(i: _Item) -> Wait | None:
@@ -428,8 +429,7 @@ WAIT_CHECKS: tuple[Callable[[_Item], Wait | None], ...] = (
     _dead,
     _cancelled,
     _coalesced,
-    _legacy_terminal,
-    _awaiting_legacy_outcome,
+    _legacy,
     _leased,
     _lane_blocked,
     _claim_path_closed,
