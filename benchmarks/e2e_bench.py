@@ -473,7 +473,7 @@ async def _install(url: str) -> None:
     import psycopg
 
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await install.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="e2e-bench")

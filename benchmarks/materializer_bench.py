@@ -111,7 +111,7 @@ FROM (
 
 async def _prepare(url: str, scenario: Scenario, receipts: int, body_bytes: int) -> None:
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         manifest = parse_manifest(_manifest(scenario.fan_out, scenario.lanes))

@@ -70,7 +70,7 @@ async def _install_probe(url: str) -> None:
     import psycopg
 
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await install.pack_apply(conn, parse_manifest(_probe_manifest()), activate=True, actor="metrics-test")

@@ -86,7 +86,7 @@ def _post(port: int, secret: str, msg_id: str, at: Any) -> int:
 
 async def _install(url: str) -> None:
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await install.pack_apply(conn, parse_manifest(_manifest()), activate=True, actor="delay-test")

@@ -548,7 +548,7 @@ def test_smoke_images_are_the_ones_the_script_builds(smoke_overlay: dict[str, An
 
 
 def test_smoke_pack_is_a_valid_manifest_whose_handler_is_the_receiver(smoke_overlay: dict[str, Any]) -> None:
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     manifest = parse_manifest((SMOKE / "pack.yaml").read_text())
     (work_type,) = manifest.work_types.values()

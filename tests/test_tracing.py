@@ -151,7 +151,7 @@ def _manifest(handlers: Handlers) -> dict[str, Any]:
 
 async def _install(url: str, doc: dict[str, Any]) -> None:
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await install.pack_apply(conn, parse_manifest(doc), activate=True, actor="tracing-test")

@@ -16,7 +16,7 @@ import psycopg
 import pytest_asyncio
 from pydantic import SecretStr
 
-from connector.common.core import db as common_db
+from connector.common.core import db
 from connector.common.core.grpc_server import GrpcServer, error_info
 from connector.common.core.settings import AdminSettings, DatabaseSettings, PoolSettings
 from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
@@ -332,7 +332,7 @@ class Running:
 
     async def stop(self) -> None:
         await self.server.stop(0)
-        await common_db.close_pool(self.pool_name)
+        await db.close_pool(self.pool_name)
 
 
 async def start_admin(
@@ -344,7 +344,7 @@ async def start_admin(
     **options: Any,
 ) -> Running:
     name = f"admin-test-{next(_servers)}"
-    pool = await common_db.open_pool(
+    pool = await db.open_pool(
         name,
         db_settings or DatabaseSettings(),
         pool_settings or PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=2.0),

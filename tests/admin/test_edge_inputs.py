@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from ingress.proxy import TcpProxy  # tests/ingress (pytest puts tests/ on sys.path)
 from pydantic import SecretStr
 
-from connector.common.core import db as common_db
+from connector.common.core import db
 from connector.common.core.grpc_server import GrpcServer
 from connector.common.core.settings import AdminSettings, DatabaseSettings, ExecutorSettings, PoolSettings
 from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
@@ -428,7 +428,7 @@ async def two_replicas(db_url: str) -> AsyncIterator[list[Any]]:
     stubs = []
     for index, cfg in enumerate(configs):
         name = f"admin-edge-replica-{index}-{id(configs)}"
-        pool = await common_db.open_pool(
+        pool = await db.open_pool(
             name, DatabaseSettings(), PoolSettings(pool_min_size=1, pool_max_size=2), url=db_url
         )
         api = build_admin(pool, cfg)
@@ -444,7 +444,7 @@ async def two_replicas(db_url: str) -> AsyncIterator[list[Any]]:
         for server, name, channel in started:
             await channel.close()
             await server.stop(0)
-            await common_db.close_pool(name)
+            await db.close_pool(name)
 
 
 async def test_replicas_with_one_key_accept_each_others_tokens(two_replicas: list[Any], seed: Seed) -> None:
@@ -536,7 +536,7 @@ async def test_without_the_pool_check_the_dead_connection_is_unavailable_not_int
     """Control: a pool that does not check its connections hands out the dead one; the call then
     answers UNAVAILABLE (retryable), never INTERNAL — and the retry works."""
     name = f"admin-edge-nocheck-{id(adb)}"
-    pool = await common_db.open_pool(
+    pool = await db.open_pool(
         name, DatabaseSettings(), PoolSettings(pool_min_size=1, pool_max_size=1), url=db_url
     )
     api = build_admin(pool, AdminSettings(tokens=SecretStr(TOKENS)))
@@ -562,7 +562,7 @@ async def test_without_the_pool_check_the_dead_connection_is_unavailable_not_int
     finally:
         await channel.close()
         await server.stop(0)
-        await common_db.close_pool(name)
+        await db.close_pool(name)
 
 
 RETRYABLE = {
@@ -580,7 +580,7 @@ async def test_database_unreachable_is_unavailable_and_calls_resume(
     proxy = TcpProxy("127.0.0.1", 5432)
     await proxy.start()
     name = f"admin-edge-cut-{id(proxy)}"
-    pool = await common_db.open_pool(
+    pool = await db.open_pool(
         name,
         DatabaseSettings(),
         PoolSettings(pool_min_size=1, pool_max_size=2, pool_timeout_s=0.5),
@@ -623,7 +623,7 @@ async def test_database_unreachable_is_unavailable_and_calls_resume(
     finally:
         await channel.close()
         await server.stop(0)
-        await common_db.close_pool(name)
+        await db.close_pool(name)
         await proxy.cut()
 
 

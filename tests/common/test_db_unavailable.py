@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from connector.common.core import db as dbmod
+from connector.common.core import db
 from connector.common.core.settings import DatabaseSettings, PoolSettings
 
 PASSWORD = "s3cret-pw-never-printed"
@@ -25,8 +25,8 @@ def _closed_port() -> int:
 
 async def test_open_pool_names_the_server_and_the_reason_but_not_the_password() -> None:
     url = f"postgresql://connector:{PASSWORD}@127.0.0.1:{_closed_port()}/queue"
-    with pytest.raises(dbmod.DatabaseUnavailable) as info:
-        await dbmod.open_pool(
+    with pytest.raises(db.DatabaseUnavailable) as info:
+        await db.open_pool(
             "t-unavailable",
             DatabaseSettings(connect_timeout_s=0.3),
             PoolSettings(pool_timeout_s=0.3),
@@ -38,7 +38,7 @@ async def test_open_pool_names_the_server_and_the_reason_but_not_the_password() 
     assert "Connection refused" in message
     assert PASSWORD not in message and "connector:" not in message
     assert info.value.code == message  # SystemExit: printed by Python, exit status 1
-    assert "t-unavailable" not in dbmod._POOLS
+    assert "t-unavailable" not in db._POOLS
 
 
 @pytest.mark.parametrize("service", ["ingress", "materializer", "executor"])
@@ -75,7 +75,7 @@ async def test_pooled_connections_run_without_jit(db_url: str, disable: bool) ->
 
     with psycopg.connect(db_url, autocommit=True) as c:
         server = c.execute("SELECT reset_val FROM pg_settings WHERE name = 'jit'").fetchone()[0]
-    pool = await dbmod.open_pool(
+    pool = await db.open_pool(
         f"jit-{disable}", DatabaseSettings(disable_jit=disable), PoolSettings(pool_min_size=1), url=db_url
     )
     try:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from connector.common.delivery.materialization import EventDraft, ReceiptRow, compile_route, plan_receipt
+from connector.common.packs.document import parse_manifest
 from connector.common.packs.extraction import (
     Context,
     compile_template,
@@ -16,7 +17,7 @@ from connector.common.packs.extraction import (
     references,
 )
 from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, pointer_tokens, resolve_tokens, scalar_text
-from connector.common.packs.manifest import ValueSpec, parse_manifest
+from connector.common.packs.manifest import ValueSpec
 from connector.common.packs.routes import ActivePack, ActiveRoute
 from connector.ingress.envelope import Envelope
 

@@ -26,7 +26,7 @@ if _ROOT not in sys.path:
 
 from connector.common.core.settings import DatabaseSettings, ExecutorSettings  # noqa: E402
 from connector.common.packs import install  # noqa: E402
-from connector.common.packs.manifest import parse_manifest  # noqa: E402
+from connector.common.packs.document import parse_manifest  # noqa: E402
 from connector.common.packs.routes import RouteCache  # noqa: E402
 from connector.executor.legacy import LegacyService  # noqa: E402
 from connector.executor.service import ExecutorService  # noqa: E402
@@ -351,13 +351,13 @@ VIEW_TOKEN = "cutover-view-token-0123456789abc"
 async def admin_port(db_url: str) -> AsyncIterator[int]:
     from pydantic import SecretStr
 
-    from connector.common.core import db as common_db
+    from connector.common.core import db
     from connector.common.core.grpc_server import GrpcServer
     from connector.common.core.settings import AdminSettings, PoolSettings
     from connector.executor.admin import PROTECTED_PREFIXES, build_admin, register
 
     name = f"cutover-admin-{time.monotonic_ns()}"
-    pool = await common_db.open_pool(
+    pool = await db.open_pool(
         name,
         DatabaseSettings(),
         PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=5.0),
@@ -372,4 +372,4 @@ async def admin_port(db_url: str) -> AsyncIterator[int]:
         yield server.port
     finally:
         await server.stop(0)
-        await common_db.close_pool(name)
+        await db.close_pool(name)

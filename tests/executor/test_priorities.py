@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest, priority_heads
+from connector.common.packs.document import ManifestError, parse_manifest
+from connector.common.packs.manifest import Manifest, priority_heads
 from connector.common.store import work_items
 from connector.common.store.lanes import lanes_of
 from tests.executor import seed

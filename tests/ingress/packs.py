@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from connector.common.packs.manifest import parse_manifest, sha256_hex
+from connector.common.packs.document import parse_manifest
+from connector.common.packs.manifest import sha256_hex
 from connector.common.store import vocabulary
 
 

@@ -37,8 +37,14 @@ from slack_sdk.signature import SignatureVerifier as SlackVerifier
 from square.utils.webhooks_helper import verify_signature as square_verify_signature
 from twilio.request_validator import RequestValidator
 
-from connector.common.packs.manifest import VerificationSpec
-from connector.common.packs.verification import PRESETS, SecretUnavailable, check_spec, load_secret, resolve
+from connector.common.packs.verification import (
+    PRESETS,
+    SecretUnavailable,
+    VerificationSpec,
+    check_spec,
+    load_secret,
+    resolve,
+)
 from connector.ingress import verify
 from connector.ingress.verify import Rejected, SignatureVerifier
 

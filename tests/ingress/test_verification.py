@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from connector.common.packs.manifest import VerificationSpec
 from connector.common.packs.verification import (
     PRESETS,
     SecretUnavailable,
+    VerificationSpec,
     check_spec,
     load_secret,
     resolve,

@@ -21,7 +21,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from connector.common.packs import install  # noqa: E402
-from connector.common.packs.manifest import parse_manifest  # noqa: E402
+from connector.common.packs.document import parse_manifest  # noqa: E402
 from connector.common.packs.routes import RouteCache  # noqa: E402
 from connector.materializer.router import Router, RouterConfig  # noqa: E402
 

@@ -24,8 +24,9 @@ from connector.common.delivery.materialization import (
     SCHEDULE_RUN_AFTER,
     schedule_run_after,
 )
+from connector.common.packs.document import ManifestError, parse_manifest
 from connector.common.packs.extraction import instant_seconds
-from connector.common.packs.manifest import DelayPolicy, ManifestError, parse_manifest
+from connector.common.packs.manifest import DelayPolicy
 from connector.common.store import work_items
 from connector.common.store.lanes import lanes_of
 

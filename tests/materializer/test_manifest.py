@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest
+from connector.common.packs.document import ManifestError, parse_manifest
+from connector.common.packs.manifest import Manifest
 
 from .conftest import manifest, work_type
 

@@ -19,7 +19,7 @@ from connector.common.delivery.materialization import (
     compile_route,
     plan_receipt,
 )
-from connector.common.packs.manifest import parse_manifest
+from connector.common.packs.document import parse_manifest
 from connector.common.packs.routes import ActivePack, ActiveRoute
 
 from .conftest import manifest, work_type

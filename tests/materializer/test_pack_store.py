@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from connector.common.packs import install
+from connector.common.packs.document import parse_manifest
 from connector.common.packs.install import PackStoreError
-from connector.common.packs.manifest import parse_manifest
 from connector.common.packs.routes import RouteCache
 
 from .conftest import apply, manifest, rows, scalar, work_type

@@ -21,7 +21,8 @@ import psycopg
 
 from connector.common.core import settings
 from connector.common.packs import install
-from connector.common.packs.manifest import Manifest, ManifestError, parse_manifest
+from connector.common.packs.document import ManifestError, parse_manifest
+from connector.common.packs.manifest import Manifest
 
 EXIT_OK = 0
 EXIT_UNAVAILABLE = 1

@@ -98,7 +98,7 @@ def sign_standard_webhook(key: str, msg_id: str, timestamp: int, body: bytes) ->
 async def _install_demo(url: str, secret_file: Path) -> None:
     from connector.cli import demo
     from connector.common.packs import install
-    from connector.common.packs.manifest import parse_manifest
+    from connector.common.packs.document import parse_manifest
 
     manifest = parse_manifest(demo.manifest(secret_file))
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:

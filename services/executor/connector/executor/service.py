@@ -23,16 +23,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
-from connector.common.core import db as dbmod
-from connector.common.core import logs, runtime
-from connector.common.core.eventlog import events
+from connector.common.core import db, logs, runtime
 from connector.common.core.grpc_server import Authenticator, GrpcServer
-from connector.common.core.metrics import stop_server as stop_metrics_server
-from connector.common.core.process_registry import ProcessRegistration
 from connector.common.core.runtime import cancel_task
+from connector.common.core.service import ServiceBootstrap
 from connector.common.core.settings import (
     AdminSettings,
     DatabaseSettings,
@@ -42,7 +38,6 @@ from connector.common.core.settings import (
 )
 from connector.common.maintenance.retention import Retention, RetentionConfig
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
-from connector.executor.metrics import REGISTRY
 from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
 
 #: Read once at start: a warning when autovacuum is off (the claim path depends on vacuumed tables).
@@ -59,7 +54,7 @@ class ClaimPathNotSupported(SystemExit):
     pass
 
 
-class ExecutorService:
+class ExecutorService(ServiceBootstrap):
     name = SERVICE
 
     def __init__(
@@ -84,6 +79,7 @@ class ExecutorService:
                 "ExecutorService claims WorkItems only; the legacy Event claim path is "
                 "connector.executor.legacy.LegacyService (connector executor --claim-path event --pack P)"
             )
+        super().__init__(heartbeat_s=heartbeat_s)
         self.db = db
         self.cfg = cfg
         self._url = url
@@ -92,20 +88,15 @@ class ExecutorService:
         self._credentials = credentials
         self._mount_admin = mount_admin
         self._admin_settings = admin_settings
-        self._serve_metrics = serve_metrics
-        self._heartbeat_s = heartbeat_s
+        self._serve_metrics_endpoint = serve_metrics
         self._fair = fair
         self._servicers: list[tuple[Callable[[Any, Any], None], Any, str]] = []
-        self.pool: AsyncConnectionPool | None = None
         self.admin_pool: AsyncConnectionPool | None = None
         self.upkeep: Upkeep | None = None
         self.retention: Retention | None = None
-        self.registration: ProcessRegistration | None = None
         self.engine: Engine | None = None
         self.grpc: GrpcServer | None = None
         self.grpc_port = 0
-        self.metrics_port = 0
-        self._metrics_server: Any = None
         self._stats_task: asyncio.Task[None] | None = None
         self._started = False
 
@@ -115,15 +106,10 @@ class ExecutorService:
             raise RuntimeError("add_servicer must be called before start()")
         self._servicers.append((register, servicer, full_name))
 
-    @property
-    def process_id(self) -> str | None:
-        return self.registration.process_id if self.registration else None
-
-    async def start(self) -> None:
+    async def _start(self) -> None:
         cfg = self.cfg
         url = self._url or self.db.url()
-        self.pool = await dbmod.open_pool(
-            SERVICE,
+        pool = await self._open_pool(
             self.db,
             PoolSettings(
                 pool_min_size=min(4, cfg.pool_max_size),
@@ -132,37 +118,27 @@ class ExecutorService:
             ),
             url=url,
         )
-        try:
-            self.registration = ProcessRegistration(
-                self.pool, service=SERVICE, capability="work_item", interval_s=self._heartbeat_s
-            )
-            await self.registration.start()
-            owner = self.registration.process_id
-            await self._check_database()
-            await self._start_grpc(url)
-            self.engine = Engine(self.pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
-            await self.engine.start()
-            if cfg.stats_interval_s > 0:
-                self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
-            self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, UpkeepConfig.from_settings(cfg))
-            self.upkeep.start()
-            self.retention = Retention(url, RetentionConfig.from_settings(cfg), SERVICE)
-            self.retention.start()
-            if self._serve_metrics:
-                server, _thread = start_http_server(
-                    cfg.metrics_port, addr=cfg.metrics_host, registry=REGISTRY
-                )
-                self._metrics_server = server
-                self.metrics_port = int(server.server_address[1])
-        except BaseException:
-            await self.stop()
-            raise
+        owner = await self._register(capability="work_item")
+        await self._check_database()
+        await self._start_grpc(url)
+        self.engine = Engine(pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
+        await self.engine.start()
+        if cfg.stats_interval_s > 0:
+            self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
+        self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, UpkeepConfig.from_settings(cfg))
+        self.upkeep.start()
+        self.retention = Retention(url, RetentionConfig.from_settings(cfg), SERVICE)
+        self.retention.start()
+        if self._serve_metrics_endpoint:
+            self._serve_metrics(cfg.metrics_port, cfg.metrics_host)
+
+    def _on_started(self) -> None:
         self._started = True
         log.info(
             "executor started",
             extra={
-                "process_id": owner,
-                "workers": cfg.workers,
+                "process_id": self.process_id,
+                "workers": self.cfg.workers,
                 "grpc_port": self.grpc_port,
                 "metrics_port": self.metrics_port,
             },
@@ -196,7 +172,7 @@ class ExecutorService:
             from connector.executor import admin
 
             settings = self._admin_settings or load(AdminSettings)
-            self.admin_pool = await dbmod.open_pool(
+            self.admin_pool = await db.open_pool(
                 f"{SERVICE}-admin",
                 self.db,
                 PoolSettings(pool_min_size=1, pool_max_size=4, pool_timeout_s=self.cfg.pool_timeout_s),
@@ -236,18 +212,19 @@ class ExecutorService:
                 log.warning("stats sampling failed", extra={"exc_type": type(exc).__name__})
             await asyncio.sleep(self.cfg.stats_interval_s)
 
-    async def stop(self) -> None:
+    async def _stop_serving(self) -> None:
         grpc = self.grpc
         if grpc is not None:
             await grpc.health.enter_graceful_shutdown()
             await grpc.server.stop(min(5.0, self.cfg.shutdown_grace_s))
             self.grpc = None
+
+    async def _drain(self) -> None:
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
-        if self.registration is not None:
-            await self.registration.stop()
-            self.registration = None
+
+    async def _stop_background(self) -> None:
         if self.retention is not None:
             await self.retention.stop()
             self.retention = None
@@ -256,14 +233,13 @@ class ExecutorService:
             self.upkeep = None
         task, self._stats_task = self._stats_task, None
         await cancel_task(task)
-        for name, attr in ((f"{SERVICE}-admin", "admin_pool"), (SERVICE, "pool")):
-            pool = getattr(self, attr)
-            setattr(self, attr, None)
-            await dbmod.close_own_pool(name, pool)
-        if self._metrics_server is not None:
-            server, self._metrics_server = self._metrics_server, None
-            await stop_metrics_server(server)
-        events(SERVICE).flush()  # pending 'log lines suppressed' summaries
+
+    async def _close_pools(self) -> None:
+        admin_pool, self.admin_pool = self.admin_pool, None
+        await db.close_own_pool(f"{SERVICE}-admin", admin_pool)
+        await super()._close_pools()
+
+    def _on_stopped(self) -> None:
         if self._started:
             log.info("executor stopped")
         self._started = False

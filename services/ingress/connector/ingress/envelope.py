@@ -20,7 +20,8 @@ from connector.common.packs.extraction import (
     reads_body,
     references,
 )
-from connector.common.packs.manifest import HEADER_FIELDS, ValueSpec
+from connector.common.packs.manifest import ValueSpec
+from connector.common.packs.references import HEADER_FIELDS
 
 #: Extracted fields the ingress stores on the receipt.
 ENVELOPE_FIELDS = HEADER_FIELDS

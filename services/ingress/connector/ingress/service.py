@@ -23,19 +23,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
-from typing import Any
 
 from aiohttp import web
-from prometheus_client import start_http_server
-from psycopg_pool import AsyncConnectionPool
 
-from connector.common.core import db as dbmod
-from connector.common.core import logs, runtime
-from connector.common.core.eventlog import events
+from connector.common.core import db, logs, runtime
 from connector.common.core.grpc_server import GrpcServer
-from connector.common.core.metrics import stop_server as stop_metrics_server
-from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.service import ServiceBootstrap
 from connector.common.core.settings import DatabaseSettings, IngressSettings, load
 from connector.ingress import metrics
 from connector.ingress.admission import Admission
@@ -51,7 +44,7 @@ log = logging.getLogger(__name__)
 SERVICE = "ingress"
 
 
-class IngressService:
+class IngressService(ServiceBootstrap):
     name = SERVICE
 
     def __init__(
@@ -64,115 +57,96 @@ class IngressService:
         heartbeat_s: float = 5.0,
         reuse_port: bool = False,
     ) -> None:
+        super().__init__(heartbeat_s=heartbeat_s)
         self.db = db
         self.settings = settings
         self._url = url
-        self._serve_metrics = serve_metrics
-        self._heartbeat_s = heartbeat_s
+        self._serve_metrics_endpoint = serve_metrics
         self._reuse_port = reuse_port
-        self.pool: AsyncConnectionPool | None = None
-        self.registration: ProcessRegistration | None = None
         self.routes: RouteTable | None = None
         self.writer: ReceiptWriter | None = None
         self.admission: Admission | None = None
         self._runner: web.ServerRunner | None = None
         self._grpc: GrpcServer | None = None
-        self._metrics_server: Any = None
-        self._metrics_thread: threading.Thread | None = None
         self.http_port = 0
         #: The HTTP connection cap in force (derived from the descriptor limit unless set).
         self.http_max_connections = 0
         self.grpc_port = 0
-        self.metrics_port = 0
 
-    @property
-    def process_id(self) -> str | None:
-        """This instance's ``connector_process`` id while it runs."""
-        return self.registration.process_id if self.registration else None
-
-    async def start(self) -> None:
+    async def _start(self) -> None:
         s = self.settings
         url = self._url or self.db.url()
         pool_db = self.db.model_copy(update={"statement_timeout_ms": s.statement_timeout_ms})
-        try:
-            self.pool = await dbmod.open_pool(SERVICE, pool_db, s, url=url)
-            self.registration = ProcessRegistration(
-                self.pool, service=SERVICE, capability="none", interval_s=self._heartbeat_s
-            )
-            await self.registration.start()
-            self.routes = RouteTable(
-                dbmod.conninfo_with(url, application_name="connector-ingress-routes", statement_timeout_ms=0),
-                refresh_s=s.routes_refresh_s,
-            )
-            await self.routes.start()
-            self.writer = ReceiptWriter(
-                self.pool,
-                writers=min(s.group_commit_writers, s.pool_max_size),
-                max_batch=s.group_commit_max_batch,
-                max_wait_s=s.group_commit_max_wait_ms / 1000.0,
-                max_queue=s.group_commit_max_queue,
-                queue_timeout_s=s.pool_timeout_s,
-                pool_timeout_s=s.pool_timeout_s,
-            )
-            self.writer.start()
-            admission = self.admission = Admission(
-                self.routes,
-                self.writer,
-                max_body_bytes=s.max_body_bytes,
-                namespace_max_inflight=s.namespace_max_inflight,
-                retry_after_s=s.retry_after_s,
-            )
-            writer = self.writer
-            metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
-            metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
+        pool = await self._open_pool(pool_db, s, url=url)
+        await self._register(capability="none")
+        self.routes = RouteTable(
+            db.conninfo_with(url, application_name="connector-ingress-routes", statement_timeout_ms=0),
+            refresh_s=s.routes_refresh_s,
+        )
+        await self.routes.start()
+        self.writer = ReceiptWriter(
+            pool,
+            writers=min(s.group_commit_writers, s.pool_max_size),
+            max_batch=s.group_commit_max_batch,
+            max_wait_s=s.group_commit_max_wait_ms / 1000.0,
+            max_queue=s.group_commit_max_queue,
+            queue_timeout_s=s.pool_timeout_s,
+            pool_timeout_s=s.pool_timeout_s,
+        )
+        self.writer.start()
+        admission = self.admission = Admission(
+            self.routes,
+            self.writer,
+            max_body_bytes=s.max_body_bytes,
+            namespace_max_inflight=s.namespace_max_inflight,
+            retry_after_s=s.retry_after_s,
+        )
+        writer = self.writer
+        metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
+        metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
 
-            self._grpc = GrpcServer(
-                host=s.grpc_host, port=s.grpc_port, reuse_port=self._reuse_port, service=SERVICE
-            )
-            self._grpc.add(
-                ingress_servicer.register,
-                ingress_servicer.IngressServicer(admission, public_base_url=s.public_base_url),
-                ingress_servicer.FULL_NAME,
-            )
-            await self._grpc.start()
-            self.grpc_port = self._grpc.port
+        self._grpc = GrpcServer(
+            host=s.grpc_host, port=s.grpc_port, reuse_port=self._reuse_port, service=SERVICE
+        )
+        self._grpc.add(
+            ingress_servicer.register,
+            ingress_servicer.IngressServicer(admission, public_base_url=s.public_base_url),
+            ingress_servicer.FULL_NAME,
+        )
+        await self._grpc.start()
+        self.grpc_port = self._grpc.port
 
-            server = build_server(
-                admission,
-                ready=self.ready,
-                public_base_url=s.public_base_url,
-                limits=HttpLimits.from_settings(s),
-                trust_forwarded_for=s.http_trust_forwarded_for,
-            )
-            self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
-            await self._runner.setup()
-            site = web.TCPSite(
-                self._runner,
-                s.http_host,
-                s.http_port,
-                backlog=server.guard.backlog,
-                reuse_port=self._reuse_port or None,
-            )
-            await site.start()
-            self.http_port = int(self._runner.addresses[0][1])
-            self.http_max_connections = server.guard.max_connections
+        server = build_server(
+            admission,
+            ready=self.ready,
+            public_base_url=s.public_base_url,
+            limits=HttpLimits.from_settings(s),
+            trust_forwarded_for=s.http_trust_forwarded_for,
+        )
+        self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=s.shutdown_grace_s)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            s.http_host,
+            s.http_port,
+            backlog=server.guard.backlog,
+            reuse_port=self._reuse_port or None,
+        )
+        await site.start()
+        self.http_port = int(self._runner.addresses[0][1])
+        self.http_max_connections = server.guard.max_connections
 
-            if self._serve_metrics:
-                metrics_server, thread = start_http_server(
-                    s.metrics_port, addr=s.metrics_host, registry=metrics.REGISTRY
-                )
-                self._metrics_server, self._metrics_thread = metrics_server, thread
-                self.metrics_port = int(metrics_server.server_address[1])
-        except BaseException:
-            await self.stop()
-            raise
+        if self._serve_metrics_endpoint:
+            self._serve_metrics(s.metrics_port, s.metrics_host)
+
+    def _on_started(self) -> None:
         log.info(
             "ingress started",
             extra={
                 "http_port": self.http_port,
                 "grpc_port": self.grpc_port,
                 "metrics_port": self.metrics_port,
-                "routes": len(self.routes),
+                "routes": len(self.routes) if self.routes is not None else 0,
                 "process_id": self.process_id,
                 "http_max_connections": self.http_max_connections,
             },
@@ -189,30 +163,24 @@ class IngressService:
             return False
         return True
 
-    async def stop(self) -> None:
-        grace = self.settings.shutdown_grace_s
+    async def _stop_serving(self) -> None:
         if self._grpc is not None:
             await self._grpc.health.enter_graceful_shutdown()
         if self._runner is not None:
             await self._runner.cleanup()  # stop accepting; in-flight handlers finish within the grace
             self._runner = None
         if self._grpc is not None:
-            await self._grpc.server.stop(grace)
+            await self._grpc.server.stop(self.settings.shutdown_grace_s)
             self._grpc = None
+
+    async def _drain(self) -> None:
         if self.writer is not None:
             await self.writer.stop()
             self.writer = None
         if self.routes is not None:
             await self.routes.stop()
-        if self.registration is not None:
-            await self.registration.stop()
-            self.registration = None
-        pool, self.pool = self.pool, None
-        await dbmod.close_own_pool(SERVICE, pool)
-        if self._metrics_server is not None:
-            server, self._metrics_server = self._metrics_server, None
-            await stop_metrics_server(server)
-        events(SERVICE).flush()  # pending 'log lines suppressed' summaries
+
+    def _on_stopped(self) -> None:
         log.info("ingress stopped")
 
 

@@ -29,13 +29,11 @@ from typing import Any
 import psycopg
 from psycopg import Notify
 
-from connector.common.core import db as common_db
-from connector.common.core import logs, settings
-from connector.common.core import metrics as common_metrics
+from connector.common.core import db, logs, settings
 from connector.common.core.grpc_server import GrpcServer
 from connector.common.core.listener import Listener, ListenerConfig
-from connector.common.core.process_registry import ProcessRegistration
 from connector.common.core.runtime import run, run_until_signal
+from connector.common.core.service import ServiceBootstrap
 from connector.common.core.settings import DatabaseSettings, MaterializerSettings
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
 from connector.common.packs.routes import RouteCache
@@ -52,7 +50,7 @@ LAG_SAMPLE_S = 2.0
 UPKEEP_TABLES = ("connector_ingress_receipt", "connector_event")
 
 
-class MaterializerService:
+class MaterializerService(ServiceBootstrap):
     name = "materializer"
 
     def __init__(
@@ -63,17 +61,13 @@ class MaterializerService:
         *,
         heartbeat_s: float = 5.0,
     ) -> None:
+        super().__init__(heartbeat_s=heartbeat_s)
         self.db = db
         self.cfg = cfg
         self._url = url
-        self._heartbeat_s = heartbeat_s
-        self.registration: ProcessRegistration | None = None
         self.cache = RouteCache()
         self.router: Router | None = None
-        self.pool: Any = None
         self.grpc_port = 0
-        self.metrics_port = 0
-        self._metrics_server: Any = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -85,17 +79,7 @@ class MaterializerService:
     def url(self) -> str:
         return self._url or self.db.url()
 
-    @property
-    def process_id(self) -> str | None:
-        """This instance's ``connector_process`` id while it runs."""
-        return self.registration.process_id if self.registration else None
-
-    async def start(self) -> None:
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
+    def _on_started(self) -> None:
         log.info(
             "materializer started",
             extra={
@@ -109,21 +93,17 @@ class MaterializerService:
 
     async def _start(self) -> None:
         self._stopping.clear()
-        self.pool = await common_db.open_pool("materializer", self.db, self.cfg, url=self.url)
-        self.registration = ProcessRegistration(
-            self.pool, service="materializer", capability="none", interval_s=self._heartbeat_s
-        )
-        await self.registration.start()
+        pool = await self._open_pool(self.db, self.cfg, url=self.url)
         # Receipt claims carry the registered process id (as executor leases do), so an operator can
         # match a routing claim to its ListProcesses row.
-        self.owner = self.registration.process_id
-        async with self.pool.connection() as conn:
+        self.owner = await self._register(capability="none")
+        async with pool.connection() as conn:
             await self.cache.refresh(conn)
             await self._check_horizon_visibility(conn)
-        self.router = Router(self.pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
+        self.router = Router(pool, self.cache, RouterConfig.from_settings(self.cfg, self.owner))
         # Listening before the workers' first claim: nothing committed after it goes unnoticed.
         self.listener = Listener(
-            common_db.conninfo_with(
+            db.conninfo_with(
                 self.url, application_name="connector-materializer-listen", statement_timeout_ms=0
             ),
             ListenerConfig(
@@ -145,10 +125,7 @@ class MaterializerService:
         self._grpc = GrpcServer(host=self.cfg.grpc_host, port=self.cfg.grpc_port, service="materializer")
         await self._grpc.start()
         self.grpc_port = self._grpc.port
-        self._metrics_server = common_metrics.serve(
-            self.cfg.metrics_port, self.cfg.metrics_host, service="materializer"
-        )
-        self.metrics_port = int(self._metrics_server.server_address[1]) if self._metrics_server else -1
+        self._serve_metrics(self.cfg.metrics_port, self.cfg.metrics_host)
 
     async def _check_horizon_visibility(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The commit horizon reads other sessions' ``backend_xid`` from pg_stat_activity, which
@@ -166,10 +143,12 @@ class MaterializerService:
                 "materializer role, or run ingress and materializer as the same role"
             )
 
-    async def stop(self) -> None:
+    async def _stop_serving(self) -> None:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
             self._grpc = None
+
+    async def _drain(self) -> None:
         if self.router is not None:
             await self.router.stop()
         self._stopping.set()
@@ -185,14 +164,8 @@ class MaterializerService:
         if self.upkeep is not None:
             await self.upkeep.stop()
             self.upkeep = None
-        if self.registration is not None:
-            await self.registration.stop()
-            self.registration = None
-        pool, self.pool = self.pool, None
-        await common_db.close_own_pool("materializer", pool)
-        if self._metrics_server is not None:
-            server, self._metrics_server = self._metrics_server, None
-            await common_metrics.stop_server(server)
+
+    def _on_stopped(self) -> None:
         log.info("materializer stopped")
 
     # ---------------------------------------------------------------------------------- wake-ups
@@ -232,6 +205,7 @@ class MaterializerService:
     async def _sample_lag(self) -> None:
         while not self._stopping.is_set():
             try:
+                assert self.pool is not None  # the sampler ends before the pool closes
                 async with self.pool.connection() as conn:
                     metrics.ROUTING_LAG.set(await receipts.routing.receipt_routing_lag(conn))
             except Exception as exc:

@@ -43,8 +43,6 @@ from connector.common.packs.extraction import (
 )
 from connector.common.packs.jsonvalues import scalar_text
 from connector.common.packs.manifest import (
-    DEFAULT_SOURCE_LANE_KEY,
-    HEADER_FIELDS,
     CircuitBreaker,
     ConcurrencyLimit,
     DebouncePolicy,
@@ -53,6 +51,7 @@ from connector.common.packs.manifest import (
     canonical_json,
     circuit_target,
 )
+from connector.common.packs.references import DEFAULT_SOURCE_LANE_KEY, HEADER_FIELDS
 from connector.common.packs.routes import ActivePack, ActiveRoute
 from connector.common.store import events
 from connector.common.store.circuits import CircuitKey, circuit_declare

@@ -1,10 +1,14 @@
 """Pack manifests: the declarative description of routes, extraction, fan-out and policies.
 
-A manifest (YAML or JSON; see docs/packs.md) is validated in full: ``parse_manifest`` reports field
-errors, cross-reference errors and verification errors *together*, every one as ``path: message``,
-and nothing is installed when any is found (``connector.common.packs.install`` installs it as a new
-generation with versioned routes; activation is a separate, atomic step). Nothing here branches on a
-provider: presets are just named verification configs.
+This module is the model: the pydantic classes of a manifest, their limits and defaults, what is
+derived from a validated manifest (circuit targets, priority head starts, a route's effective
+config) and the canonical JSON its hashes are taken over. A manifest (YAML or JSON; see docs/packs.md)
+is validated in full by ``connector.common.packs.document.parse_manifest``, which reports field
+errors, cross-reference errors (``connector.common.packs.references``) and verification errors
+*together*, every one as ``path: message``; nothing is installed when any is found
+(``connector.common.packs.install`` installs it as a new generation with versioned routes;
+activation is a separate, atomic step). Nothing here branches on a provider: presets are just named
+verification configs.
 
 Where extracted values come from (docs/packs.md, "Extraction"):
 
@@ -21,48 +25,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from connector.common.packs import verification
-
-# A route's verification spec is the verifier's own model (verification.py); re-exported here with
-# the other manifest models.
-from connector.common.packs.verification import SecretRef as SecretRef
-from connector.common.packs.verification import VerificationSpec as VerificationSpec
-
-NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,62}$"
-EXTRACTABLE = (
-    "event_kind",
-    "delivery_id",
-    "source_object_kind",
-    "source_object_id",
-    "target_lane_key",
-    "run_after",
+from connector.common.packs.references import (
+    DEFAULT_RATE_KEY,
+    EXTRACTABLE,
+    NAME_PATTERN,
+    as_dict,
+    reference_errors,
+    template_references,
+    template_syntax_errors,
 )
-#: Extracted fields whose value may come from a request header: the ingress stores these on the
-#: receipt (``event_kind``, ``provider_delivery_id``); correlation ids are stored too.
-HEADER_FIELDS = ("event_kind", "delivery_id")
-#: Default source lane key template (``LanePolicy.source_lane_key``).
-DEFAULT_SOURCE_LANE_KEY = "{work_type}:{source_object_kind}:{source_object_id}"
-CORRELATION_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$"
-
-_NAME_RE = re.compile(NAME_PATTERN)
-_CORRELATION_RE = re.compile(CORRELATION_NAME_PATTERN)
-_PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
+from connector.common.packs.verification import VerificationSpec
 
 
 class _Model(BaseModel):
@@ -161,10 +146,6 @@ class DelayPolicy(_Model):
         if self.max_s is not None and self.fixed_s > self.max_s:
             raise ValueError("fixed_s must not exceed max_s")
         return self
-
-
-#: Default rate-limit key template (``RateLimit.key``): one budget for the whole work type.
-DEFAULT_RATE_KEY = "{work_type}"
 
 
 class _KeyedPolicy(_Model):
@@ -428,510 +409,24 @@ class Manifest(_Model):
         return None
 
 
-# --------------------------------------------------------------------------------------------------
-# Templates
-# --------------------------------------------------------------------------------------------------
-
-
-def template_references(template: str) -> list[str]:
-    """The ``{...}`` references of a template, in order (``{{``/``}}`` escapes excluded)."""
-    return _PLACEHOLDER_RE.findall(template.replace("{{", "").replace("}}", ""))
-
-
-def template_syntax_errors(template: str) -> list[str]:
-    problems: list[str] = []
-    stripped = _PLACEHOLDER_RE.sub("", template.replace("{{", "").replace("}}", ""))
-    if "{" in stripped or "}" in stripped:
-        problems.append(f"template {template!r} has an unbalanced brace (write {{{{ or }}}} for a literal)")
-    for ref in template_references(template):
-        if not ref:
-            problems.append(f"template {template!r} has an empty {{}}")
-        elif ref.startswith("/") or ref.startswith("header:"):
-            if ref.startswith("header:") and not ref[len("header:") :]:
-                problems.append(f"template {template!r}: {{header:}} needs a header name")
-        elif not _NAME_RE.match(ref):
-            problems.append(
-                f"template {template!r}: {{{ref}}} is not a field name, a /json/pointer or header:Name"
-            )
-    return problems
-
-
-# --------------------------------------------------------------------------------------------------
-# Cross-reference checks, on the raw document (tolerant of parts that failed field validation)
-# --------------------------------------------------------------------------------------------------
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _route_label(index: int, route: Mapping[str, Any]) -> str:
-    key = route.get("key")
-    return f"routes[{index}:{key}]" if isinstance(key, str) else f"routes[{index}]"
-
-
-def _spec_kind(spec: Any) -> tuple[str | None, str | None]:
-    """(kind, value) of a raw ValueSpec dict, when it has exactly one recognisable kind."""
-    if not isinstance(spec, dict):
-        return None, None
-    given = [(k, spec[k]) for k in ("pointer", "header", "const", "template") if spec.get(k) is not None]
-    if len(given) != 1 or not isinstance(given[0][1], str):
-        return None, None
-    return given[0][0], given[0][1]
-
-
-def _spec_uses_header(spec: Any) -> bool:
-    kind, value = _spec_kind(spec)
-    if kind == "header":
-        return True
-    return (
-        kind == "template"
-        and value is not None
-        and any(r.startswith("header:") for r in template_references(value))
-    )
-
-
 def priority_heads(data: Mapping[str, Any]) -> dict[str, float]:
     """Work type → head start of its items in the claim order, in seconds (``priority_head_s``,
     docs/adr/014-priorities.md): ``(priority - lowest) x priority_step_s`` of its queue class,
     ``lowest`` the class's lowest priority when negative, else 0 — never negative, and exactly
     ``priority x step`` while no priority of the class is negative. Works on a validated
     manifest's document (defaults filled in or not)."""
-    work_types = _as_dict(data.get("work_types"))
-    classes = _as_dict(data.get("queue_classes"))
+    work_types = as_dict(data.get("work_types"))
+    classes = as_dict(data.get("queue_classes"))
     lowest: dict[str, int] = {}
     for spec in work_types.values():
-        qc = str(_as_dict(spec).get("queue_class", "default"))
-        lowest[qc] = min(lowest.get(qc, 0), int(_as_dict(spec).get("priority", 0)))
+        qc = str(as_dict(spec).get("queue_class", "default"))
+        lowest[qc] = min(lowest.get(qc, 0), int(as_dict(spec).get("priority", 0)))
     heads: dict[str, float] = {}
     for name, spec in work_types.items():
-        qc = str(_as_dict(spec).get("queue_class", "default"))
-        step = float(_as_dict(classes.get(qc)).get("priority_step_s", DEFAULT_PRIORITY_STEP_S))
-        heads[name] = (int(_as_dict(spec).get("priority", 0)) - lowest[qc]) * step
+        qc = str(as_dict(spec).get("queue_class", "default"))
+        step = float(as_dict(classes.get(qc)).get("priority_step_s", DEFAULT_PRIORITY_STEP_S))
+        heads[name] = (int(as_dict(spec).get("priority", 0)) - lowest[qc]) * step
     return heads
-
-
-def reference_errors(data: Mapping[str, Any]) -> list[str]:
-    """Every cross-reference problem of a manifest document (work types, fields, templates, lanes).
-
-    Works on the raw document so it can run even when some fields failed validation; a part that is
-    malformed is skipped here (its field error is reported by the model)."""
-    problems: list[str] = []
-    work_types = _as_dict(data.get("work_types"))
-    for name in work_types:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            problems.append(f"work_types.{name}: invalid name (lowercase letters, digits, _.- ; 63 max)")
-    used = {str(_as_dict(spec).get("queue_class", "default")) for spec in work_types.values()}
-    for qc in _as_dict(data.get("queue_classes")):
-        if qc not in used:
-            problems.append(f"queue_classes.{qc}: no work type has this queue class; used: {sorted(used)}")
-    routes = data.get("routes")
-    if not isinstance(routes, list | tuple):
-        return problems
-    seen: dict[str, int] = {}
-    for index, route in enumerate(routes):
-        if not isinstance(route, dict):
-            continue
-        label = _route_label(index, route)
-        key = route.get("key")
-        if isinstance(key, str):
-            if key in seen:
-                problems.append(f"{label}: duplicate route key (also routes[{seen[key]}])")
-            else:
-                seen[key] = index
-        extract = _as_dict(route.get("extract"))
-        problems.extend(_extract_errors(label, extract))
-        correlation = _as_dict(route.get("correlation"))
-        for cname, spec in correlation.items():
-            if not isinstance(cname, str) or not _CORRELATION_RE.match(cname):
-                problems.append(f"{label}.correlation.{cname}: invalid name ({CORRELATION_NAME_PATTERN})")
-            problems.extend(_template_ref_errors(f"{label}.correlation.{cname}", spec, extract, ()))
-        required = route.get("required")
-        if isinstance(required, list | tuple):
-            for req in required:
-                if req not in extract:
-                    problems.append(f"{label}.required: {req!r} is not extracted")
-        fan_out = route.get("fan_out")
-        if not isinstance(fan_out, list | tuple):
-            continue
-        names = [f.get("work_type") for f in fan_out if isinstance(f, dict)]
-        for dup in sorted({n for n in names if isinstance(n, str) and names.count(n) > 1}):
-            problems.append(f"{label}.fan_out: work type {dup!r} appears twice")
-        for findex, fan in enumerate(fan_out):
-            if not isinstance(fan, dict) or not isinstance(fan.get("work_type"), str):
-                continue
-            wt_name = fan["work_type"]
-            flabel = f"{label}.fan_out[{findex}:{wt_name}]"
-            if wt_name not in work_types:
-                problems.append(f"{flabel}: unknown work type {wt_name!r}; known: {sorted(work_types)}")
-                continue
-            lanes = fan.get("lanes")
-            if lanes is None:
-                lanes = _as_dict(work_types[wt_name]).get("lanes")
-            problems.extend(_lane_errors(flabel, _as_dict(lanes), extract))
-            delay = fan.get("delay")
-            if delay is None:
-                delay = _as_dict(work_types[wt_name]).get("delay")
-            if _as_dict(delay).get("run_after_field") is True and "run_after" not in extract:
-                problems.append(f"{flabel}: delay.run_after_field needs extract.run_after")
-            rate = fan.get("rate_limit")
-            if rate is None:
-                rate = _as_dict(work_types[wt_name]).get("rate_limit")
-            problems.extend(_key_errors(flabel, "rate_limit", _as_dict(rate), extract))
-            conc = fan.get("concurrency")
-            if conc is None:
-                conc = _as_dict(work_types[wt_name]).get("concurrency")
-            problems.extend(_key_errors(flabel, "concurrency", _as_dict(conc), extract))
-            deb = fan.get("debounce")
-            if deb is None:
-                deb = _as_dict(work_types[wt_name]).get("debounce")
-            problems.extend(_key_errors(flabel, "debounce", _as_dict(deb), extract))
-            problems.extend(_debounce_errors(flabel, _as_dict(deb), _as_dict(lanes), rate, conc))
-            breaker = fan.get("circuit_breaker")
-            if breaker is None:
-                breaker = _as_dict(work_types[wt_name]).get("circuit_breaker")
-            if breaker is not None:
-                problems.extend(
-                    _circuit_errors(flabel, _as_dict(_as_dict(work_types[wt_name]).get("handler")))
-                )
-                if deb:
-                    # The claim's coalescing reads a key's older items beyond the candidates the
-                    # circuit let through; the two are not combined yet.
-                    problems.append(
-                        f"{flabel}: circuit_breaker cannot be combined with debounce (not supported yet)"
-                    )
-    return problems
-
-
-def _debounce_errors(
-    label: str, deb: Mapping[str, Any], lanes: Mapping[str, Any], rate: Any, conc: Any
-) -> list[str]:
-    """What a debounce may not be combined with (after the route's overrides). Coalescing runs the
-    newest item of a key in place of older ones, so in a lane it would run an older item's event
-    after lane members that came between them: refused (per debounce key, executions already run
-    in order). Rate limits and concurrency per key are not combined with it yet."""
-    if not deb:
-        return []
-    problems: list[str] = []
-    if lanes.get("source_fifo") or lanes.get("target_serialization"):
-        problems.append(
-            f"{label}: debounce cannot be combined with lanes (source_fifo / target_serialization): "
-            "coalescing runs a later event in place of earlier ones, which would reorder the lane; "
-            "per debounce key, executions already run in order"
-        )
-    for what, value in (("rate_limit", rate), ("concurrency", conc)):
-        if value is not None:
-            problems.append(f"{label}: debounce cannot be combined with {what} (not supported yet)")
-    return problems
-
-
-def _circuit_errors(label: str, handler: Mapping[str, Any]) -> list[str]:
-    """A circuit breaker needs a handler target that names its destination."""
-    if handler.get("kind") != "http" or not isinstance(handler.get("target"), str):
-        return []
-    try:
-        parts = urlsplit(handler["target"].strip())
-        ok = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
-        _ = parts.port  # raises on a malformed port
-    except ValueError:
-        ok = False
-    if ok:
-        return []
-    return [f"{label}: circuit_breaker needs an http(s) handler target with a host (the circuit's key)"]
-
-
-def _extract_errors(label: str, extract: Mapping[str, Any]) -> list[str]:
-    problems: list[str] = []
-    for field, spec in extract.items():
-        if field not in EXTRACTABLE:
-            continue  # reported by the field validator
-        flabel = f"{label}.extract.{field}"
-        if field not in HEADER_FIELDS and _spec_uses_header(spec):
-            problems.append(
-                f"{flabel}: header values are not kept on the receipt (only {list(HEADER_FIELDS)} and "
-                "correlation ids are); take it from the body (pointer or template)"
-            )
-        problems.extend(_template_ref_errors(flabel, spec, extract, ()))
-    # Templates referring to templates: no cycles.
-    graph: dict[str, list[str]] = {}
-    for field, spec in extract.items():
-        kind, value = _spec_kind(spec)
-        if kind == "template" and value is not None:
-            graph[field] = [r for r in template_references(value) if r in extract]
-    for cycle_field in _cyclic(graph):
-        problems.append(
-            f"{label}.extract.{cycle_field}: template refers to itself (through {graph[cycle_field]})"
-        )
-    return problems
-
-
-def _template_ref_errors(
-    label: str, spec: Any, extract: Mapping[str, Any], extra_names: Iterable[str]
-) -> list[str]:
-    kind, value = _spec_kind(spec)
-    if kind != "template" or value is None:
-        return []
-    return _refs_errors(label, value, extract, extra_names)
-
-
-def _refs_errors(
-    label: str, template: str, extract: Mapping[str, Any], extra_names: Iterable[str]
-) -> list[str]:
-    problems: list[str] = []
-    allowed = set(extra_names)
-    for ref in template_references(template):
-        if not ref or ref.startswith("/") or ref.startswith("header:"):
-            continue
-        if ref in allowed:
-            continue
-        if ref not in EXTRACTABLE:
-            problems.append(f"{label}: {{{ref}}} is not a known field; known: {list(EXTRACTABLE)}")
-        elif ref not in extract:
-            problems.append(f"{label}: {{{ref}}} is not extracted by this route")
-    return problems
-
-
-def _lane_errors(label: str, lanes: Mapping[str, Any], extract: Mapping[str, Any]) -> list[str]:
-    problems: list[str] = []
-    if lanes.get("target_serialization") and "target_lane_key" not in extract:
-        problems.append(f"{label}: target_serialization needs extract.target_lane_key")
-    if lanes.get("source_fifo"):
-        template = lanes.get("source_lane_key") or DEFAULT_SOURCE_LANE_KEY
-        if isinstance(template, str):
-            if any(r.startswith("header:") for r in template_references(template)):
-                problems.append(f"{label}: source_lane_key cannot use headers (not kept on the receipt)")
-            problems.extend(
-                f"{p} (source_lane_key {template!r})"
-                for p in _refs_errors(label, template, extract, ("work_type",))
-            )
-    return problems
-
-
-def _key_errors(label: str, what: str, limit: Mapping[str, Any], extract: Mapping[str, Any]) -> list[str]:
-    """The key template of a ``rate_limit`` or ``concurrency`` declaration against the route."""
-    if not limit:
-        return []
-    template = limit.get("key") or DEFAULT_RATE_KEY
-    if not isinstance(template, str):
-        return []
-    problems: list[str] = []
-    if any(r.startswith("header:") for r in template_references(template)):
-        problems.append(f"{label}: {what}.key cannot use headers (not kept on the receipt)")
-    problems.extend(
-        f"{p} ({what}.key {template!r})" for p in _refs_errors(label, template, extract, ("work_type",))
-    )
-    return problems
-
-
-def _cyclic(graph: Mapping[str, list[str]]) -> list[str]:
-    """Nodes on a cycle of ``graph``."""
-    out: list[str] = []
-    for start in graph:
-        stack, seen = list(graph.get(start, ())), set()
-        while stack:
-            node = stack.pop()
-            if node == start:
-                out.append(start)
-                break
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.extend(graph.get(node, ()))
-    return out
-
-
-# --------------------------------------------------------------------------------------------------
-# Parsing
-# --------------------------------------------------------------------------------------------------
-
-
-class ManifestError(ValueError):
-    """An invalid manifest; ``errors`` lists every problem as ``path: message``."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__("invalid pack manifest:\n" + "\n".join(f"  - {e}" for e in errors))
-        self.errors = errors
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
-
-
-def _construct_mapping(
-    loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False
-) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-#: Limits of a manifest document, checked before its fields are (docs/admin.md, "Input
-#: validation"): nesting depth (a manifest needs fewer than ten levels) and values in all, a YAML
-#: alias counted at every place it is used (so an alias "bomb" is refused, not validated billions
-#: of times).
-MAX_DOCUMENT_DEPTH = 32
-MAX_DOCUMENT_VALUES = 100_000
-MAX_DOCUMENT_ERRORS = 100
-
-
-def load_document(text: str | bytes) -> Any:
-    """Parse YAML or JSON text (duplicate keys are an error)."""
-    try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ManifestError([f"not valid YAML/JSON: {exc}"]) from None
-    except UnicodeDecodeError:
-        raise ManifestError(["not valid YAML/JSON: the text is not UTF-8"]) from None
-    except RecursionError:
-        raise ManifestError([f"(manifest): nested deeper than {MAX_DOCUMENT_DEPTH} levels"]) from None
-
-
-def _text_problem(value: str) -> str | None:
-    """What no text of a manifest may hold: PostgreSQL text and JSON columns cannot store a NUL
-    character, and a lone surrogate (``"\\ud800"`` in a JSON or YAML escape) is not Unicode text."""
-    if "\x00" in value:
-        return "contains a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "is not valid Unicode text (a lone surrogate)"
-    return None
-
-
-def _label(key: Any) -> str:
-    text = str(key)
-    return text if _text_problem(text) is None else text.encode("unicode_escape").decode("ascii")
-
-
-def document_errors(data: Any) -> tuple[list[str], bool]:
-    """Problems of the raw document no field check may see: text with a NUL character or a lone
-    surrogate (keys included), nesting deeper than ``MAX_DOCUMENT_DEPTH``, more than
-    ``MAX_DOCUMENT_VALUES`` values. Iterative (no recursion limit). Returns the errors and whether
-    the shape itself is refused (too deep or too large: nothing else is checked then)."""
-    errors: list[str] = []
-    seen = 0
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack and len(errors) < MAX_DOCUMENT_ERRORS:
-        node, path, depth = stack.pop()
-        seen += 1
-        if seen > MAX_DOCUMENT_VALUES:
-            return [
-                f"(manifest): more than {MAX_DOCUMENT_VALUES} values (a YAML alias counts at every use)"
-            ], True
-        if isinstance(node, str):
-            problem = _text_problem(node)
-            if problem is not None:
-                errors.append(f"{path or '(manifest)'}: {problem}")
-            continue
-        if not isinstance(node, dict | list | tuple):
-            continue
-        if depth >= MAX_DOCUMENT_DEPTH:
-            return [f"{path or '(manifest)'}: nested deeper than {MAX_DOCUMENT_DEPTH} levels"], True
-        if isinstance(node, dict):
-            children = []
-            for key, value in node.items():
-                here = f"{path}.{_label(key)}" if path else _label(key)
-                if isinstance(key, str) and (problem := _text_problem(key)) is not None:
-                    errors.append(f"{here}: the key {problem}")
-                children.append((value, here, depth + 1))
-        else:
-            children = [(value, f"{path}[{index}]", depth + 1) for index, value in enumerate(node)]
-        stack.extend(reversed(children))
-    return errors, False
-
-
-def _format_loc(loc: tuple[int | str, ...], data: Mapping[str, Any]) -> str:
-    parts: list[str] = []
-    node: Any = data
-    for part in loc:
-        if isinstance(part, int):
-            label = f"[{part}]"
-            if isinstance(node, list | tuple) and 0 <= part < len(node):
-                node = node[part]
-                key = node.get("key") if isinstance(node, dict) else None
-                key = key or (node.get("work_type") if isinstance(node, dict) else None)
-                if isinstance(key, str):
-                    label = f"[{part}:{key}]"
-            else:
-                node = None
-            if parts:
-                parts[-1] += label
-            else:
-                parts.append(label)
-        else:
-            # pydantic tags union/function validators with their names; they are not paths.
-            if part.startswith("function-") or part in ("str", "int", "dict[str,...]"):
-                continue
-            parts.append(str(part))
-            node = node.get(part) if isinstance(node, dict) else None
-    return ".".join(parts) or "(manifest)"
-
-
-def _raw_at(data: Any, loc: tuple[int | str, ...]) -> Any:
-    node = data
-    for part in loc:
-        if isinstance(part, int) and isinstance(node, list | tuple) and 0 <= part < len(node):
-            node = node[part]
-        elif isinstance(part, str) and isinstance(node, dict):
-            node = node.get(part)
-        else:
-            return None
-    return node
-
-
-def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
-    """Parse and validate a manifest document (YAML or JSON), listing every error: field errors,
-    cross-reference errors and verification errors are reported together."""
-    data: Any = dict(text) if isinstance(text, Mapping) else load_document(text)
-    if not isinstance(data, dict):
-        raise ManifestError(["the document must be a mapping with name, namespace, work_types, routes"])
-    errors, refused = document_errors(data)
-    if refused:
-        raise ManifestError(errors)
-    manifest: Manifest | None = None
-    try:
-        manifest = Manifest.model_validate(data, context={"skip_reference_checks": True})
-    except ValidationError as exc:
-        for err in exc.errors():
-            if err["type"] == "too_short" and _raw_at(data, tuple(err["loc"])):
-                continue  # pydantic repeats a failed item's error as the non-empty list being "short"
-            loc = _format_loc(tuple(err["loc"]), data)
-            msg = err["msg"].removeprefix("Value error, ")
-            errors.extend(f"{loc}: {part}" for part in msg.split("\n"))
-    errors.extend(reference_errors(data))
-    errors.extend(_verification_errors(data))
-    if errors:
-        raise ManifestError(list(dict.fromkeys(errors)))
-    assert manifest is not None
-    return manifest
-
-
-def _verification_errors(data: Mapping[str, Any]) -> list[str]:
-    # Verification specs are interpreted by the ingress verifier; check them now so a bad preset or
-    # an impossible combination is refused at apply time, not at the first delivery.
-    errors: list[str] = []
-    routes = data.get("routes")
-    if not isinstance(routes, list | tuple):
-        return errors
-    for index, route in enumerate(routes):
-        if not isinstance(route, dict):
-            continue
-        try:
-            spec = VerificationSpec.model_validate(route.get("verification"))
-        except ValidationError:
-            continue  # reported as field errors
-        label = _route_label(index, route)
-        errors.extend(f"{label}.verification: {e}" for e in verification.check_spec(spec))
-    return errors
 
 
 def canonical_json(value: Any) -> str:

@@ -1,6 +1,6 @@
 """Pack RPCs over ``connector.common.packs.install`` (the one implementation of apply / activate / list).
 
-* ApplyPack parses and validates the manifest (``packs.parse_manifest``: every error listed; text
+* ApplyPack parses and validates the manifest (``packs.document.parse_manifest``: every error listed; text
   with a NUL character or a lone surrogate, nesting deeper than 32 levels and more than 100,000
   values are errors too, so nothing the database cannot store gets past it). An
   invalid manifest is INVALID_ARGUMENT ``INVALID_MANIFEST`` (nothing installed); with
@@ -23,7 +23,7 @@ import grpc
 
 from connector.common.core.grpc_server import ServiceError
 from connector.common.packs import install
-from connector.common.packs.manifest import ManifestError, parse_manifest
+from connector.common.packs.document import ManifestError, parse_manifest
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument, not_found
 from connector.v1 import admin_service_pb2 as pb

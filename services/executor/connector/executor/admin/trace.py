@@ -6,13 +6,15 @@ authorities, claimant count, and the pause rows of a paused pack), inside one re
 READ snapshot, so the parts agree with each other and with the database clock the waits compare
 against (``observe_time``).
 
-``why_not_running`` is the one place that decides a WorkItem's wait; extend it there (a budget
-adds its reason beside the pause, before the ``run_after`` check).
+``why_not_running`` is the one place that decides a WorkItem's wait: an ordered table of small
+checks (``WAIT_CHECKS``), each a condition and its reason; a new reason (a budget) is a new check in
+its place there (beside the pause, before the ``run_after`` checks).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -158,6 +160,290 @@ def _circuit_wait(c: dict[str, Any], run_after: datetime | None, now: datetime) 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """What the checks of ``why_not_running`` read: a WorkItem (a ``w_*`` row) and its context."""
+
+    row: dict[str, Any]
+    lanes: list[LaneView]
+    claim_authority: dict[str, Any] | None
+    active_claimants: int
+    now: datetime
+    pauses: dict[tuple[int, str], dict[str, Any]]
+    circuits: dict[tuple[int, str], dict[str, Any]]
+
+    @property
+    def state(self) -> str:
+        return str(self.row["w_state"])
+
+    @property
+    def work_id(self) -> int:
+        return int(self.row["w_work_id"])
+
+    @property
+    def run_after(self) -> datetime | None:
+        return self.row.get("w_run_after")
+
+    @property
+    def waits(self) -> bool:
+        """``run_after`` is in the future."""
+        return self.run_after is not None and self.run_after > self.now
+
+    @property
+    def parked(self) -> bool:
+        """``run_after`` is the parking date (a concurrency slot or a debounce cover to wait for)."""
+        return self.run_after is not None and self.run_after >= PARKED_AT
+
+
+def _succeeded(i: _Item) -> Wait | None:
+    if i.state != "succeeded":
+        return None
+    return Wait(pb.WAIT_REASON_SUCCEEDED, f"succeeded at {_when(i.row.get('w_finished_at'))}")
+
+
+def _dead(i: _Item) -> Wait | None:
+    if i.state != "dead":
+        return None
+    item = i.row
+    holds = " It holds its lanes (dead_head: block)." if i.lanes and item.get("w_dead_blocks_lane") else ""
+    return Wait(
+        pb.WAIT_REASON_DEAD,
+        f"dead after {item['w_attempts']} attempt(s): {item.get('w_failure_class') or '-'}:"
+        f" {convert.summary(item.get('w_failure_summary'))}.{holds}"
+        f" Replay: connector admin dlq replay {i.work_id}",
+    )
+
+
+def _cancelled(i: _Item) -> Wait | None:
+    if i.state != "cancelled":
+        return None
+    return Wait(
+        pb.WAIT_REASON_CANCELLED,
+        f"cancelled at {_when(i.row.get('w_finished_at'))}:"
+        f" {convert.summary(i.row.get('w_failure_summary'))}."
+        f" Replay: connector admin dlq replay {i.work_id}",
+    )
+
+
+def _coalesced(i: _Item) -> Wait | None:
+    if i.state != "coalesced":
+        return None
+    item = i.row
+    cover = int(item.get("w_covered_by") or 0)
+    how = (
+        "whose execution had started before this one's retry came up (it overtook it; that"
+        " handler was not told about this one)"
+        if item.get("w_outcome") == "overtaken"
+        else "whose execution covers it"
+    )
+    return Wait(
+        pb.WAIT_REASON_COALESCED,
+        f"coalesced at {_when(item.get('w_finished_at'))} into work item {cover}, a newer item of"
+        f" debounce key {item.get('w_debounce_key')!r} {how} (it did not run again itself;"
+        f" connector admin trace of {cover} shows that execution)",
+        blocking_work_id=cover,
+    )
+
+
+#: The states of the legacy Event path's hand-over, each with its one answer.
+_LEGACY_STATES: dict[str, tuple[int, str]] = {
+    "reconciled_legacy_terminal": (
+        pb.WAIT_REASON_LEGACY_TERMINAL,
+        "executed by the legacy Event path; never runs on the WorkItem path",
+    ),
+    "awaiting_legacy_outcome": (
+        pb.WAIT_REASON_AWAITING_LEGACY_OUTCOME,
+        "rollback-fenced: waiting for the legacy Event path's outcome (docs/cutover.md)",
+    ),
+}
+
+
+def _legacy(i: _Item) -> Wait | None:
+    """Executed by the legacy path, or fenced until its outcome is known."""
+    answer = _LEGACY_STATES.get(i.state)
+    return Wait(*answer) if answer is not None else None
+
+
+def _leased(i: _Item) -> Wait | None:
+    """Running, or claimed by a holder whose lease ran out."""
+    if i.state != "processing":
+        return None
+    owner = i.row.get("w_lease_owner") or ""
+    until = i.row.get("w_lease_until")
+    if until is not None and until <= i.now:
+        return Wait(
+            pb.WAIT_REASON_LEASE_EXPIRED,
+            f"claimed by {owner or '?'} whose lease ran out at {_when(until)}: the holder is gone;"
+            " the reclaim moves it to retry",
+            until=until,
+            lease_owner=owner,
+        )
+    return Wait(
+        pb.WAIT_REASON_RUNNING,
+        f"running on {owner or '?'} (attempt {i.row['w_attempts']}, lease until {_when(until)})",
+        until=until,
+        lease_owner=owner,
+    )
+
+
+def _lane_blocked(i: _Item) -> Wait | None:
+    return _blocked_wait(i.work_id, i.lanes, i.now) if i.state == "blocked" else None
+
+
+# From here on the item is ready (pending or retry): what keeps it from its claim, in claim order.
+
+
+def _claim_path_closed(i: _Item) -> Wait | None:
+    authority = i.claim_authority
+    if authority is not None and authority.get("admits_work_items"):
+        return None
+    path = (authority or {}).get("claim_path") or "none"
+    phase = (authority or {}).get("phase") or "none"
+    return Wait(
+        pb.WAIT_REASON_CLAIM_PATH_CLOSED,
+        f"pack {i.row['w_installed_pack_id']} generation {i.row['w_generation']} does not admit"
+        f" WorkItem claims (claim path {path}, phase {phase}; connector admin cutover status)",
+    )
+
+
+def _paused(i: _Item) -> Wait | None:
+    item = i.row
+    paused = set((i.claim_authority or {}).get("paused_queue_classes") or ())
+    if not paused & {"*", item["w_queue_class"]}:
+        return None
+    whole = "*" in paused
+    pause = i.pauses.get((int(item["w_installed_pack_id"]), "*" if whole else item["w_queue_class"]))
+    why = ""
+    if pause:
+        who, at = pause.get("actor") or "?", _when(pause.get("paused_at"))
+        why = f" by {who} at {at}: {convert.summary(pause.get('reason'))}"
+    what = f"pack {item['w_installed_pack_id']}" if whole else f"queue class {item['w_queue_class']!r}"
+    return Wait(
+        pb.WAIT_REASON_PAUSED,
+        f"{what} is paused{why}; claims skip it until connector admin resume",
+    )
+
+
+def _circuit_open(i: _Item) -> Wait | None:
+    circuit = i.circuits.get((int(i.row["w_installed_pack_id"]), str(i.row.get("w_circuit_key"))))
+    return _circuit_wait(circuit, i.run_after, i.now) if circuit is not None else None
+
+
+def _concurrency_limited(i: _Item) -> Wait | None:
+    if not (i.parked and i.row.get("w_concurrency_key") is not None):
+        return None
+    return Wait(
+        pb.WAIT_REASON_CONCURRENCY_LIMITED,
+        f"parked: concurrency key {i.row['w_concurrency_key']!r} has all its slots in flight;"
+        " a finishing member wakes it (connector admin stats)",
+    )
+
+
+def _debounced(i: _Item) -> Wait | None:
+    key = i.row.get("w_debounce_key")
+    # A retry's own wait reads BACKOFF unless it is parked behind a newer item of its key.
+    if key is None or not i.waits or not (i.state == "pending" or i.parked):
+        return None
+    if i.parked:
+        return Wait(
+            pb.WAIT_REASON_DEBOUNCED,
+            f"debounced: parked behind a newer item of debounce key {key!r}, whose execution will"
+            " cover it (it will end coalesced; connector admin stats shows the key)",
+        )
+    return Wait(
+        pb.WAIT_REASON_DEBOUNCED,
+        f"debounced: newest item of debounce key {key!r}, due at {_when(i.run_after)} unless a newer"
+        " one arrives first (then it is covered by that one)",
+        until=i.run_after,
+    )
+
+
+def _rate_limited(i: _Item) -> Wait | None:
+    # A deferral rewrites the row (``updated_at`` moves past ``created_at``); an item that waits on its
+    # work type's delay was never rewritten since it was inserted, rate key or not.
+    created, updated = i.row.get("w_created_at"), i.row.get("w_updated_at")
+    rewritten = created is None or updated is None or updated > created
+    if not (i.waits and i.state == "pending" and i.row.get("w_rate_key") is not None and rewritten):
+        return None
+    return Wait(
+        pb.WAIT_REASON_RATE_LIMITED,
+        f"rate-limit key {i.row['w_rate_key']!r} has no budget before {_when(i.run_after)}"
+        " (connector admin stats)",
+        until=i.run_after,
+    )
+
+
+def _scheduled(i: _Item) -> Wait | None:
+    """Pending with a future ``run_after``: only its work type's delay puts it there."""
+    if not i.waits or i.state == "retry":
+        return None
+    item = i.row
+    then = f"; then rate-limit key {item['w_rate_key']!r} applies" if item.get("w_rate_key") else ""
+    return Wait(
+        pb.WAIT_REASON_SCHEDULED,
+        f"waiting until {_when(i.run_after)} (delay of work type {item.get('w_work_type')!r}){then}",
+        until=i.run_after,
+    )
+
+
+def _backoff(i: _Item) -> Wait | None:
+    if not i.waits:
+        return None
+    item = i.row
+    last = (
+        f" after {item.get('w_failure_class') or 'a failure'}"
+        f" (attempt {item['w_attempts']} of {item['w_max_attempts']})"
+    )
+    return Wait(pb.WAIT_REASON_BACKOFF, f"retry backoff{last} until {_when(i.run_after)}", until=i.run_after)
+
+
+def _no_claimant(i: _Item) -> Wait | None:
+    if i.active_claimants > 0:
+        return None
+    return Wait(
+        pb.WAIT_REASON_NO_CLAIMANT,
+        "due, but no executor claiming WorkItems has a fresh heartbeat (connector admin processes)",
+    )
+
+
+def _due(i: _Item) -> Wait:
+    item = i.row
+    head = float(item.get("w_priority_head_s") or 0.0)
+    ranked = (
+        f" (priority {item.get('w_priority')}: ranked as if due {head:g} s earlier, docs/packs.md#priorities)"
+        if head > 0
+        else ""
+    )
+    return Wait(
+        pb.WAIT_REASON_DUE,
+        f"due since {_when(i.run_after)}{ranked}: the next claim with a free slot in queue class"
+        f" {item['w_queue_class']!r} takes it in claim order",
+    )
+
+
+#: The checks of ``why_not_running`` in order; the first that answers decides (``_due`` otherwise).
+#: Terminal and fenced states first, then the lease, then the lanes, then what keeps a ready item
+#: from its claim, in the claim's own order. A new reason (a budget) goes into its place here.
+WAIT_CHECKS: tuple[Callable[[_Item], Wait | None], ...] = (
+    _succeeded,
+    _dead,
+    _cancelled,
+    _coalesced,
+    _legacy,
+    _leased,
+    _lane_blocked,
+    _claim_path_closed,
+    _paused,
+    _circuit_open,
+    _concurrency_limited,
+    _debounced,
+    _rate_limited,
+    _scheduled,
+    _backoff,
+    _no_claimant,
+)
+
+
 def why_not_running(
     item: dict[str, Any],
     lanes: list[LaneView],
@@ -174,171 +460,17 @@ def why_not_running(
     (``store.pauses.pause_list``), for who paused and why; ``circuits``: the circuit rows of its
     handler target by (pack, target) (``store.circuits.circuit_get``).
 
-    Order: terminal and fenced states first, then the lease, then the lanes, then what keeps a ready
-    item from its claim, in the claim's own order: claim path, pause, an open circuit breaker, a
-    concurrency slot (parked), a rate-limit budget (deferred), run_after, claimants.
+    The first of ``WAIT_CHECKS`` that answers decides: terminal and fenced states, then the lease,
+    then the lanes, then what keeps a ready item from its claim, in the claim's own order: claim
+    path, pause, an open circuit breaker, a concurrency slot (parked), a debounce, a rate-limit
+    budget (deferred), run_after, claimants; due otherwise.
     """
-    pauses = pauses or {}
-    state = item["w_state"]
-    work_id = int(item["w_work_id"])
-    if state == "succeeded":
-        return Wait(pb.WAIT_REASON_SUCCEEDED, f"succeeded at {_when(item.get('w_finished_at'))}")
-    if state == "dead":
-        holds = " It holds its lanes (dead_head: block)." if lanes and item.get("w_dead_blocks_lane") else ""
-        return Wait(
-            pb.WAIT_REASON_DEAD,
-            f"dead after {item['w_attempts']} attempt(s): {item.get('w_failure_class') or '-'}:"
-            f" {convert.summary(item.get('w_failure_summary'))}.{holds}"
-            f" Replay: connector admin dlq replay {work_id}",
-        )
-    if state == "cancelled":
-        return Wait(
-            pb.WAIT_REASON_CANCELLED,
-            f"cancelled at {_when(item.get('w_finished_at'))}:"
-            f" {convert.summary(item.get('w_failure_summary'))}."
-            f" Replay: connector admin dlq replay {work_id}",
-        )
-    if state == "coalesced":
-        cover = int(item.get("w_covered_by") or 0)
-        how = (
-            "whose execution had started before this one's retry came up (it overtook it; that"
-            " handler was not told about this one)"
-            if item.get("w_outcome") == "overtaken"
-            else "whose execution covers it"
-        )
-        return Wait(
-            pb.WAIT_REASON_COALESCED,
-            f"coalesced at {_when(item.get('w_finished_at'))} into work item {cover}, a newer item of"
-            f" debounce key {item.get('w_debounce_key')!r} {how} (it did not run again itself;"
-            f" connector admin trace of {cover} shows that execution)",
-            blocking_work_id=cover,
-        )
-    if state == "reconciled_legacy_terminal":
-        return Wait(
-            pb.WAIT_REASON_LEGACY_TERMINAL,
-            "executed by the legacy Event path; never runs on the WorkItem path",
-        )
-    if state == "awaiting_legacy_outcome":
-        return Wait(
-            pb.WAIT_REASON_AWAITING_LEGACY_OUTCOME,
-            "rollback-fenced: waiting for the legacy Event path's outcome (docs/cutover.md)",
-        )
-    if state == "processing":
-        owner = item.get("w_lease_owner") or ""
-        until = item.get("w_lease_until")
-        if until is not None and until <= now:
-            return Wait(
-                pb.WAIT_REASON_LEASE_EXPIRED,
-                f"claimed by {owner or '?'} whose lease ran out at {_when(until)}: the holder is gone;"
-                " the reclaim moves it to retry",
-                until=until,
-                lease_owner=owner,
-            )
-        return Wait(
-            pb.WAIT_REASON_RUNNING,
-            f"running on {owner or '?'} (attempt {item['w_attempts']}, lease until {_when(until)})",
-            until=until,
-            lease_owner=owner,
-        )
-    if state == "blocked":
-        return _blocked_wait(work_id, lanes, now)
-    # pending / retry: ready
-    if claim_authority is None or not claim_authority.get("admits_work_items"):
-        path = (claim_authority or {}).get("claim_path") or "none"
-        phase = (claim_authority or {}).get("phase") or "none"
-        return Wait(
-            pb.WAIT_REASON_CLAIM_PATH_CLOSED,
-            f"pack {item['w_installed_pack_id']} generation {item['w_generation']} does not admit"
-            f" WorkItem claims (claim path {path}, phase {phase}; connector admin cutover status)",
-        )
-    paused = set((claim_authority or {}).get("paused_queue_classes") or ())
-    if paused & {"*", item["w_queue_class"]}:
-        whole = "*" in paused
-        pause = pauses.get((int(item["w_installed_pack_id"]), "*" if whole else item["w_queue_class"]))
-        why = ""
-        if pause:
-            who, at = pause.get("actor") or "?", _when(pause.get("paused_at"))
-            why = f" by {who} at {at}: {convert.summary(pause.get('reason'))}"
-        what = f"pack {item['w_installed_pack_id']}" if whole else f"queue class {item['w_queue_class']!r}"
-        return Wait(
-            pb.WAIT_REASON_PAUSED,
-            f"{what} is paused{why}; claims skip it until connector admin resume",
-        )
-    run_after = item.get("w_run_after")
-    circuit = (circuits or {}).get((int(item["w_installed_pack_id"]), str(item.get("w_circuit_key"))))
-    if circuit is not None and (wait := _circuit_wait(circuit, run_after, now)) is not None:
-        return wait
-    if run_after is not None and run_after >= PARKED_AT and item.get("w_concurrency_key") is not None:
-        return Wait(
-            pb.WAIT_REASON_CONCURRENCY_LIMITED,
-            f"parked: concurrency key {item['w_concurrency_key']!r} has all its slots in flight;"
-            " a finishing member wakes it (connector admin stats)",
-        )
-    if (
-        item.get("w_debounce_key") is not None
-        and run_after is not None
-        and run_after > now
-        and (state == "pending" or run_after >= PARKED_AT)  # a retry's own wait reads BACKOFF
-    ):
-        key = item["w_debounce_key"]
-        if run_after >= PARKED_AT:
-            return Wait(
-                pb.WAIT_REASON_DEBOUNCED,
-                f"debounced: parked behind a newer item of debounce key {key!r}, whose execution will"
-                " cover it (it will end coalesced; connector admin stats shows the key)",
-            )
-        return Wait(
-            pb.WAIT_REASON_DEBOUNCED,
-            f"debounced: newest item of debounce key {key!r}, due at {_when(run_after)} unless a newer"
-            " one arrives first (then it is covered by that one)",
-            until=run_after,
-        )
-    # A deferral rewrites the row (``updated_at`` moves past ``created_at``); an item that waits on its
-    # work type's delay was never rewritten since it was inserted, rate key or not.
-    created, updated = item.get("w_created_at"), item.get("w_updated_at")
-    rewritten = created is None or updated is None or updated > created
-    if (
-        run_after is not None
-        and run_after > now
-        and state == "pending"
-        and item.get("w_rate_key") is not None
-        and rewritten
-    ):
-        return Wait(
-            pb.WAIT_REASON_RATE_LIMITED,
-            f"rate-limit key {item['w_rate_key']!r} has no budget before {_when(run_after)}"
-            " (connector admin stats)",
-            until=run_after,
-        )
-    if run_after is not None and run_after > now:
-        if state != "retry":  # pending with a future run_after: only a delay puts it there
-            then = f"; then rate-limit key {item['w_rate_key']!r} applies" if item.get("w_rate_key") else ""
-            return Wait(
-                pb.WAIT_REASON_SCHEDULED,
-                f"waiting until {_when(run_after)} (delay of work type {item.get('w_work_type')!r}){then}",
-                until=run_after,
-            )
-        last = (
-            f" after {item.get('w_failure_class') or 'a failure'}"
-            f" (attempt {item['w_attempts']} of {item['w_max_attempts']})"
-        )
-        return Wait(pb.WAIT_REASON_BACKOFF, f"retry backoff{last} until {_when(run_after)}", until=run_after)
-    if active_claimants <= 0:
-        return Wait(
-            pb.WAIT_REASON_NO_CLAIMANT,
-            "due, but no executor claiming WorkItems has a fresh heartbeat (connector admin processes)",
-        )
-    head = float(item.get("w_priority_head_s") or 0.0)
-    ranked = (
-        f" (priority {item.get('w_priority')}: ranked as if due {head:g} s earlier, docs/packs.md#priorities)"
-        if head > 0
-        else ""
-    )
-    return Wait(
-        pb.WAIT_REASON_DUE,
-        f"due since {_when(run_after)}{ranked}: the next claim with a free slot in queue class"
-        f" {item['w_queue_class']!r} takes it in claim order",
-    )
+    case = _Item(item, lanes, claim_authority, active_claimants, now, pauses or {}, circuits or {})
+    for check in WAIT_CHECKS:
+        wait = check(case)
+        if wait is not None:
+            return wait
+    return _due(case)
 
 
 # --------------------------------------------------------------------------------------------------
