@@ -92,6 +92,16 @@ COMMON_OWNERS: dict[str, str] = {"delivery": MATERIALIZER, "maintenance": MAINTE
 WRITERS: dict[str, frozenset[str]] = {
     # ingress: receipt insert
     "receipt_insert_batch": frozenset({INGRESS}),
+    # ingress: the reconciler (it runs in the ingress process: it admits missing deliveries through
+    # the ingress' own receipt insert, docs/adr/016-reconciliation.md) keeps a route's watermark and
+    # pass checkpoint, takes on-demand runs and writes their results; admin: asks for a run
+    "reconcile_state_ensure": frozenset({INGRESS}),
+    "reconcile_state_checkpoint": frozenset({INGRESS}),
+    "reconcile_state_finish": frozenset({INGRESS}),
+    "reconcile_state_fail": frozenset({INGRESS}),
+    "reconcile_run_claim": frozenset({INGRESS}),
+    "reconcile_run_finish": frozenset({INGRESS}),
+    "reconcile_run_insert": frozenset({ADMIN}),
     # materializer: receipt routing state, event rows, WorkItem creation (lanes settle their members)
     "receipt_claim_routable": frozenset({MATERIALIZER}),
     "receipt_mark_materialized_batch": frozenset({MATERIALIZER}),

@@ -11,14 +11,16 @@ errors (``connector.common.packs.references``) and verification errors are repor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from connector.common.packs import verification
+from connector.common.packs import reconcile, verification
 from connector.common.packs.manifest import Manifest
+from connector.common.packs.reconcile import ReconcileSpec, RedeliverySpec
 from connector.common.packs.references import reference_errors, route_label
 from connector.common.packs.verification import VerificationSpec
 
@@ -187,6 +189,7 @@ def parse_manifest(text: str | bytes | Mapping[str, Any]) -> Manifest:
             errors.extend(f"{loc}: {part}" for part in msg.split("\n"))
     errors.extend(reference_errors(data))
     errors.extend(_verification_errors(data))
+    errors.extend(_contract_errors(data))
     if errors:
         raise ManifestError(list(dict.fromkeys(errors)))
     assert manifest is not None
@@ -210,3 +213,39 @@ def _verification_errors(data: Mapping[str, Any]) -> list[str]:
         label = route_label(index, route)
         errors.extend(f"{label}.verification: {e}" for e in verification.check_spec(spec))
     return errors
+
+
+def _contract_errors(data: Mapping[str, Any]) -> list[str]:
+    """A route's redelivery contract and reconciliation against the rest of the route (presets
+    known, the route has a delivery id to reconcile by, requests that can be sent;
+    docs/reconcile.md)."""
+    errors: list[str] = []
+    routes = data.get("routes")
+    if not isinstance(routes, list | tuple):
+        return errors
+    for index, route in enumerate(routes):
+        if not isinstance(route, dict):
+            continue
+        label = route_label(index, route)
+        if route.get("redelivery") is not None:
+            try:
+                redelivery = RedeliverySpec.model_validate(route["redelivery"])
+            except ValidationError:
+                pass  # reported as field errors
+            else:
+                errors.extend(f"{label}.redelivery: {e}" for e in reconcile.redelivery_errors(redelivery))
+        if route.get("reconcile") is not None:
+            try:
+                spec = ReconcileSpec.model_validate(route["reconcile"])
+            except ValidationError:
+                continue  # reported as field errors
+            errors.extend(_nested(f"{label}.reconcile", e) for e in reconcile.reconcile_errors(spec, route))
+    return errors
+
+
+_PATH_FIRST = re.compile(r"^[A-Za-z_][\w.\[\]-]*: ")
+
+
+def _nested(label: str, message: str) -> str:
+    """``label.sub.path: message`` for a message that starts with its own path, else ``label: message``."""
+    return f"{label}.{message}" if _PATH_FIRST.match(message) else f"{label}: {message}"

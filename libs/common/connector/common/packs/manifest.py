@@ -33,11 +33,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
+from connector.common.packs.reconcile import ExpectSpec, ReconcileSpec, RedeliverySpec
 from connector.common.packs.references import (
     DEFAULT_RATE_KEY,
     EXTRACTABLE,
@@ -368,6 +371,23 @@ class RouteSpec(_Model):
     correlation: dict[str, ValueSpec] = {}
     fan_out: tuple[FanOut, ...] = Field(min_length=1)
     response: ResponseSpec = ResponseSpec()
+    #: What the sender does with an answer that is not a durable acceptance (docs/reconcile.md);
+    #: none: the redelivery preset named like the verification preset, else ``none``.
+    redelivery: RedeliverySpec | None = None
+    #: Reconciliation against the sender's own list of what it sent (none: not reconciled).
+    reconcile: ReconcileSpec | None = None
+    #: The least traffic to expect (none: ``ConnectorRouteSilent`` learns the route's own rate).
+    expect: ExpectSpec | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_contracts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A route without redelivery / reconcile / expect dumps as it did before they existed, so its
+        # config hash (and route version) does not change with this release.
+        out: dict[str, Any] = handler(self)
+        for name in ("redelivery", "reconcile", "expect"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        return out
 
     @field_validator("extract")
     @classmethod

@@ -47,8 +47,10 @@ from connector.common.store.vocabulary import (
     LEGACY_STATES,
     PARKED,
     PROCESS_CAPABILITIES,
+    RECEIPT_ORIGINS,
     RECEIPT_ROUTABLE,
     RECEIPT_STATES,
+    RECONCILE_RUN_STATES,
     WORK_READY,
     WORK_STATES,
     claim_rank,
@@ -162,6 +164,9 @@ ingress_receipt = Table(
     Column("verification", Text, nullable=False),
     # W3C ``traceparent`` of the ingress span (docs/tracing.md); NULL while tracing is off.
     Column("traceparent", Text, nullable=True),
+    # How it came: NULL = a webhook, 'reconciled' = admitted by the reconciler from the sender's list
+    # (docs/reconcile.md). NULL costs a webhook's row no byte (the null bitmap).
+    Column("origin", Text, nullable=True),
     # --- routing state (materializer) ---
     Column("router_status", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
@@ -176,6 +181,7 @@ ingress_receipt = Table(
     UniqueConstraint("namespace", "idempotency_key"),
     CheckConstraint(sql_in("router_status", RECEIPT_STATES), name="router_status"),
     CheckConstraint("body IS NOT NULL OR body_ref IS NOT NULL", name="body_present"),
+    CheckConstraint(sql_in("origin", RECEIPT_ORIGINS), name="origin"),
     # The routable set: the materializer's candidate read walks this in due order.
     Index(
         "ix_connector_ingress_receipt_routable",
@@ -761,6 +767,59 @@ pause = Table(
     Column("request_id", Text, nullable=True),
     _ts("paused_at", nullable=False, default_now=True),
     PrimaryKeyConstraint("installed_pack_id", "queue_class"),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reconciliation (docs/reconcile.md): a route's watermark and pass checkpoint (the ingress'
+# reconciler writes them), on-demand runs (the admin API asks, the reconciler answers)
+# --------------------------------------------------------------------------------------------------
+
+reconcile_state = Table(
+    "connector_reconcile_state",
+    metadata,
+    Column("namespace", Text, nullable=False),
+    Column("route_key", Text, nullable=False),
+    # Every item that occurred before it was listed, checked and (pull) admitted or (redeliver) asked for.
+    _ts("watermark"),
+    # The pass in progress: its bounds and the next page's cursor (or URL); NULL between passes.
+    _ts("pass_since"),
+    _ts("pass_until"),
+    Column("pass_cursor", Text, nullable=True),
+    Column("pass_listed", BigInteger, nullable=True),
+    Column("pass_missing", BigInteger, nullable=True),
+    Column("pass_admitted", BigInteger, nullable=True),
+    _ts("last_pass_at"),
+    _ts("last_clean_pass_at"),
+    # The last pass's fault class (NULL after a clean one) and its sanitized detail.
+    Column("last_error_class", Text, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("last_listed", BigInteger, nullable=True),
+    Column("last_missing", BigInteger, nullable=True),
+    Column("last_admitted", BigInteger, nullable=True),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    PrimaryKeyConstraint("namespace", "route_key"),
+)
+
+reconcile_run = Table(
+    "connector_reconcile_run",
+    metadata,
+    Column("run_id", BigInteger, Identity(), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("route_key", Text, nullable=False),
+    _ts("since"),
+    Column("dry_run", Boolean, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    _ts("requested_at", nullable=False, default_now=True),
+    _ts("started_at"),
+    _ts("finished_at"),
+    Column("claim_owner", Text, nullable=True),
+    # The result: the pass's bounds and counts, its fault, the first missing delivery ids.
+    Column("result", JSONB, nullable=True),
+    CheckConstraint(sql_in("state", RECONCILE_RUN_STATES), name="state"),
+    Index("ix_connector_reconcile_run_pending", "run_id", postgresql_where=text("state = 'pending'")),
 )
 
 

@@ -19,6 +19,10 @@ def sql_in(column: str, values: tuple[str, ...]) -> str:
 
 RECEIPT_STATES = ("pending", "routing", "retry", "materialized", "failed")
 RECEIPT_ROUTABLE = ("pending", "retry")
+#: ``connector_ingress_receipt.origin`` besides NULL (a webhook; docs/reconcile.md).
+RECEIPT_ORIGINS = ("reconciled",)
+#: ``connector_reconcile_run.state``: asked by the admin API, taken and answered by the ingress.
+RECONCILE_RUN_STATES = ("pending", "running", "done", "failed")
 
 WORK_STATES = (
     "pending",  # ready once run_after has come

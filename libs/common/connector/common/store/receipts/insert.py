@@ -24,16 +24,17 @@ WITH input AS (
          (j.r->>3)::int4 AS route_version, j.r->>4 AS provider_delivery_id, j.r->>5 AS idempotency_key,
          j.r->>6 AS method, j.r->>7 AS content_type, j.r->>8 AS event_kind,
          to_timestamp((j.r->>9)::float8) AS received_at, (j.r->>10)::jsonb AS correlation_ids,
-         j.r->>11 AS verification, j.r->>12 AS traceparent, b.payload_sha256, b.body, j.ord
+         j.r->>11 AS verification, j.r->>12 AS traceparent, j.r->>13 AS origin, b.payload_sha256, b.body,
+         j.ord
   FROM jsonb_array_elements(%(envelope)s::jsonb) WITH ORDINALITY AS j(r, ord)
   JOIN unnest(%(payload_sha256)b::bytea[], %(body)b::bytea[]) WITH ORDINALITY AS b(payload_sha256, body, ord)
     USING (ord)
 ), inserted AS (
   INSERT INTO connector_ingress_receipt (namespace, route_key, route_id, route_version,
     provider_delivery_id, idempotency_key, method, content_type, event_kind, received_at,
-    correlation_ids, verification, traceparent, payload_sha256, body)
+    correlation_ids, verification, traceparent, origin, payload_sha256, body)
   SELECT namespace, route_key, route_id, route_version, provider_delivery_id, idempotency_key, method,
-         content_type, event_kind, received_at, correlation_ids, verification, traceparent,
+         content_type, event_kind, received_at, correlation_ids, verification, traceparent, origin,
          payload_sha256, body
   FROM input ORDER BY ord
   ON CONFLICT (namespace, idempotency_key) DO NOTHING
@@ -76,6 +77,8 @@ class ReceiptInsert(Protocol):
     verification: str
     #: W3C traceparent of the ingress span (``None`` while tracing is off).
     traceparent: str | None
+    #: ``None`` for a webhook, ``"reconciled"`` for a delivery the reconciler admitted.
+    origin: str | None
 
 
 ReceiptKey = tuple[str, str]
@@ -90,7 +93,7 @@ def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
         [
             i.namespace, i.route_key, i.route_id, i.route_version, i.provider_delivery_id, i.idempotency_key,
             i.method, i.content_type, i.event_kind, i.received_at, i.correlation_ids, i.verification,
-            i.traceparent,
+            i.traceparent, i.origin,
         ]
         for i in batch
     ]  # fmt: skip
@@ -124,3 +127,17 @@ async def receipt_get_by_keys(conn: Conn, items: Sequence[ReceiptInsert]) -> dic
         },
     )
     return {(ns, key): rid for ns, key, rid in await cur.fetchall()}
+
+
+# Which of a page of delivery keys of one namespace have a receipt (the reconciler's diff against
+# the sender's list, docs/reconcile.md): probes of the unique (namespace, idempotency_key) index, one
+# statement per page.
+RECEIPT_KEYS_PRESENT = """
+SELECT r.idempotency_key FROM connector_ingress_receipt r
+WHERE r.namespace = %(namespace)s AND r.idempotency_key = ANY(%(keys)s::text[])
+"""
+
+
+async def receipt_keys_present(conn: Conn, namespace: str, keys: Sequence[str]) -> set[str]:
+    cur = await conn.execute(RECEIPT_KEYS_PRESENT, {"namespace": namespace, "keys": list(keys)}, prepare=True)
+    return {row[0] for row in await cur.fetchall()}

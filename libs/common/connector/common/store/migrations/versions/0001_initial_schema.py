@@ -136,6 +136,7 @@ def upgrade() -> None:
     sa.Column('body_ref', sa.Text(), nullable=True),
     sa.Column('verification', sa.Text(), nullable=False),
     sa.Column('traceparent', sa.Text(), nullable=True),
+    sa.Column('origin', sa.Text(), nullable=True),
     sa.Column('router_status', sa.Text(), server_default=sa.text("'pending'"), nullable=False),
     sa.Column('attempts', sa.Integer(), server_default=sa.text('0'), nullable=False),
     sa.Column('next_attempt_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
@@ -146,6 +147,7 @@ def upgrade() -> None:
     sa.Column('error_class', sa.Text(), nullable=True),
     sa.Column('error_summary', sa.Text(), nullable=True),
     sa.Column('routed_at', sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("origin IN ('reconciled')", name=op.f('ck_connector_ingress_receipt_origin')),
     sa.CheckConstraint("router_status IN ('pending', 'routing', 'retry', 'materialized', 'failed')", name=op.f('ck_connector_ingress_receipt_router_status')),
     sa.CheckConstraint('body IS NOT NULL OR body_ref IS NOT NULL', name=op.f('ck_connector_ingress_receipt_body_present')),
     sa.PrimaryKeyConstraint('receipt_id', name=op.f('pk_connector_ingress_receipt')),
@@ -190,6 +192,44 @@ def upgrade() -> None:
     sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.CheckConstraint('limit_n >= 1 AND period_s > 0 AND burst >= 1 AND burst <= limit_n', name=op.f('ck_connector_rate_limit_limit')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'rate_key', name=op.f('pk_connector_rate_limit'))
+    )
+    op.create_table('connector_reconcile_run',
+    sa.Column('run_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
+    sa.Column('namespace', sa.Text(), nullable=False),
+    sa.Column('route_key', sa.Text(), nullable=False),
+    sa.Column('since', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('dry_run', sa.Boolean(), nullable=False),
+    sa.Column('actor', sa.Text(), nullable=False),
+    sa.Column('state', sa.Text(), server_default=sa.text("'pending'"), nullable=False),
+    sa.Column('requested_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('claim_owner', sa.Text(), nullable=True),
+    sa.Column('result', postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+    sa.CheckConstraint("state IN ('pending', 'running', 'done', 'failed')", name=op.f('ck_connector_reconcile_run_state')),
+    sa.PrimaryKeyConstraint('run_id', name=op.f('pk_connector_reconcile_run'))
+    )
+    op.create_index('ix_connector_reconcile_run_pending', 'connector_reconcile_run', ['run_id'], unique=False, postgresql_where=sa.text("state = 'pending'"))
+    op.create_table('connector_reconcile_state',
+    sa.Column('namespace', sa.Text(), nullable=False),
+    sa.Column('route_key', sa.Text(), nullable=False),
+    sa.Column('watermark', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('pass_since', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('pass_until', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('pass_cursor', sa.Text(), nullable=True),
+    sa.Column('pass_listed', sa.BigInteger(), nullable=True),
+    sa.Column('pass_missing', sa.BigInteger(), nullable=True),
+    sa.Column('pass_admitted', sa.BigInteger(), nullable=True),
+    sa.Column('last_pass_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('last_clean_pass_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('last_error_class', sa.Text(), nullable=True),
+    sa.Column('last_error', sa.Text(), nullable=True),
+    sa.Column('last_listed', sa.BigInteger(), nullable=True),
+    sa.Column('last_missing', sa.BigInteger(), nullable=True),
+    sa.Column('last_admitted', sa.BigInteger(), nullable=True),
+    sa.Column('created_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
+    sa.PrimaryKeyConstraint('namespace', 'route_key', name=op.f('pk_connector_reconcile_state'))
     )
     op.create_table('connector_rollback_fence',
     sa.Column('fence_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
@@ -406,6 +446,9 @@ def downgrade() -> None:
     op.drop_table('connector_scheduler_lease')
     op.drop_index('ix_connector_rollback_fence_open', table_name='connector_rollback_fence', postgresql_where=sa.text("status = 'open'"))
     op.drop_table('connector_rollback_fence')
+    op.drop_table('connector_reconcile_state')
+    op.drop_index('ix_connector_reconcile_run_pending', table_name='connector_reconcile_run', postgresql_where=sa.text("state = 'pending'"))
+    op.drop_table('connector_reconcile_run')
     op.drop_table('connector_rate_limit')
     op.drop_table('connector_process')
     op.drop_table('connector_installed_pack')
