@@ -28,6 +28,8 @@ from connector.common.core.settings import DatabaseSettings, IngressSettings
 from connector.ingress.service import IngressService
 
 from . import packs
+from .fake_provider import TOKEN as PROVIDER_TOKEN
+from .fake_provider import FakeProvider
 
 NAMESPACE = "shop"
 
@@ -94,7 +96,10 @@ ROUTES: list[dict[str, Any]] = [
 ]
 
 
-_TABLES = "connector_ingress_receipt, connector_route, connector_pack_generation, connector_installed_pack"
+_TABLES = (
+    "connector_ingress_receipt, connector_route, connector_pack_generation, connector_installed_pack, "
+    "connector_reconcile_state, connector_reconcile_run"
+)
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +116,26 @@ def db_url(_module_db: str) -> str:
     return _module_db
 
 
+#: The environment variable the reconcile specs' API key references (the fake provider's token).
+PROVIDER_TOKEN_ENV = "RECON_T_PROVIDER_TOKEN"
+
+
 @pytest.fixture(autouse=True)
 def _secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in SECRETS.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv(PROVIDER_TOKEN_ENV, PROVIDER_TOKEN)
+
+
+@pytest_asyncio.fixture
+async def provider() -> AsyncIterator[FakeProvider]:
+    """A fake sender API on loopback (tests/ingress/fake_provider.py); gates released at the end."""
+    fake = FakeProvider()
+    await fake.start()
+    yield fake
+    for gate in fake.gate.values():
+        gate.set()
+    await fake.stop()
 
 
 def install_routes(db_url: str, routes: list[dict[str, Any]] | None = None, **kw: Any) -> dict[str, int]:

@@ -68,6 +68,20 @@ def _sha256(body: bytes) -> bytes:
     return hashlib.sha256(body).digest()
 
 
+def receipt_key(route_key: str, delivery_id: str) -> str:
+    """The idempotency key of a delivery with a provider delivery id: a webhook and its reconciled
+    copy (connector.ingress.reconcile) have the same one, so the unique index makes them one receipt.
+    (Without a delivery id the key is the body's digest; such routes cannot be reconciled.) ``_admit``
+    spells it inline (no call per delivery); tests/ingress/test_reconcile.py's race test proves both
+    give one receipt."""
+    return f"{route_key}:id:{delivery_id}"
+
+
+#: Answers a sender may never send again unless its contract says it retries (docs/reconcile.md):
+#: every ``unavailable`` answer, and these refusals of deliveries that may be genuine.
+LOSABLE_REFUSALS: Final = frozenset({NAMESPACE_LIMIT, "body_timeout"})
+
+
 class InvalidInput(Exception):
     """Raised by a lazily computed input (the ``{uri}`` of a signed-content template) that cannot be
     used, e.g. a ``Host`` that is not valid UTF-8: the delivery is refused with ``reason`` (400),
@@ -189,6 +203,8 @@ class Admission:
             rchild = self._route_counters[rkey] = metrics.ROUTE_DELIVERIES.labels(*rkey)
         rchild.inc()
         if outcome.outcome != ACCEPTED and outcome.outcome != DUPLICATE:
+            if route is not None and (outcome.outcome == UNAVAILABLE or outcome.reason in LOSABLE_REFUSALS):
+                metrics.route_refused(route.namespace, route.route_key, route.redelivery)
             self.events.emit(
                 "delivery_refused",
                 outcome.reason,
@@ -332,7 +348,7 @@ class Admission:
         else:
             payload_sha256 = hashlib.sha256(body).digest()
         if delivery_id is not None:
-            idempotency_key = f"{route.route_key}:id:{delivery_id}"
+            idempotency_key = f"{route.route_key}:id:{delivery_id}"  # receipt_key(), inlined: hot path
         else:
             idempotency_key = f"{route.route_key}:sha256:{payload_sha256.hex()}"
 

@@ -65,6 +65,7 @@ class PendingReceipt:
         "idempotency_key",
         "method",
         "namespace",
+        "origin",
         "payload_sha256",
         "provider_delivery_id",
         "received_at",
@@ -93,6 +94,7 @@ class PendingReceipt:
         body: bytes,
         verification: str,
         traceparent: str | None = None,
+        origin: str | None = None,
     ) -> None:
         self.namespace = namespace
         self.route_key = route_key
@@ -109,6 +111,8 @@ class PendingReceipt:
         self.body = body
         self.verification = verification
         self.traceparent = traceparent
+        #: ``None``: a webhook; ``"reconciled"``: admitted by the reconciler (docs/reconcile.md).
+        self.origin = origin
         self.enqueued = 0.0
         self.future: asyncio.Future[CommitResult] | None = None
 

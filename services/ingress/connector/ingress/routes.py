@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from connector.common.core.listener import Listener, ListenerConfig
 from connector.common.packs.manifest import RouteSpec
+from connector.common.packs.reconcile import ReconcileSpec, effective_redelivery, reconcile_errors
 from connector.common.packs.verification import SecretKey, SecretUnavailable, check_spec, load_secret, resolve
 from connector.common.store import vocabulary
 from connector.common.store.packs import route_list_active
@@ -58,6 +59,12 @@ class CompiledRoute:
     failure_status: int
     #: Why the route cannot take deliveries right now (``None`` when it can); a metric label.
     unavailable: str | None = None
+    #: Its redelivery contract's mode (``provider_retries``, ``manual``, ``none``; docs/reconcile.md).
+    redelivery: str = "none"
+    #: Its reconciliation (``None``: not reconciled, or its spec cannot be used: logged).
+    reconcile: ReconcileSpec | None = None
+    #: The least traffic declared (``expect``): (count, window) or ``None``.
+    expect: tuple[int, str] | None = None
 
 
 def compile_route(row: Mapping[str, Any]) -> CompiledRoute:
@@ -97,6 +104,10 @@ def compile_route(row: Mapping[str, Any]) -> CompiledRoute:
             verifier = NoneVerifier()  # never used: the route is unavailable
             unavailable = "secret_unavailable"
     envelope = Envelope(spec.extract, spec.correlation)
+    reconcile = spec.reconcile
+    if reconcile is not None and reconcile_errors(reconcile, config):
+        log.warning("route reconcile spec unusable", extra={"route_id": ident.route_id})
+        reconcile = None
     return CompiledRoute(
         *ident,
         method=spec.method,
@@ -108,6 +119,9 @@ def compile_route(row: Mapping[str, Any]) -> CompiledRoute:
         success_status=spec.response.success_status,
         failure_status=spec.response.failure_status,
         unavailable=unavailable,
+        redelivery=str(effective_redelivery(config)["mode"]),
+        reconcile=reconcile,
+        expect=(spec.expect.at_least, spec.expect.per) if spec.expect is not None else None,
     )
 
 
@@ -137,6 +151,7 @@ def _unavailable(ident: _Ident, config: Any, reason: str) -> CompiledRoute:
         success_status=200,
         failure_status=failure if isinstance(failure, int) and 400 <= failure <= 599 else 503,
         unavailable=reason,
+        redelivery=str(effective_redelivery(cfg)["mode"]),
     )
 
 
@@ -172,6 +187,10 @@ class RouteTable:
     def __len__(self) -> int:
         return len(self._routes)
 
+    def all(self) -> list[CompiledRoute]:
+        """Every active route (a snapshot of the current table)."""
+        return list(self._routes.values())
+
     async def start(self) -> None:
         """Connect, LISTEN, load once (raises if the database does not answer), then keep watching."""
         await self._listener.start(connect_now=True)
@@ -206,6 +225,7 @@ class RouteTable:
         self._routes = table
         self.loaded = True
         metrics.ROUTES.set(len(table))
+        metrics.routes_declared(list(table.values()))
         metrics.ROUTE_REFRESH.labels("ok").inc()
         async with self._changed:
             self.version += 1

@@ -35,6 +35,7 @@ from connector.ingress.admission import Admission
 from connector.ingress.api import ingress_servicer
 from connector.ingress.http import HttpLimits, build_server
 from connector.ingress.receipts import ReceiptWriter
+from connector.ingress.reconcile.reconciler import Reconciler
 from connector.ingress.routes import RouteTable
 
 #: The readiness probe's round trip through the pool (``/readyz``, every orchestrator probe).
@@ -66,6 +67,8 @@ class IngressService(ServiceBootstrap):
         self.routes: RouteTable | None = None
         self.writer: ReceiptWriter | None = None
         self.admission: Admission | None = None
+        #: The reconciler (docs/reconcile.md): leads passes when this process holds its lock.
+        self.reconciler: Reconciler | None = None
         self._runner: web.ServerRunner | None = None
         self._grpc: GrpcServer | None = None
         self.http_port = 0
@@ -101,6 +104,19 @@ class IngressService(ServiceBootstrap):
             namespace_max_inflight=s.namespace_max_inflight,
             retry_after_s=s.retry_after_s,
         )
+        if s.reconcile_enabled:
+            self.reconciler = Reconciler(
+                db.conninfo_with(
+                    url,
+                    application_name="connector-ingress-reconciler",
+                    statement_timeout_ms=s.statement_timeout_ms,
+                ),
+                self.routes,
+                self.writer,
+                owner=str(self.process_id),
+                tick_s=s.reconcile_tick_s,
+            )
+            self.reconciler.start()
         writer = self.writer
         metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
         metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
@@ -174,6 +190,9 @@ class IngressService(ServiceBootstrap):
             self._grpc = None
 
     async def _drain(self) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.stop()  # before the writers: a pass in flight is cut, not left waiting
+            self.reconciler = None
         if self.writer is not None:
             await self.writer.stop()
             self.writer = None

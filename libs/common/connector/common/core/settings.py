@@ -119,6 +119,11 @@ class IngressSettings(PoolSettings):
     statement_timeout_ms: int = Field(default=5_000, ge=0)
     #: Fallback refresh of the route table (it also refreshes on NOTIFY ``connector_packs``).
     routes_refresh_s: float = Field(default=30.0, gt=0)
+    #: Reconciliation (docs/reconcile.md): whether this process may lead the passes of routes that
+    #: declare ``reconcile`` (one leader across all ingress processes), and how often it checks
+    #: which are due and whether an operator asked for a run.
+    reconcile_enabled: bool = True
+    reconcile_tick_s: float = Field(default=5.0, gt=0, le=300)
     #: Public URL prefix providers call (``https://hooks.example.com``), for ``{uri}`` in signatures.
     public_base_url: str | None = None
     #: Seconds in-flight requests get to finish on shutdown.
