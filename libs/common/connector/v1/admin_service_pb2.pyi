@@ -54,6 +54,14 @@ class WaitReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_REASON_DEBOUNCED: _ClassVar[WaitReason]
     WAIT_REASON_COALESCED: _ClassVar[WaitReason]
     WAIT_REASON_CIRCUIT_OPEN: _ClassVar[WaitReason]
+
+class ReconcileRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECONCILE_RUN_STATE_UNSPECIFIED: _ClassVar[ReconcileRunState]
+    RECONCILE_RUN_STATE_PENDING: _ClassVar[ReconcileRunState]
+    RECONCILE_RUN_STATE_RUNNING: _ClassVar[ReconcileRunState]
+    RECONCILE_RUN_STATE_DONE: _ClassVar[ReconcileRunState]
+    RECONCILE_RUN_STATE_FAILED: _ClassVar[ReconcileRunState]
 CIRCUIT_STATE_UNSPECIFIED: CircuitState
 CIRCUIT_STATE_CLOSED: CircuitState
 CIRCUIT_STATE_OPEN: CircuitState
@@ -85,6 +93,11 @@ WAIT_REASON_CONCURRENCY_LIMITED: WaitReason
 WAIT_REASON_DEBOUNCED: WaitReason
 WAIT_REASON_COALESCED: WaitReason
 WAIT_REASON_CIRCUIT_OPEN: WaitReason
+RECONCILE_RUN_STATE_UNSPECIFIED: ReconcileRunState
+RECONCILE_RUN_STATE_PENDING: ReconcileRunState
+RECONCILE_RUN_STATE_RUNNING: ReconcileRunState
+RECONCILE_RUN_STATE_DONE: ReconcileRunState
+RECONCILE_RUN_STATE_FAILED: ReconcileRunState
 
 class DeadLetter(_message.Message):
     __slots__ = ("work_item", "event", "receipt")
@@ -1029,7 +1042,7 @@ class ResumePackResponse(_message.Message):
     def __init__(self, pause: _Optional[_Union[Pause, _Mapping]] = ..., changed: _Optional[bool] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class FindDeliveriesRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "receipt_id", "work_id", "provider_delivery_id", "idempotency_key", "correlation_name", "correlation_value", "namespace", "route_key", "event_kind", "receipt_status", "work_item_state", "accept_time_after", "accept_time_before")
+    __slots__ = ("page_size", "page_token", "receipt_id", "work_id", "provider_delivery_id", "idempotency_key", "correlation_name", "correlation_value", "namespace", "route_key", "event_kind", "receipt_status", "work_item_state", "accept_time_after", "accept_time_before", "origin")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -1045,6 +1058,7 @@ class FindDeliveriesRequest(_message.Message):
     WORK_ITEM_STATE_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     receipt_id: int
@@ -1060,7 +1074,8 @@ class FindDeliveriesRequest(_message.Message):
     work_item_state: str
     accept_time_after: _timestamp_pb2.Timestamp
     accept_time_before: _timestamp_pb2.Timestamp
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., receipt_id: _Optional[int] = ..., work_id: _Optional[int] = ..., provider_delivery_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., correlation_name: _Optional[str] = ..., correlation_value: _Optional[str] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., event_kind: _Optional[str] = ..., receipt_status: _Optional[str] = ..., work_item_state: _Optional[str] = ..., accept_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accept_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    origin: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., receipt_id: _Optional[int] = ..., work_id: _Optional[int] = ..., provider_delivery_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., correlation_name: _Optional[str] = ..., correlation_value: _Optional[str] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., event_kind: _Optional[str] = ..., receipt_status: _Optional[str] = ..., work_item_state: _Optional[str] = ..., accept_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accept_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("receipt", "events", "work_items")
@@ -1183,3 +1198,109 @@ class TraceDeliveryResponse(_message.Message):
     traceparent: str
     trace_id: str
     def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., routing: _Optional[_Union[ReceiptRouting, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventTrace, _Mapping]]] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., active_claimants: _Optional[int] = ..., traceparent: _Optional[str] = ..., trace_id: _Optional[str] = ...) -> None: ...
+
+class RunReconcileRequest(_message.Message):
+    __slots__ = ("namespace", "route_key", "since", "dry_run", "wait", "request_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    route_key: str
+    since: _timestamp_pb2.Timestamp
+    dry_run: bool
+    wait: _duration_pb2.Duration
+    request_id: str
+    def __init__(self, namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReconcileRun(_message.Message):
+    __slots__ = ("run_id", "namespace", "route_key", "state", "dry_run", "mode", "since", "until", "listed", "missing", "admitted", "redelivered", "pages", "error_class", "error", "missing_delivery_ids", "actor")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    LISTED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MISSING_DELIVERY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    run_id: int
+    namespace: str
+    route_key: str
+    state: ReconcileRunState
+    dry_run: bool
+    mode: str
+    since: _timestamp_pb2.Timestamp
+    until: _timestamp_pb2.Timestamp
+    listed: int
+    missing: int
+    admitted: int
+    redelivered: int
+    pages: int
+    error_class: str
+    error: str
+    missing_delivery_ids: _containers.RepeatedScalarFieldContainer[str]
+    actor: str
+    def __init__(self, run_id: _Optional[int] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., state: _Optional[_Union[ReconcileRunState, str]] = ..., dry_run: _Optional[bool] = ..., mode: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., listed: _Optional[int] = ..., missing: _Optional[int] = ..., admitted: _Optional[int] = ..., redelivered: _Optional[int] = ..., pages: _Optional[int] = ..., error_class: _Optional[str] = ..., error: _Optional[str] = ..., missing_delivery_ids: _Optional[_Iterable[str]] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class RunReconcileResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: ReconcileRun
+    def __init__(self, run: _Optional[_Union[ReconcileRun, _Mapping]] = ...) -> None: ...
+
+class ListReconcileStatesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "namespace")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    namespace: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class ReconcileState(_message.Message):
+    __slots__ = ("namespace", "route_key", "watermark", "last_pass_time", "last_clean_pass_time", "last_error_class", "last_error", "last_listed", "last_missing", "last_admitted", "pass_until", "create_time")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLEAN_PASS_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_LISTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_MISSING_FIELD_NUMBER: _ClassVar[int]
+    LAST_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    PASS_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    route_key: str
+    watermark: _timestamp_pb2.Timestamp
+    last_pass_time: _timestamp_pb2.Timestamp
+    last_clean_pass_time: _timestamp_pb2.Timestamp
+    last_error_class: str
+    last_error: str
+    last_listed: int
+    last_missing: int
+    last_admitted: int
+    pass_until: _timestamp_pb2.Timestamp
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., watermark: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_pass_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_clean_pass_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_error_class: _Optional[str] = ..., last_error: _Optional[str] = ..., last_listed: _Optional[int] = ..., last_missing: _Optional[int] = ..., last_admitted: _Optional[int] = ..., pass_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListReconcileStatesResponse(_message.Message):
+    __slots__ = ("states", "next_page_token")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedCompositeFieldContainer[ReconcileState]
+    next_page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[ReconcileState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

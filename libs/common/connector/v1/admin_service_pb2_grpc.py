@@ -180,6 +180,16 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.FromString,
                 _registered_method=True)
+        self.RunReconcile = channel.unary_unary(
+                '/connector.v1.AdminService/RunReconcile',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.RunReconcileRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.RunReconcileResponse.FromString,
+                _registered_method=True)
+        self.ListReconcileStates = channel.unary_unary(
+                '/connector.v1.AdminService/ListReconcileStates',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -413,6 +423,25 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunReconcile(self, request, context):
+        """Run one reconciliation pass of a route now (docs/reconcile.md): the ingress process that leads
+        the reconciler takes it within its tick and lists the sender's items over [since, now - lag)
+        (default: the route's whole window), admitting (mode pull) or asking for (mode redeliver) what
+        has no receipt — or, dry_run, only lists and compares. The route's watermark does not move.
+        Waits up to `wait` for the result (role ConnectorOperator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListReconcileStates(self, request, context):
+        """Every reconciled route's state: watermark, last clean pass, the pass in progress, the last
+        fault and counts, ordered by namespace and route (role ViewConnectorEvents).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -555,6 +584,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CloseCircuit,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.SerializeToString,
+            ),
+            'RunReconcile': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunReconcile,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.RunReconcileRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.RunReconcileResponse.SerializeToString,
+            ),
+            'ListReconcileStates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListReconcileStates,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1319,6 +1358,60 @@ class AdminService:
             '/connector.v1.AdminService/CloseCircuit',
             connector_dot_v1_dot_admin__service__pb2.CloseCircuitRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.CloseCircuitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunReconcile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/RunReconcile',
+            connector_dot_v1_dot_admin__service__pb2.RunReconcileRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.RunReconcileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListReconcileStates(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ListReconcileStates',
+            connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,7 +76,7 @@ CUTOVER_PHASE_WORK_ITEM_ACTIVE: CutoverPhase
 CUTOVER_PHASE_ROLLBACK_FENCED: CutoverPhase
 
 class Receipt(_message.Message):
-    __slots__ = ("receipt_id", "namespace", "route_key", "provider_delivery_id", "method", "content_type", "event_kind", "received_time", "accept_time", "correlation_ids", "payload_sha256", "status", "attempts", "event_ids", "error_class", "error_summary", "body")
+    __slots__ = ("receipt_id", "namespace", "route_key", "provider_delivery_id", "method", "content_type", "event_kind", "received_time", "accept_time", "correlation_ids", "payload_sha256", "status", "attempts", "event_ids", "error_class", "error_summary", "body", "origin")
     class CorrelationIdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class Receipt(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERROR_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     receipt_id: int
     namespace: str
     route_key: str
@@ -118,7 +119,8 @@ class Receipt(_message.Message):
     error_class: str
     error_summary: str
     body: bytes
-    def __init__(self, receipt_id: _Optional[int] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., provider_delivery_id: _Optional[str] = ..., method: _Optional[str] = ..., content_type: _Optional[str] = ..., event_kind: _Optional[str] = ..., received_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accept_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., correlation_ids: _Optional[_Mapping[str, str]] = ..., payload_sha256: _Optional[str] = ..., status: _Optional[_Union[ReceiptStatus, str]] = ..., attempts: _Optional[int] = ..., event_ids: _Optional[_Iterable[int]] = ..., error_class: _Optional[str] = ..., error_summary: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+    origin: str
+    def __init__(self, receipt_id: _Optional[int] = ..., namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., provider_delivery_id: _Optional[str] = ..., method: _Optional[str] = ..., content_type: _Optional[str] = ..., event_kind: _Optional[str] = ..., received_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., accept_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., correlation_ids: _Optional[_Mapping[str, str]] = ..., payload_sha256: _Optional[str] = ..., status: _Optional[_Union[ReceiptStatus, str]] = ..., attempts: _Optional[int] = ..., event_ids: _Optional[_Iterable[int]] = ..., error_class: _Optional[str] = ..., error_summary: _Optional[str] = ..., body: _Optional[bytes] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("event_id", "receipt_id", "installed_pack_id", "generation", "incarnation", "route_id", "route_version", "namespace", "event_kind", "source_object_kind", "source_object_id", "idempotency_key", "delivery_seq", "payload_sha256", "parse_outcome", "correlation_ids", "create_time")

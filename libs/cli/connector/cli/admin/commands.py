@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin import actions, cutover, dlq, find, generations, queues
+from connector.cli.admin import actions, cutover, dlq, find, generations, queues, reconcile
 from connector.cli.admin.client import (
     CliError,
     connect,
@@ -148,6 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     actions.add_commands(groups, common)
     find.add_commands(groups, common, _paging, parse_time)
+    reconcile.add_commands(groups, common, parse_time)
 
 
 def cli(args: argparse.Namespace) -> int:
@@ -159,7 +160,7 @@ def cli(args: argparse.Namespace) -> int:
         else:
             print(
                 "usage: connector admin"
-                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume,find,trace}"
+                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume,find,trace,reconcile}"
                 " ... (see --help)",
                 file=sys.stderr,
             )

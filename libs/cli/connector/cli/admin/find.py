@@ -52,6 +52,7 @@ def find(client: Client, args: argparse.Namespace) -> int:
         namespace=args.namespace or "",
         route_key=args.route or "",
         event_kind=args.event_kind or "",
+        origin=args.origin or "",
         receipt_status=args.receipt_status or "",
         work_item_state=args.state or "",
     )
@@ -108,6 +109,7 @@ def render_trace(response: pb.TraceDeliveryResponse, *, payload: bool = False, o
         ("delivery", f"receipt {r.receipt_id}  {r.method} /{r.namespace}/{r.route_key}"),
         ("delivery id", r.provider_delivery_id or "- (identity: body hash)"),
         ("event kind", r.event_kind or "-"),
+        ("origin", r.origin or "webhook"),
         (
             "verified",
             f"{routing.verification_scheme or '-'}"
@@ -208,6 +210,9 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("--namespace")
     p.add_argument("--route", help="route key")
     p.add_argument("--event-kind")
+    p.add_argument(
+        "--origin", choices=("webhook", "reconciled"), help="how the receipt came (docs/reconcile.md)"
+    )
     p.add_argument("--state", choices=vocabulary.WORK_STATES, help="a delivery with a WorkItem in this state")
     p.add_argument("--receipt-status", choices=vocabulary.RECEIPT_STATES, help="the receipt's routing state")
     p.add_argument("--since", type=parse_time, help="accepted at or after (ISO 8601 or e.g. 2h)")

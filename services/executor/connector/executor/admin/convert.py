@@ -168,6 +168,7 @@ def receipt(row: dict[str, Any], body: bytes | None = None) -> types_pb2.Receipt
         error_class=_text(row["r_error_class"], 200),
         error_summary=_text(row["r_error_summary"], SUMMARY_MAX),
         body=body or b"",
+        origin=_text(row.get("r_origin")) or "webhook",
     )
 
 

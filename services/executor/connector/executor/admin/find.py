@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from connector.common.store import events, receipts, vocabulary, work_items
-from connector.common.store.receipts.find import FIND_TIME_MARGIN_S, DeliveryFilter
+from connector.common.store.receipts.find import FIND_TIME_MARGIN_S, RECEIPT_ORIGINS, DeliveryFilter
 from connector.executor.admin import convert, pagination
 from connector.executor.admin.errors import Reason, invalid_argument
 from connector.executor.admin.session import connection
@@ -68,6 +68,7 @@ def delivery_filter(req: pb.FindDeliveriesRequest) -> DeliveryFilter:
         namespace=req.namespace or None,
         route_key=req.route_key or None,
         event_kind=req.event_kind or None,
+        origin=_state(req.origin, "origin", RECEIPT_ORIGINS),
         receipt_status=_state(req.receipt_status, "receipt_status", vocabulary.RECEIPT_STATES),
         work_item_state=_state(req.work_item_state, "work_item_state", vocabulary.WORK_STATES),
         accepted_after=_dt(req, "accept_time_after"),
@@ -82,7 +83,7 @@ def delivery_filter(req: pb.FindDeliveriesRequest) -> DeliveryFilter:
     if flt.empty:
         raise invalid_argument(
             "give at least one filter: a key (receipt_id, work_id, provider_delivery_id,"
-            " idempotency_key, correlation_name/value) or namespace, route_key, event_kind,"
+            " idempotency_key, correlation_name/value) or namespace, route_key, event_kind, origin,"
             " receipt_status, work_item_state, accept_time_after/before",
             Reason.FILTER_REQUIRED,
         )

@@ -27,6 +27,7 @@ from connector.executor.admin import (
     find,
     packs,
     pagination,
+    reconcile,
     replay,
     requests,
     stats,
@@ -348,6 +349,28 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def CloseCircuit(self, request: pb.CloseCircuitRequest, context: Any) -> pb.CloseCircuitResponse:
         return await self._circuit("CloseCircuit", request, pb.CloseCircuitResponse, open_=False)
+
+    async def RunReconcile(self, request: pb.RunReconcileRequest, context: Any) -> pb.RunReconcileResponse:
+        seconds = reconcile.wait_s(request)
+        since, actor = _dt(request, "since"), _actor()
+
+        async def body(conn: Any) -> pb.RunReconcileResponse:
+            return await reconcile.insert(conn, request, since=since, actor=actor)
+
+        asked = await self._mutate("RunReconcile", request.request_id, pb.RunReconcileResponse, body)
+        log.info(
+            "reconcile run requested",
+            extra={"run_id": asked.run.run_id, "namespace": request.namespace, "route": request.route_key,
+                   "dry_run": request.dry_run, "actor": actor},
+        )  # fmt: skip
+        return await reconcile.wait(self._pool, asked.run.run_id, seconds)
+
+    async def ListReconcileStates(
+        self, request: pb.ListReconcileStatesRequest, context: Any
+    ) -> pb.ListReconcileStatesResponse:
+        return await reconcile.list_states(
+            self._pool, self.pages, request, pagination.page_size(request.page_size)
+        )
 
     async def _circuit(self, method: str, request: Any, response_type: Any, *, open_: bool) -> Any:
         pack = _positive_id(request.installed_pack_id, "installed_pack_id")

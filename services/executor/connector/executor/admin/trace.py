@@ -39,10 +39,18 @@ PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
 _VERIFICATION = re.compile(r"^([^:\s]+)[:\s](.+)$")
 
 
+#: A reconciled receipt's label (connector.ingress.reconcile): where it was fetched and with which key.
+_FETCHED = re.compile(r"^(fetched from \S+) with key reference (.+)$")
+
+
 def verification_parts(label: str | None) -> tuple[str, str]:
-    """(scheme, key reference) of a receipt's verification label (never a secret: a reference)."""
+    """(scheme, key reference) of a receipt's verification label (never a secret: a reference); a
+    reconciled receipt's "scheme" is ``fetched from <host>``."""
     if not label:
         return "", ""
+    fetched = _FETCHED.match(label)
+    if fetched:
+        return fetched.group(1), fetched.group(2)
     match = _VERIFICATION.match(label)
     return (match.group(1), match.group(2)) if match else (label, "")
 

@@ -66,7 +66,7 @@ RECEIPT_SELECT_COLUMNS = """
   r.accepted_at AS r_accepted_at, r.correlation_ids AS r_correlation_ids,
   r.payload_sha256 AS r_payload_sha256, r.router_status AS r_router_status, r.attempts AS r_attempts,
   r.enqueued_event_ids AS r_enqueued_event_ids, r.error_class AS r_error_class,
-  r.error_summary AS r_error_summary"""
+  r.error_summary AS r_error_summary, r.origin AS r_origin"""
 
 # Failed receipts, newest first, keyset on the id: ``ix_connector_ingress_receipt_failed``
 # (namespace, receipt_id) WHERE router_status = 'failed'. ``{where}``: the filters present (constant

@@ -25,6 +25,8 @@ Conn = AsyncConnection[Any]
 
 #: Receipt routing states a find may filter on.
 RECEIPT_STATUSES = vocabulary.RECEIPT_STATES
+#: Receipt origins a find may filter on (``webhook``: the column is NULL).
+RECEIPT_ORIGINS = ("webhook", *vocabulary.RECEIPT_ORIGINS)
 #: A scan without a key examines at most this many receipts per call (its page may be short).
 FIND_SCAN_LIMIT = 5000
 #: Acceptance-time bounds are turned into receipt-id bounds widened by this much: a receipt's id is
@@ -47,6 +49,8 @@ class DeliveryFilter:
     namespace: str | None = None
     route_key: str | None = None
     event_kind: str | None = None
+    #: How the receipt came: ``webhook`` or ``reconciled`` (docs/reconcile.md).
+    origin: str | None = None
     receipt_status: str | None = None
     work_item_state: str | None = None
     accepted_after: datetime | None = None
@@ -63,6 +67,7 @@ class DeliveryFilter:
             "ns": self.namespace,
             "route": self.route_key,
             "kind": self.event_kind,
+            "origin": self.origin,
             "rstatus": self.receipt_status,
             "wstate": self.work_item_state,
             "after": self.accepted_after.isoformat() if self.accepted_after else None,
@@ -113,6 +118,10 @@ class DeliveryFilter:
         if self.route_key is not None:
             clauses.append("r.route_key = %(route_key)s")
             params["route_key"] = self.route_key
+        if self.origin is not None:
+            # A literal per value (a webhook's origin is NULL: no byte on its row).
+            assert self.origin in RECEIPT_ORIGINS
+            clauses.append("r.origin IS NULL" if self.origin == "webhook" else f"r.origin = '{self.origin}'")
         if self.receipt_status is not None:
             # A literal, so the partial routing indexes match (DESIGN §8 trap 5).
             assert self.receipt_status in RECEIPT_STATUSES
