@@ -36,7 +36,7 @@ import grpc
 import psycopg
 import pytest
 import pytest_asyncio
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -683,6 +683,13 @@ _timestamps = st.builds(
 )
 
 
+_durations = st.builds(
+    lambda s, n: duration_pb2.Duration(seconds=s, nanos=n),
+    st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-2, 700)),
+    st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-1, 999_999_999)),
+)
+
+
 def _value(data: st.DataObject, fd: FieldDescriptor) -> Any:
     kinds = {
         FieldDescriptor.TYPE_STRING: _strings,
@@ -700,8 +707,9 @@ def _random_request(data: st.DataObject, method: str) -> Any:
     for fd in descriptor.fields:
         if not data.draw(st.booleans(), label=f"set {fd.name}"):
             continue
-        if fd.type == FieldDescriptor.TYPE_MESSAGE:  # Timestamps are the only message fields
-            getattr(request_, fd.name).CopyFrom(data.draw(_timestamps, label=fd.name))
+        if fd.type == FieldDescriptor.TYPE_MESSAGE:  # Timestamps and Durations are the message fields
+            kind = _durations if fd.message_type.full_name == "google.protobuf.Duration" else _timestamps
+            getattr(request_, fd.name).CopyFrom(data.draw(kind, label=fd.name))
         else:
             setattr(request_, fd.name, _value(data, fd))
     return request_

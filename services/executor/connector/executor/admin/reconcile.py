@@ -38,7 +38,8 @@ _STATES = {
 def wait_s(request: pb.RunReconcileRequest) -> float:
     if not request.HasField("wait"):
         return DEFAULT_WAIT_S
-    seconds = request.wait.ToTimedelta().total_seconds()
+    # From the raw fields: any int64 arrives here (a timedelta of it would overflow).
+    seconds = request.wait.seconds + request.wait.nanos / 1e9
     if not 0 <= seconds <= MAX_WAIT_S:
         raise invalid_argument(f"wait must be between 0 and {MAX_WAIT_S:g} seconds", field="wait")
     return seconds
