@@ -33,7 +33,7 @@ MUTATION_EXEMPT = {
     # Deduplicated by the delivery itself: (namespace, idempotency key derived by the route from the
     # provider's delivery id / body hash); a retried submit answers `duplicate = true`.
     "connector.v1.IngressService.SubmitDelivery",
-    # Executor -> remote handler: idempotent on `idempotency_key` ("<event_id>:<work_type>") and fenced
+    # Executor -> remote handler: idempotent on `idempotency_key` (from the delivery's identity) and fenced
     # by `lease_token`; a request_id would add nothing.
     "connector.v1.WorkHandlerService.Handle",
 }

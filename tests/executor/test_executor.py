@@ -8,6 +8,7 @@ import time
 import psycopg
 import pytest
 
+from connector.executor.handlers import delivery_key
 from tests.executor import effects, seed
 from tests.executor.helpers import await_for, states
 
@@ -33,10 +34,15 @@ async def test_handler_gets_event_payload_token_and_idempotency_key(db, executor
     effects.SEEN.clear()
     pack = seed.seed_pack(db, "p", {"w": _wt("capture")})
     (i,) = seed.seed_items(db, pack, 1, labels=["obj-1"], body=b'{"hello": "world"}')
-    event_id = db.execute("SELECT event_id FROM connector_work_item WHERE work_id = %s", (i,)).fetchone()[0]
+    event_key = db.execute(
+        "SELECT e.idempotency_key FROM connector_work_item w JOIN connector_event e USING (event_id)"
+        " WHERE w.work_id = %s",
+        (i,),
+    ).fetchone()[0]
     await executor_factory()
     await await_for(lambda: effects.SEEN, 10, "handler call")
-    assert effects.SEEN[0] == (i, 1, 1, f"{event_id}:w", "obj-1", b'{"hello": "world"}', "application/json")
+    key = delivery_key("seed", event_key, "w")
+    assert effects.SEEN[0] == (i, 1, 1, key, "obj-1", b'{"hello": "world"}', "application/json")
 
 
 async def test_retry_then_success_and_exhausted_retries_dead(db, executor_factory) -> None:

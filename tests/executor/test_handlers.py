@@ -22,6 +22,7 @@ from connector.executor.handlers import (
     RetryableError,
     backoff_delay,
     classify,
+    delivery_key,
     sanitize_summary,
 )
 from connector.executor.handlers.grpc import GrpcHandler
@@ -46,7 +47,12 @@ def _ctx(lease_s: float = 30.0) -> HandlerContext:
 
 def test_context_basics() -> None:
     ctx = _ctx()
-    assert ctx.idempotency_key == "70:sync"
+    # From the delivery's identity (namespace, the event's idempotency key, the work type), never the ids.
+    assert ctx.idempotency_key == delivery_key("ns", "dlv-1", "sync")
+    assert len(ctx.idempotency_key) == 32 and ctx.idempotency_key != delivery_key("ns", "dlv-2", "sync")
+    bare = HandlerContext((7, 3, 1, 1, "default", "sync", 70, 2, 5, "src", None, None), time.monotonic())
+    with pytest.raises(RuntimeError, match="needs_event=True"):  # a handler that reads no event
+        _ = bare.idempotency_key
     assert ctx.work_item.work_id == 7 and ctx.attempt == 2
     assert 29 < ctx.remaining_lease_s() <= 30
     assert "alice" not in repr(ctx)
@@ -131,7 +137,7 @@ async def test_grpc_handler_against_a_real_work_handler_service() -> None:
         ctx = _ctx()
         ctx.coalesced_work_ids, ctx.coalesced_event_ids = (4, 5), (40, 50)  # a debounced execution
         assert (await client(ctx)).kind == "success"
-        assert seen[0] == (7, 3, "70:sync", PAYLOAD, "cus_12345")
+        assert seen[0] == (7, 3, delivery_key("ns", "dlv-1", "sync"), PAYLOAD, "cus_12345")
         assert covered[0] == ((4, 5), (40, 50))
         ctx.coalesced_work_ids, ctx.coalesced_event_ids = (), ()
         ctx.work_id = 8
@@ -192,7 +198,10 @@ async def test_http_handler_statuses_headers_and_retry_after() -> None:
     try:
         assert (await call("/h")).kind == "success"
         headers, doc = requests[0]
-        assert headers["Idempotency-Key"] == "70:sync" and headers["X-Connector-Lease-Token"] == "3"
+        assert (
+            headers["Idempotency-Key"] == delivery_key("ns", "dlv-1", "sync")
+            and headers["X-Connector-Lease-Token"] == "3"
+        )
         assert doc["work_item"]["work_id"] == 7 and doc["event"]["source_object_id"] == "cus_12345"
         assert json.loads(__import__("base64").b64decode(doc["payload_base64"])) == json.loads(PAYLOAD)
         assert doc["coalesced"] == {"work_ids": [], "event_ids": []}

@@ -67,3 +67,19 @@ if os.environ.get("CONNECTOR_TEST_DEBOUNCE_NO_LATE") == "1":
         )
         .replace("CASE WHEN k.newest < k.last_claimed_id THEN k.newest + 1 ELSE k.newest END", "k.newest")
     )
+
+if os.environ.get("CONNECTOR_TEST_OLD_IDENTITY") == "1":
+    # Identity before issue #26: tokens ``lease_token + 1`` (repeated by a new primary that lost the
+    # old one's tail) and the idempotency key ``<event_id>:<work_type>`` (ids reissued likewise).
+    from connector.common.store import tokens as _tk
+    from connector.common.store.work_items import claim as _cl
+    from connector.executor import handlers as _h
+
+    _NEXT = _tk.token_next("w.lease_token")
+    for _name in ("WORK_ITEM_CLAIM_BATCH", "WORK_ITEM_CLAIM_PLAIN_BATCH", "WORK_ITEM_CLAIM_RATE_BATCH"):
+        _q = getattr(_cl, _name)
+        assert _NEXT in _q, f"{_name} changed: update the control"
+        setattr(_cl, _name, _q.replace(_NEXT, "w.lease_token + 1"))
+    _h.HandlerContext.idempotency_key = property(  # type: ignore[method-assign,assignment]
+        lambda self: f"{self.event_id}:{self.work_type}"
+    )

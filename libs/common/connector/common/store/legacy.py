@@ -29,6 +29,7 @@ from connector.common.store.events import EVENT_SELECT_COLUMNS
 from connector.common.store.lanes import lane_holding
 from connector.common.store.receipts.admin import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
+from connector.common.store.tokens import token_next
 
 Conn = AsyncConnection[Any]
 
@@ -58,7 +59,7 @@ WITH auth AS MATERIALIZED ({_LEGACY_AUTHORITY}
   FOR UPDATE OF e SKIP LOCKED
 )
 UPDATE connector_event e
-SET legacy_state = 'processing', legacy_lease_token = e.legacy_lease_token + 1,
+SET legacy_state = 'processing', legacy_lease_token = {token_next("e.legacy_lease_token")},
     legacy_lease_owner = %(owner)s,
     legacy_lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
     legacy_attempts = e.legacy_attempts + 1, legacy_run_after = NULL
@@ -81,8 +82,8 @@ WITH auth AS MATERIALIZED ({_LEGACY_AUTHORITY}
 ), lease AS MATERIALIZED ({_SCHEDULER_LEASE_HELD}
 )
 UPDATE connector_event e
-SET legacy_state = 'retry', legacy_lease_token = e.legacy_lease_token + 1, legacy_lease_owner = NULL,
-    legacy_lease_until = NULL, legacy_run_after = now()
+SET legacy_state = 'retry', legacy_lease_token = {token_next("e.legacy_lease_token")},
+    legacy_lease_owner = NULL, legacy_lease_until = NULL, legacy_run_after = now()
 WHERE e.installed_pack_id = %(pack)s AND e.generation = %(generation)s
   AND e.legacy_state = 'processing' AND e.legacy_lease_until < clock_timestamp()
   AND EXISTS (SELECT 1 FROM auth) AND EXISTS (SELECT 1 FROM lease)

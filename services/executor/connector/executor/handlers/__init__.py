@@ -2,8 +2,9 @@
 
 A handler gets one ``HandlerContext`` per claimed WorkItem: the item's fields, its immutable event
 fact (``ctx.event``), the payload (the receipt body, ``ctx.payload``), the lease token and an
-idempotency key (``"<event_id>:<work_type>"``, stable across attempts). It answers with an
-``Outcome`` — or ``None`` for success — or raises:
+idempotency key (``delivery_key``: derived from the provider's delivery identity and the work type,
+stable across attempts, replays and database failovers, never shared by two deliveries). It
+answers with an ``Outcome`` — or ``None`` for success — or raises:
 
 * ``Outcome.success()`` / ``None``: the item succeeds.
 * ``Outcome.retry(delay_s=None)``: try again after ``delay_s`` (else the work type's exponential
@@ -22,6 +23,7 @@ Handler kinds: ``python`` (``module:function``, sync or async), ``grpc`` (a remo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import re
 import time
@@ -38,6 +40,7 @@ __all__ = [
     "RetryableError",
     "backoff_delay",
     "classify",
+    "delivery_key",
     "sanitize_summary",
     "work_handler",
 ]
@@ -85,6 +88,7 @@ class HandlerContext:
 
     __slots__ = (
         "_deadline",
+        "_idempotency_key",
         "attempt",
         "coalesced_event_ids",
         "coalesced_work_ids",
@@ -105,7 +109,7 @@ class HandlerContext:
         "work_type",
     )
 
-    def __init__(self, row: tuple[Any, ...], deadline: float) -> None:
+    def __init__(self, row: tuple[Any, ...], deadline: float, idempotency_key: str | None = None) -> None:
         (
             self.work_id,
             self.lease_token,
@@ -122,6 +126,7 @@ class HandlerContext:
             *_,  # the executor's own columns (``work_items.claim.ClaimedRow``: the concurrency key)
         ) = row
         self._deadline = deadline
+        self._idempotency_key = idempotency_key
         self.lease_lost = False
         self.event: EventFact | None = None
         self.payload: bytes | None = None
@@ -131,7 +136,17 @@ class HandlerContext:
 
     @property
     def idempotency_key(self) -> str:
-        return f"{self.event_id}:{self.work_type}"
+        """``delivery_key`` of this item's event and work type (computed once, from ``ctx.event``)."""
+        key = self._idempotency_key
+        if key is None:
+            e = self.event
+            if e is None:
+                raise RuntimeError(
+                    "the idempotency key is derived from the event, which this handler does not read:"
+                    " declare it with work_handler(needs_event=True)"
+                )
+            key = self._idempotency_key = delivery_key(e.namespace, e.idempotency_key, self.work_type)
+        return key
 
     @property
     def work_item(self) -> HandlerContext:
@@ -143,6 +158,18 @@ class HandlerContext:
 
     def __repr__(self) -> str:  # never the payload
         return f"HandlerContext(work_id={self.work_id}, work_type={self.work_type!r}, attempt={self.attempt})"
+
+
+def delivery_key(namespace: str, event_key: str, work_type: str) -> str:
+    """The idempotency key a handler gets for one work type of one delivery: 32 hex digits (128 bits)
+    of SHA-256 over the namespace, the event's idempotency key (the receipt's ``<route>:id:<provider
+    delivery id>`` or ``<route>:sha256:<body hash>``, plus ``#<event index>``) and the work type.
+    Built from what the provider sent, never from a database sequence: after a failover that lost
+    the old primary's last writes the new primary hands out event and work ids again, so
+    ``<event_id>:<work_type>`` (the key before issue #26) could name two deliveries; this key cannot,
+    and a delivery the provider sends again gets its old key (docs/executor.md, "Idempotency keys")."""
+    text = "\x1f".join((namespace, event_key, work_type))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class Outcome:

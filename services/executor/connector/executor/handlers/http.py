@@ -1,9 +1,9 @@
 """HTTP handlers: ``POST`` of one JSON document per WorkItem.
 
 Request body: ``{"work_item": {...}, "event": {...}, "payload_base64": "...", "content_type": ...,
-"lease_token": n, "idempotency_key": "<event_id>:<work_type>", "attempt": n, "coalesced":
-{"work_ids": [...], "event_ids": [...]}}`` (``coalesced``: what a debounced execution covers,
-docs/packs.md#debounce; empty lists otherwise); headers ``Idempotency-Key`` and
+"lease_token": n, "idempotency_key": "<32 hex digits, handlers.delivery_key>", "attempt": n,
+"coalesced": {"work_ids": [...], "event_ids": [...]}}`` (``coalesced``: what a debounced execution
+covers, docs/packs.md#debounce; empty lists otherwise); headers ``Idempotency-Key`` and
 ``X-Connector-Lease-Token`` (plus ``X-Connector-Work-Id``, ``X-Connector-Attempt`` and, for a
 debounced execution covering others, ``X-Connector-Coalesced-Count``), and the attempt's trace
 context (``traceparent``, docs/tracing.md) when it has one. The timeout is the work type's

@@ -44,7 +44,7 @@ def context_of(
         wi.target_mutation_lane_key or None,
         traceparent,
     )
-    ctx = HandlerContext(row, time.monotonic() + remaining_s)
+    ctx = HandlerContext(row, time.monotonic() + remaining_s, request.idempotency_key or None)
     if request.HasField("event"):
         e = request.event
         ctx.event = EventFact(

@@ -10,6 +10,7 @@ from psycopg import AsyncConnection
 
 from connector.common.store import vocabulary
 from connector.common.store.rows import fetch_dict, fetch_dicts
+from connector.common.store.tokens import token_next
 
 Conn = AsyncConnection[Any]
 
@@ -95,7 +96,7 @@ FOR UPDATE OF r
 RECEIPT_REPLAY = f"""
 UPDATE connector_ingress_receipt r SET
   router_status = 'pending', attempts = 0, next_attempt_at = now(),
-  claim_owner = NULL, claim_token = r.claim_token + 1, lease_until = NULL, routed_at = NULL
+  claim_owner = NULL, claim_token = {token_next("r.claim_token")}, lease_until = NULL, routed_at = NULL
 WHERE r.receipt_id = %(receipt_id)s AND r.router_status = 'failed'
 RETURNING {RECEIPT_SELECT_COLUMNS}
 """

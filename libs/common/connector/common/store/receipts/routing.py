@@ -10,6 +10,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from connector.common.store.tokens import token_next
+
 Conn = AsyncConnection[Any]
 
 # --------------------------------------------------------------------------------------------------
@@ -60,7 +62,7 @@ RECEIPT_CLAIM_LOCK = "SELECT pg_advisory_xact_lock(%(lock)s)"
 # row estimates come from statistics in which a backlog is rare. It did: a nested loop of the whole
 # backlog x the batch (7.9M comparisons, 1.6-2.8 s per claim with 30k receipts due), and the
 # materializer fell behind for good (tests/materializer/test_plans.py).
-RECEIPT_CLAIM_ROUTABLE = """
+RECEIPT_CLAIM_ROUTABLE = f"""
 WITH horizon AS MATERIALIZED (
   SELECT max(age(backend_xid)) AS oldest_running_age FROM pg_stat_activity
   WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -81,7 +83,7 @@ WITH horizon AS MATERIALIZED (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE connector_ingress_receipt r
-SET router_status = 'routing', claim_owner = %(owner)s, claim_token = r.claim_token + 1,
+SET router_status = 'routing', claim_owner = %(owner)s, claim_token = {token_next("r.claim_token")},
     attempts = r.attempts + 1, lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s)
 WHERE r.receipt_id = ANY (ARRAY(SELECT receipt_id FROM due UNION SELECT receipt_id FROM expired))
 RETURNING r.receipt_id, r.claim_token, r.attempts, r.namespace, r.route_key, r.idempotency_key,

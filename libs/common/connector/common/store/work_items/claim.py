@@ -13,6 +13,7 @@ from psycopg import AsyncConnection
 
 from connector.common.store.flow import rate_key_lock
 from connector.common.store.vocabulary import EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
+from connector.common.store.tokens import token_next
 
 Conn = AsyncConnection[Any]
 
@@ -57,7 +58,7 @@ CLAIM_COLUMNS = ClaimedRow._fields
 
 #: What every claim statement writes on a row it takes (the lease, the next fencing token, one
 #: attempt) and returns of it (``ClaimedRow``).
-_TAKE = """SET state = 'processing', lease_token = w.lease_token + 1, lease_owner = %(owner)s,
+_TAKE = f"""SET state = 'processing', lease_token = {token_next("w.lease_token")}, lease_owner = %(owner)s,
       lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
       attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()"""
 _TAKEN = ", ".join("w." + c for c in CLAIM_COLUMNS)
