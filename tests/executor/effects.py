@@ -300,3 +300,23 @@ def hold_then_sink(ctx: HandlerContext) -> None:
     )
     with open(os.environ["EXECUTOR_TEST_SINK"], "a") as f:
         f.write(line + "\n")
+
+
+@work_handler(needs_event=False)
+async def sleep_and_sink(ctx: HandlerContext) -> None:
+    """Async: appends ``start`` to the file ``EXECUTOR_TEST_SINK``, sleeps ``EXECUTOR_TEST_SLEEP_S``,
+    appends ``end`` — or ``cancelled`` when the executor cancels the call — with the pid, work id and
+    wall time (a sink outside the database: tests/executor/test_lease_partition.py)."""
+
+    def note(phase: str) -> None:
+        line = {"pid": os.getpid(), "work_id": ctx.work_id, "phase": phase, "wall": time.time()}
+        with open(os.environ["EXECUTOR_TEST_SINK"], "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    note("start")
+    try:
+        await asyncio.sleep(_env_f("EXECUTOR_TEST_SLEEP_S"))
+    except asyncio.CancelledError:
+        note("cancelled")
+        raise
+    note("end")

@@ -108,6 +108,18 @@ ABANDONED = Counter(
     "Items this process abandoned after losing their lease",
     registry=REGISTRY,
 )
+#: Why a lease ran out on this process's clock (``work/lease_watch.py``).
+LEASE_EXPIRED_WHAT = ("unstarted", "cancelled", "uncancellable")
+LEASE_EXPIRED_LOCAL = Counter(
+    "connector_executor_lease_expired_local_total",
+    "Held items whose lease ran out on this process's clock without a renewal (the database did not"
+    " answer): unstarted = dropped before its handler was called, cancelled = async handler call"
+    " cancelled, uncancellable = a sync handler still running (its finalize is fenced)",
+    ["what"],
+    registry=REGISTRY,
+)
+for _what in LEASE_EXPIRED_WHAT:  # alerting counters start at zero (NOTES: increase() and new series)
+    LEASE_EXPIRED_LOCAL.labels(_what)
 RECLAIMED = Counter(
     "connector_executor_lease_reclaims_total",
     "Expired leases reclaimed by this process",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -167,6 +167,13 @@ class ExecutorSettings(UpkeepSettings):
     workers: int = Field(default=16, ge=1)
     claim_batch: int = Field(default=64, ge=1)
     lease_s: float = Field(default=30.0, gt=0)
+    #: How much of a lease this process does not use (seconds; -1 = one renewal interval, lease_s / 3):
+    #: a handler is started, and an async one kept running, only while the lease as last confirmed
+    #: by the database — measured on the monotonic clock from before the claim or renewal was sent —
+    #: minus this margin lasts. It covers a renewal confirmed by a primary that then failed over and
+    #: lost it (the one before is at most an interval older) and clock skew between servers
+    #: (docs/executor.md, "When renewals fail").
+    lease_margin_s: float = Field(default=-1.0, ge=-1)
     poll_interval_s: float = Field(default=0.5, gt=0)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     #: Claim path of this process: ``work_item`` (default) or ``event`` (legacy compatibility mode).
@@ -199,6 +206,15 @@ class ExecutorSettings(UpkeepSettings):
     flow_key_idle_s: float = Field(default=3_600.0, ge=0)
     #: Receipts per sweep chunk (one transaction each).
     retention_batch: int = Field(default=1_000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _margin_inside_the_lease(self) -> ExecutorSettings:
+        if self.lease_margin_s >= self.lease_s:
+            raise ValueError(
+                f"CONNECTOR_EXECUTOR_LEASE_MARGIN_S ({self.lease_margin_s}) must be less than"
+                f" CONNECTOR_EXECUTOR_LEASE_S ({self.lease_s}): set -1 for one renewal interval"
+            )
+        return self
 
 
 class AdminSettings(BaseSettings):

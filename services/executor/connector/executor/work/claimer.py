@@ -185,8 +185,8 @@ class Claimer:
             e.rediscover = True
         levels.tell_due(e.scheduler)
         if rows:
-            # The lease started no earlier than we sent the claim.
-            await self._hold(conn, rows, t0 + e.cfg.lease_s)
+            # The lease started no earlier than we sent the claim; the margin is never used.
+            await self._hold(conn, rows, t0 + e.cfg.lease_usable_s)
 
     async def _statement(
         self,

@@ -18,11 +18,13 @@ door                  reads                                      changes
                                                                  ``finalizer.release``
 ``RunnerDoor``        ``draining``                               ``ready``, ``idle``, ``running``,
                                                                  ``idle_runners``, ``abandon``;
-                                                                 ``finalizer.finish``
+                                                                 ``finalizer.finish``,
+                                                                 ``lease_watch.expire``
 ``FinalizerDoor``     ``capacity``, ``claiming``, ``rnd``        ``held``, ``held_by_pack``,
                                                                  ``wake``, ``stats``, ``abandon``,
                                                                  ``space``; scheduler hints
 ``LeaseKeeperDoor``   ``cfg.lease_s``, ``held``, ``pool``        ``ready``, ``stats``, ``abandon``
+``LeaseWatchDoor``    ``cfg.lease_s``, ``held``                  ``lease_keeper.lose``
 ``ReclaimerDoor``     ``cfg`` (reclaim settings), ``rnd``,       ``wake``, ``stats``; scheduler
                       ``pool``                                   hints
 ``ListenerDoor``      ``pool``                                   ``rediscover``, ``wake``;
@@ -70,6 +72,18 @@ class Finishes(Protocol):
     def finish(self, f: InFlight, out: Outcome | None) -> None: ...
 
 
+class Expires(Protocol):
+    """The lease watch as the runners see it: an item past its deadline is not started."""
+
+    def expire(self, f: InFlight) -> None: ...
+
+
+class Loses(Protocol):
+    """The lease keeper as the lease watch sees it: stop using an item whose lease is gone."""
+
+    def lose(self, f: InFlight) -> None: ...
+
+
 class Releases(Protocol):
     """The finalizer as the claimer sees it (claimed items it could not make runnable)."""
 
@@ -99,6 +113,8 @@ class ClaimSettings(Protocol):
     @property
     def lease_s(self) -> float: ...
     @property
+    def lease_usable_s(self) -> float: ...
+    @property
     def poll_interval_s(self) -> float: ...
     @property
     def pack_weights(self) -> Mapping[str, float]: ...
@@ -109,6 +125,8 @@ class ClaimSettings(Protocol):
 class LeaseSettings(Protocol):
     @property
     def lease_s(self) -> float: ...
+    @property
+    def lease_usable_s(self) -> float: ...
 
 
 class ReclaimSettings(Protocol):
@@ -161,6 +179,8 @@ class RunnerDoor(Protocol):
     @property
     def finalizer(self) -> Finishes: ...
     @property
+    def lease_watch(self) -> Expires: ...
+    @property
     def ready(self) -> deque[InFlight]: ...
     @property
     def idle(self) -> deque[asyncio.Future[None]]: ...
@@ -208,6 +228,15 @@ class LeaseKeeperDoor(Loop, Protocol):
     def stats(self) -> dict[str, int]: ...
 
     def abandon(self, f: InFlight) -> None: ...
+
+
+class LeaseWatchDoor(Protocol):
+    @property
+    def cfg(self) -> LeaseSettings: ...
+    @property
+    def held(self) -> Mapping[int, InFlight]: ...
+    @property
+    def lease_keeper(self) -> Loses: ...
 
 
 class ReclaimerDoor(Loop, Protocol):

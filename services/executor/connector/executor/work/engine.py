@@ -9,6 +9,7 @@ Data flow of one item (no per-item round trip anywhere)::
                   then its follow-ups: circuits, slots, lane promotions (scheduler hints, wake),
                   held released, outcome metrics
   lease keeper ──(one fenced renew per interval for every held item)──▶ leases extended / lost
+  lease watch  ──(the monotonic clock: lease as last confirmed, less a margin)──▶ expired ones lost
   reclaimer    ──(expired leases of any process, re-checked in the statement)──▶ retry / dead
   listener     ──(NOTIFY connector_work)──▶ scheduler hints, claimer woken
 
@@ -55,6 +56,7 @@ from connector.executor.work.claimer import Claimer
 from connector.executor.work.finalizer import Finalizer
 from connector.executor.work.inflight import InFlight
 from connector.executor.work.lease_keeper import LeaseKeeper
+from connector.executor.work.lease_watch import LeaseWatch
 from connector.executor.work.listener import work_listener
 from connector.executor.work.reclaimer import Reclaimer
 from connector.executor.work.runner import Runner
@@ -71,6 +73,7 @@ class EngineConfig:
     claim_batch: int = 64
     prefetch: int = -1  # -1: claim_batch
     lease_s: float = 30.0
+    lease_margin_s: float = -1.0  # -1: one renewal interval (lease_s / 3); see lease_watch.py
     poll_interval_s: float = 0.5
     reclaim_interval_s: float = 5.0
     shutdown_grace_s: float = 10.0
@@ -81,6 +84,12 @@ class EngineConfig:
     fair: bool = True
     handler_threads: int = 0  # 0: workers
     flow_key_idle_s: float = 3_600.0  # idle flow key rows older than this are deleted (0: never)
+
+    @property
+    def lease_usable_s(self) -> float:
+        """The part of a lease this process uses: ``lease_s`` less the margin (``lease_watch.py``)."""
+        margin = self.lease_s / 3.0 if self.lease_margin_s < 0 else self.lease_margin_s
+        return max(0.0, self.lease_s - margin)
 
     @property
     def capacity(self) -> int:
@@ -146,6 +155,7 @@ class Engine:
         self.runner = Runner(self)
         self.finalizer = Finalizer(self)
         self.lease_keeper = LeaseKeeper(self)
+        self.lease_watch = LeaseWatch(self)
         self.reclaimer = Reclaimer(self)
         self._listener: Listener | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -161,6 +171,7 @@ class Engine:
         m.SLOTS_IN_USE.set_function(lambda: self.running)
         self.finalizer.start()
         self._tasks.append(asyncio.create_task(self.lease_keeper.run(), name="executor-lease-keeper"))
+        self._tasks.append(asyncio.create_task(self.lease_watch.run(), name="executor-lease-watch"))
         self._tasks.append(asyncio.create_task(self.reclaimer.run(), name="executor-reclaimer"))
         self._listener = work_listener(self)
         await self._listener.start()
@@ -254,6 +265,7 @@ def engine_config_from_settings(cfg: Any, **overrides: Any) -> EngineConfig:
         claim_batch=cfg.claim_batch,
         prefetch=getattr(cfg, "prefetch", -1),
         lease_s=cfg.lease_s,
+        lease_margin_s=getattr(cfg, "lease_margin_s", -1.0),
         poll_interval_s=cfg.poll_interval_s,
         reclaim_interval_s=getattr(cfg, "reclaim_interval_s", 5.0),
         shutdown_grace_s=cfg.shutdown_grace_s,

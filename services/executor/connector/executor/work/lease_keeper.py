@@ -2,7 +2,8 @@
 statement (``work_item_renew_lease_batch``) and enforces handler timeouts. An item whose renewal
 matched nothing was fenced by another claimer: its handler is cancelled (async) or its late result
 is rejected by the fenced finalize (sync). Without a successful renewal within the lease (database
-unreachable) the lease is presumed lost.
+unreachable, or a renewal hung on a silent connection) the lease watch (``lease_watch.py``) presumes
+the lease lost, on its own timer.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class LeaseKeeper:
                 raise
             except Exception as exc:
                 e.error("renew", exc)
-            self._expire_local()
 
     async def renew_once(self) -> None:
         e = self.engine
@@ -49,21 +49,21 @@ class LeaseKeeper:
             renewed = await work_items.finalize.work_item_renew_lease_batch(
                 conn, ids, tokens, lease_s=e.cfg.lease_s
             )
-        deadline = t0 + e.cfg.lease_s
+        deadline = t0 + e.cfg.lease_usable_s  # lease_watch.py: the margin is never used
         lost = 0
         for f in live:
             if f.work_id in renewed:
                 f.renewed(deadline)
             elif not f.done and e.held.get(f.work_id) is f:
                 lost += 1
-                self._lose(f)
+                self.lose(f)
         if renewed:
             m.RENEWED.inc(len(renewed))
         if lost:
             m.STALE.labels("renew").inc(lost)
             e.stats["stale"] += lost
 
-    def _lose(self, f: InFlight) -> None:
+    def lose(self, f: InFlight) -> None:
         """This process no longer holds the lease: abandon the item."""
         e = self.engine
         f.lease_lost = True
@@ -77,13 +77,6 @@ class LeaseKeeper:
             f.cancel = "lost"
             f.task.cancel()
         # A sync handler cannot be interrupted: its late result is written fenced (and rejected).
-
-    def _expire_local(self) -> None:
-        """No successful renewal within the lease (database unreachable): presume the lease lost."""
-        now = monotonic()
-        for f in list(self.engine.held.values()):
-            if not f.done and f.deadline <= now:
-                self._lose(f)
 
     def _enforce_timeouts(self, live: list[InFlight]) -> None:
         now = monotonic()

@@ -78,8 +78,11 @@ class Runner:
                 await fut
                 continue
             f = ready.popleft()
-            if f.lease_lost:
-                e.abandon(f)
+            if f.lease_lost or f.deadline <= monotonic():  # never start a call past its lease
+                if f.lease_lost:
+                    e.abandon(f)
+                else:
+                    e.lease_watch.expire(f)
                 continue
             rt = f.runtime
             e.running += 1
