@@ -280,26 +280,32 @@ async def _debounce_effect(ctx: HandlerContext, phase: str) -> None:
 
 def hold_then_sink(ctx: HandlerContext) -> None:
     """Sync (a thread: the executor cannot cancel it, so its finalize is always sent, however late):
-    waits until the file ``EXECUTOR_TEST_RELEASE`` exists, then appends its effect to the file
-    ``EXECUTOR_TEST_SINK`` — outside the database, so a failover cannot lose it — as one JSON line:
-    pid, work id, token, idempotency key, the delivery's marker (the event's ``source_object_id``)
-    and the wall time (tests/executor/test_failover_identity.py)."""
-    release = os.environ["EXECUTOR_TEST_RELEASE"]
-    while not os.path.exists(release):
-        time.sleep(0.02)
+    appends ``start`` to the file ``EXECUTOR_TEST_SINK`` — outside the database, so a failover
+    cannot lose it —, waits until the file ``EXECUTOR_TEST_RELEASE`` exists, then appends its
+    ``effect``: JSON lines with the pid, work id, token, idempotency key, the delivery's marker (the
+    event's ``source_object_id``), the phase and the wall time
+    (tests/executor/test_failover_identity.py)."""
     assert ctx.event is not None
-    line = json.dumps(
-        {
+
+    def note(phase: str) -> None:
+        assert ctx.event is not None
+        line = {
             "pid": os.getpid(),
             "work_id": ctx.work_id,
             "token": ctx.lease_token,
             "key": ctx.idempotency_key,
             "marker": ctx.event.source_object_id,
+            "phase": phase,
             "wall": time.time(),
         }
-    )
-    with open(os.environ["EXECUTOR_TEST_SINK"], "a") as f:
-        f.write(line + "\n")
+        with open(os.environ["EXECUTOR_TEST_SINK"], "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    note("start")
+    release = os.environ["EXECUTOR_TEST_RELEASE"]
+    while not os.path.exists(release):
+        time.sleep(0.02)
+    note("effect")
 
 
 @work_handler(needs_event=False)

@@ -81,6 +81,15 @@ def _holding(db: psycopg.Connection, owner: str) -> int:
     return int(row[0])
 
 
+def _sink(scratch: Path) -> list[dict[str, Any]]:
+    path = scratch / "sink"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _phase(scratch: Path, phase: str) -> int:
+    return sum(1 for e in _sink(scratch) if e["phase"] == phase)
+
+
 def _settled(p: ExecutorProcess) -> float:
     """Completes the process sent that matched a row or were refused as stale."""
     return p.metric("connector_executor_stale_token_rejections_total", {"op": "complete"}) + p.metric(
@@ -106,7 +115,10 @@ def lossy_failover(control: bool) -> dict[str, Any]:
                 x = _executor(pair.url_both, scratch, "x", control)
                 procs.append(x)
                 x_id = x.wait_registered(p)
-                wait_for(lambda: _holding(p, x_id) == N, 30, "X holds the tail")
+                # Its handlers run (the claim is committed before the batch's events are read: a kill
+                # in between would hand the items back instead of holding them).
+                wait_for(lambda: _phase(scratch, "start") == N, 30, "X runs the tail's handlers")
+                assert _holding(p, x_id) == N
             pair.kill_primary()
             pair.start_standby()
             pair.promote()
@@ -119,7 +131,8 @@ def lossy_failover(control: bool) -> dict[str, Any]:
                 y = _executor(pair.standby_url, scratch, "y", control)
                 procs.append(y)
                 y_id = y.wait_registered(db)
-                wait_for(lambda: _holding(db, y_id) == N, 30, "Y holds the new deliveries")
+                wait_for(lambda: _phase(scratch, "start") == 2 * N, 30, "Y runs the new deliveries")
+                assert _holding(db, y_id) == N
                 (scratch / "release-x").touch()  # X's handlers finish; their finalizes come late
                 wait_for(lambda: _settled(x) >= N, 60, "X's late finalizes answered")
                 (scratch / "release-y").touch()
@@ -135,7 +148,7 @@ def lossy_failover(control: bool) -> dict[str, Any]:
                 lost = db.execute(
                     "SELECT count(*) FROM connector_event WHERE source_object_id LIKE 'lost-%%'"
                 ).fetchone()[0]  # type: ignore[index]
-            sink = [json.loads(line) for line in (scratch / "sink").read_text().splitlines()]
+            sink = [e for e in _sink(scratch) if e["phase"] == "effect"]
             return {
                 "timeline": timeline,
                 "reissued": len(reissued),
