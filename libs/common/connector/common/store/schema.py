@@ -904,6 +904,18 @@ CREATE TRIGGER connector_legacy_outcome_receipt_final BEFORE UPDATE OR DELETE
 ON connector_legacy_outcome_receipt
 FOR EACH ROW EXECUTE FUNCTION connector_legacy_outcome_receipt_final()
 """,
+    # The server's WAL timeline (1 until a promotion), the high bits of every fencing token
+    # (store/tokens.py, docs/adr/016-identity-across-failover.md). A server without WAL functions
+    # (Aurora: its storage replicates, a failover loses no commit) answers 1. It raises on a standby,
+    # where a claim could not write anyway.
+    """
+CREATE FUNCTION connector_server_timeline() RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  RETURN ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint;
+EXCEPTION WHEN feature_not_supported OR undefined_function THEN
+  RETURN 1;
+END $$
+""",
     # Queue tables churn: vacuum them early (DESIGN §8 trap 6).
     """
 ALTER TABLE connector_work_item SET (autovacuum_vacuum_scale_factor = 0.02,

@@ -22,6 +22,7 @@ INVARIANTS = (
     "CREATE TRIGGER connector_work_item_reconciled_final BEFORE UPDATE OR DELETE ON connector_work_item\nFOR EACH ROW WHEN (OLD.state = 'reconciled_legacy_terminal')\nEXECUTE FUNCTION connector_work_item_reconciled_final()",
     "CREATE FUNCTION connector_legacy_outcome_receipt_final() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN\n  IF TG_OP = 'DELETE' OR (to_jsonb(NEW) - 'projected') IS DISTINCT FROM (to_jsonb(OLD) - 'projected')\n     OR (OLD.projected AND NOT NEW.projected) THEN\n    RAISE EXCEPTION 'legacy outcome receipt % is immutable', OLD.legacy_outcome_receipt_id\n      USING ERRCODE = 'restrict_violation';\n  END IF;\n  IF TG_OP = 'DELETE' THEN\n    RETURN OLD;\n  END IF;\n  RETURN NEW;\nEND $$",
     'CREATE TRIGGER connector_legacy_outcome_receipt_final BEFORE UPDATE OR DELETE\nON connector_legacy_outcome_receipt\nFOR EACH ROW EXECUTE FUNCTION connector_legacy_outcome_receipt_final()',
+    "CREATE FUNCTION connector_server_timeline() RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$\nBEGIN\n  RETURN ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint;\nEXCEPTION WHEN feature_not_supported OR undefined_function THEN\n  RETURN 1;\nEND $$",
     'ALTER TABLE connector_work_item SET (autovacuum_vacuum_scale_factor = 0.02,\n  autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, fillfactor = 80)',
     'ALTER TABLE connector_ingress_receipt SET (autovacuum_vacuum_scale_factor = 0.02,\n  autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0, fillfactor = 85)',
 )
