@@ -12,8 +12,8 @@ from typing import Any, NamedTuple
 from psycopg import AsyncConnection
 
 from connector.common.store.flow import rate_key_lock
-from connector.common.store.vocabulary import EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
 from connector.common.store.tokens import token_next
+from connector.common.store.vocabulary import EVENT_FACT_COLUMNS, NOW_RANK, PARKED, claim_rank
 
 Conn = AsyncConnection[Any]
 
