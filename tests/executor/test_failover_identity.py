@@ -37,7 +37,7 @@ from connector.common.store.receipts import routing
 from connector.common.store.work_items import claim
 from tests.executor import effects, seed
 from tests.executor.helpers import ExecutorProcess, wait_for
-from tests.support.pgpair import PrimaryStandby
+from tests.support.pgpair import PgPair
 
 pytestmark = pytest.mark.slow
 
@@ -99,20 +99,22 @@ def _settled(p: ExecutorProcess) -> float:
 
 def lossy_failover(control: bool) -> dict[str, Any]:
     procs: list[ExecutorProcess] = []
-    with PrimaryStandby() as pair:
+    with PgPair() as pair:
         scratch = pair.scratch()
+        primary, standby = pair.direct(pair.ports[0]), pair.direct(pair.standby_port)
         try:
-            upgrade(pair.primary_url)
-            with psycopg.connect(pair.primary_url, autocommit=True) as p:
+            upgrade(primary)
+            with psycopg.connect(primary, autocommit=True) as p:
                 handler = seed.python_work_type(f"{effects.__name__}:hold_then_sink")
                 pack = seed.seed_pack(p, "p", {"w": handler})
                 p.execute(_SUCCEEDED_LOG)
                 seed.seed_items(p, pack, 3, labels=["before-0", "before-1", "before-2"])
                 p.execute("UPDATE connector_work_item SET state = 'succeeded'")
-            pair.base_backup()  # the standby has everything up to here, and none of the tail
-            with psycopg.connect(pair.primary_url, autocommit=True) as p:
+            pair.wait_replayed()
+            pair.stop_standby()  # the standby has everything up to here, and none of the tail
+            with psycopg.connect(primary, autocommit=True) as p:
                 tail = seed.seed_items(p, pack, N, labels=[f"lost-{i}" for i in range(N)])
-                x = _executor(pair.url_both, scratch, "x", control)
+                x = _executor(pair.url("postgres", "postgres"), scratch, "x", control)
                 procs.append(x)
                 x_id = x.wait_registered(p)
                 # Its handlers run (the claim is committed before the batch's events are read: a kill
@@ -122,13 +124,13 @@ def lossy_failover(control: bool) -> dict[str, Any]:
             pair.kill_primary()
             pair.start_standby()
             pair.promote()
-            with psycopg.connect(pair.standby_url, autocommit=True) as db:
+            with psycopg.connect(standby, autocommit=True) as db:
                 assert tokens.token_timeline(2**31 + 1) == 2
                 timeline = db.execute(tokens.TIMELINE_CURRENT).fetchone()[0]  # type: ignore[index]
                 new = seed.seed_items(db, pack, N, labels=[f"new-{i}" for i in range(N)])
                 reissued = set(new) & set(tail)
                 assert reissued, "the new primary must hand out the tail's work ids again"
-                y = _executor(pair.standby_url, scratch, "y", control)
+                y = _executor(standby, scratch, "y", control)
                 procs.append(y)
                 y_id = y.wait_registered(db)
                 wait_for(lambda: _phase(scratch, "start") == 2 * N, 30, "Y runs the new deliveries")
@@ -230,20 +232,19 @@ def test_every_claim_statement_salts_its_token_with_the_servers_timeline() -> No
     """After a promotion each claim statement (plain, rate, flow, the materializer's receipt claim)
     hands out ``(timeline - 1) << 31`` plus the row's next count: a row claimed once on timeline 1
     and once on timeline 2 has tokens 1 and 2**31 + 2."""
-    with PrimaryStandby() as pair:
-        upgrade(pair.primary_url)
-        with psycopg.connect(pair.primary_url, autocommit=True) as p:
+    with PgPair() as pair:
+        primary = pair.direct(pair.ports[0])
+        upgrade(primary)
+        with psycopg.connect(primary, autocommit=True) as p:
             pack = seed.seed_pack(p, "p", {"w": seed.python_work_type(f"{effects.__name__}:noop")})
             ids = seed.seed_items(p, pack, 6)
             # Each row claimed once on timeline 1 (token 1), then ready again.
             p.execute("UPDATE connector_work_item SET lease_token = 1")
             p.execute("UPDATE connector_ingress_receipt SET router_status = 'pending', claim_token = 1")
             assert p.execute(tokens.TIMELINE_CURRENT).fetchone()[0] == 1  # type: ignore[index]
-        pair.base_backup()
-        pair.start_standby()
         pair.wait_replayed()
         pair.kill_primary()
         pair.promote()
-        got = asyncio.run(_claims_after_promotion(pair.standby_url, pack))
+        got = asyncio.run(_claims_after_promotion(pair.direct(pair.standby_port), pack))
     assert got == {k: [2**31 + 2] * 2 for k in ("plain", "rate", "flow", "receipt")}, got
     assert len(ids) == 6 and tokens.token_timeline(2**31 + 2) == 2

@@ -1,5 +1,5 @@
 """An executor that knows its lease is gone (issue #26, item 5), with real processes: executor A
-reaches PostgreSQL through a TCP proxy process (``tests/support/netproxy.py``), executor B directly.
+reaches PostgreSQL through a TCP proxy process (``tests/support/netfault.py``), executor B directly.
 
 A holds four items — one running in an async handler (30 s of work), three prefetched — when the
 proxy stalls: A's renewals hang on a connection that never answers (no error, no RST). The lease in
@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from tests.executor import effects, seed
-from tests.executor.helpers import ROOT, ExecutorProcess, free_port, states, wait_for
+from tests.executor.helpers import ExecutorProcess, states, wait_for
+from tests.support.netfault import ProxyProcess
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +55,9 @@ def partition(db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, contr
     db.execute(_LEASE_LOG)
     pack = seed.seed_pack(db, "p", {"w": seed.python_work_type(f"{effects.__name__}:sleep_and_sink")})
     info = conninfo_to_dict(db_url)
-    port = free_port()
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.netproxy", str(port), str(info.get("port") or 5432)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proxy = ProxyProcess(int(info.get("port") or 5432), str(info.get("host") or "127.0.0.1")).start()
     try:
-        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "ready"
-        via_proxy = db_url.replace(f"{info['host']}:{info.get('port') or 5432}", f"127.0.0.1:{port}", 1)
+        via_proxy = db_url.replace(f"{info['host']}:{info.get('port') or 5432}", f"127.0.0.1:{proxy.port}", 1)
         assert via_proxy != db_url
         common = {"EXECUTOR_TEST_SINK": str(sink), "CONNECTOR_EXECUTOR_LEASE_S": str(LEASE_S)}
         env_a = {
@@ -95,7 +87,7 @@ def partition(db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, contr
             20,
             "A holds four items and runs one",
         )
-        proxy.send_signal(signal.SIGUSR1)  # A's database goes silent
+        proxy.stall()  # A's database goes silent
         stalled_at = db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
         b = spawn(extra_env={**common, "EXECUTOR_TEST_SLEEP_S": "0.2"})
         b.wait_registered(db)
@@ -124,9 +116,7 @@ def partition(db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, contr
             "a": a,
         }
     finally:
-        proxy.send_signal(signal.SIGUSR2)
-        proxy.kill()
-        proxy.wait(10)
+        proxy.stop()
 
 
 def _a_violations(run: dict[str, Any]) -> dict[str, list[Any]]:

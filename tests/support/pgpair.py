@@ -1,20 +1,28 @@
-"""A primary and a streaming standby on loopback for failover proofs (issue #26): two private
-clusters (``benchmarks/pgcluster.py``: the machine's PostgreSQL binaries, as the ``postgres`` user
-when run as root), the standby made by ``pg_basebackup -R``. The steps are explicit, so a test can
-lose a tail of writes *deterministically*: ``stop_standby()`` (the standby keeps what it replayed),
-writes on the primary (the tail), ``kill_primary()`` (kill -9 of the postmaster and its backends),
-``start_standby()`` + ``promote()``: the new primary has everything before the tail and nothing of
-it, on a new timeline — what an asynchronous standby promoted by an HA manager has after a crash.
+"""A primary and a streaming standby on loopback, private to one test (never the shared 5432
+server): ``initdb`` of the primary (``benchmarks.pgcluster.PrivateCluster``), the standby made by
+``pg_basebackup -R`` and started on its own port. Failover is driven by the test itself:
+``kill_primary()`` (kill -9 of the postmaster: its sockets reset, a loud failure), ``promote()``
+(``pg_ctl promote``), ``synchronous(True)`` (``synchronous_standby_names`` names the standby and a
+reload), ``demote_old_primary()`` (the old primary's data replaced by a fresh base backup of the new
+primary and started as its standby, on its old port: the "old primary back as a standby" case).
 
-    with PrimaryStandby() as pair:
-        pair.primary_url ... pair.base_backup(); pair.start_standby() ...
-        pair.url_both  # libpq multi-host URL, target_session_attrs=read-write
+Why not Patroni here: Debian's patroni 3.0.2 + etcd-server 3.4 install and run on this machine
+(as ``postgres``: PostgreSQL refuses root), with ``synchronous_mode_strict``; but after the leader's
+whole node is killed (Patroni and PostgreSQL, kill -9) the standby became writable only after
+19.4 s (``ttl: 20``, ``loop_wait: 2``; Patroni's default ttl is 30 s): a test's "serving again
+within 15 s of the fault" would measure Patroni's leader-key ttl, not the services. The
+promotion's effect on the services is the same either way (a new writable primary on another
+port, the old one dead, silent or read-only), so the test promotes at once with ``pg_ctl promote``
+and the figures are the services' own.
+
+    with PgPair() as pair:
+        url = pair.url("postgres", "postgres")   # multi-host, target_session_attrs=read-write
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -25,121 +33,175 @@ import psycopg
 from benchmarks.pgcluster import PrivateCluster, _free_port
 
 
-class PrimaryStandby:
-    def __init__(self, settings: dict[str, object] | None = None) -> None:
-        self.primary = PrivateCluster(
-            {
-                "wal_level": "replica",
-                "max_wal_senders": "4",
-                "wal_keep_size": "'64MB'",
-                "fsync": "off",
-                **(settings or {}),
-            },
-            prefix="connector-pair-",
-        )
+class PgPair:
+    def __init__(self, *, synchronous: bool = False, settings: dict[str, object] | None = None) -> None:
+        conf: dict[str, object] = {
+            "wal_level": "replica",
+            "max_wal_senders": 10,
+            "hot_standby": "on",
+            "wal_keep_size": "'256MB'",
+            "fsync": "off",
+            "max_connections": 200,
+            **(settings or {}),
+        }
+        self.primary = PrivateCluster(conf, prefix="connector-pgpair-")
+        self._synchronous = synchronous
         self.standby_port = 0
-        self._standby_started = False
+        self.standby_data: Path | None = None
+        #: Ports in URL order: [first primary, first standby]; after a failover the roles swap.
+        self.ports: list[int] = []
 
-    # -- layout --------------------------------------------------------------------------------------
-    @property
-    def root(self) -> Path:
-        assert self.primary.root is not None
-        return self.primary.root
+    # -- lifecycle ---------------------------------------------------------------------------
 
-    @property
-    def standby_data(self) -> Path:
-        return self.root / "standby"
-
-    @property
-    def primary_url(self) -> str:
-        return self.primary.url("postgres", "postgres")
-
-    @property
-    def standby_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.standby_port}/postgres"
-
-    @property
-    def url_both(self) -> str:
-        """Both servers, the writable one wins (what the services are given in production)."""
-        return (
-            f"postgresql://postgres@127.0.0.1:{self.primary.port},127.0.0.1:{self.standby_port}/postgres"
-            "?target_session_attrs=read-write"
-        )
-
-    def scratch(self) -> Path:
-        """A folder every process (and the ``postgres`` user) may write: for sinks and flags."""
-        path = self.root / "scratch"
-        path.mkdir(exist_ok=True)
-        path.chmod(0o777)
-        return path
-
-    # -- steps ---------------------------------------------------------------------------------------
-    def start(self) -> PrimaryStandby:
+    def start(self) -> PgPair:
         self.primary.start()
+        assert self.primary.root is not None
+        with (self.primary.data / "pg_hba.conf").open("a") as f:
+            f.write("host replication all 127.0.0.1/32 trust\n")
+        self.sql(self.primary.port, "SELECT pg_reload_conf()")
+        self.standby_data = self.primary.root / "standby"
         self.standby_port = _free_port()
+        self._basebackup(self.primary.port, self.standby_data, self.standby_port, "standby")
+        self._pg_ctl(self.standby_data, "start", port=self.standby_port)
+        self.ports = [self.primary.port, self.standby_port]
+        self.wait_streaming(self.primary.port)
+        if self._synchronous:
+            self.synchronous(True)
         return self
 
-    def base_backup(self) -> None:
-        """The standby's data folder from the primary as it is now (``-R``: it will stream)."""
-        self.primary._run(
-            "pg_basebackup", "-D", str(self.standby_data), "-R", "-X", "stream", "-c", "fast",
-            "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres", "--no-sync",
-        )  # fmt: skip
-        with (self.standby_data / "postgresql.conf").open("a") as f:
-            f.write(f"\nport = {self.standby_port}\n")
-
-    def start_standby(self) -> None:
-        self.primary._run(
-            "pg_ctl", "-D", str(self.standby_data), "-l", str(self.root / "standby.log"), "-w", "start"
-        )
-        self._standby_started = True
-
-    def stop_standby(self) -> None:
-        """Stop the standby (fast): it keeps exactly what it had replayed."""
-        self.primary._run("pg_ctl", "-D", str(self.standby_data), "-m", "fast", "-w", "stop")
-        self._standby_started = False
-
-    def wait_replayed(self, timeout: float = 30.0) -> None:
-        """Until the standby has replayed everything the primary has written so far."""
-        with psycopg.connect(self.primary_url, autocommit=True) as p:
-            lsn = p.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
-        deadline = time.monotonic() + timeout
-        with psycopg.connect(self.standby_url, autocommit=True) as s:
-            while not s.execute("SELECT pg_last_wal_replay_lsn() >= %s", (lsn,)).fetchone()[0]:  # type: ignore[index]
-                if time.monotonic() > deadline:
-                    raise AssertionError("the standby did not replay the primary's WAL in time")
-                time.sleep(0.05)
-
-    def kill_primary(self) -> None:
-        """kill -9 of the primary's postmaster and every backend (a machine that died)."""
-        pid = int((self.primary.data / "postmaster.pid").read_text().split()[0])
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-        for p in [pid, *(int(x) for x in children.stdout.split())]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.02)
-        (self.primary.data / "postmaster.pid").unlink(missing_ok=True)
-
-    def promote(self) -> None:
-        self.primary._run("pg_ctl", "-D", str(self.standby_data), "-w", "promote")
-
-    # -- teardown ------------------------------------------------------------------------------------
-    def close(self) -> None:
-        if self.primary.root is None:
-            return
-        if (self.standby_data / "postmaster.pid").exists():
-            with contextlib.suppress(Exception):
-                self.primary._run("pg_ctl", "-D", str(self.standby_data), "-m", "immediate", "-w", "stop")
+    def stop(self) -> None:
+        for data in (self.standby_data, self._old_primary_data()):
+            if data is not None and (data / "postmaster.pid").exists():
+                subprocess.run([*self._as, str(self.primary.bin / "pg_ctl"), "-D", str(data), "-m",
+                                "immediate", "-w", "stop"], capture_output=True, timeout=60)  # fmt: skip
         self.primary.stop()
 
-    def __enter__(self) -> PrimaryStandby:
+    def __enter__(self) -> PgPair:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.stop()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def _as(self) -> list[str]:
+        return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    def _old_primary_data(self) -> Path | None:
+        return self.primary.data if self.primary.root is not None else None
+
+    def _pg_ctl(self, data: Path, *args: str, port: int | None = None) -> None:
+        cmd = [*self._as, str(self.primary.bin / "pg_ctl"), "-D", str(data), "-w", "-t", "60"]
+        if args[0] == "start":
+            cmd += ["-l", str(data.parent / f"{data.name}.log"), "-o", f"-p {port}"]
+        out = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=90)
+        if out.returncode != 0:
+            raise RuntimeError(f"pg_ctl {args[0]} failed: {(out.stderr or out.stdout)[-800:]}")
+
+    def _basebackup(self, source_port: int, data: Path, port: int, name: str) -> None:
+        if data.exists():
+            shutil.rmtree(data)
+        out = subprocess.run(
+            [*self._as, str(self.primary.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source_port),
+             "-U", "postgres", "-D", str(data), "-R", "-X", "stream", "--checkpoint=fast"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {out.stderr[-800:]}")
+        with (data / "postgresql.auto.conf").open("a") as f:
+            f.write(
+                f"primary_conninfo = 'host=127.0.0.1 port={source_port} user=postgres "
+                f"application_name={name}'\n"
+            )
+
+    def url(self, user: str, dbname: str, *, target_session_attrs: str | None = "read-write") -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        query = f"?target_session_attrs={target_session_attrs}" if target_session_attrs else ""
+        return f"postgresql://{user}@{hosts}/{dbname}{query}"
+
+    def direct(self, port: int, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{port}/{dbname}"
+
+    def sql(self, port: int, statement: str, dbname: str = "postgres") -> list[tuple[object, ...]]:
+        with psycopg.connect(self.direct(port, dbname), autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(statement)
+            return cur.fetchall() if cur.description else []
+
+    def wait_streaming(self, primary_port: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.sql(primary_port, "SELECT 1 FROM pg_stat_replication WHERE state = 'streaming'"):
+            assert time.monotonic() < deadline, "the standby did not start streaming"
+            time.sleep(0.1)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def synchronous(self, on: bool, primary_port: int | None = None) -> None:
+        port = primary_port or self.ports[0]
+        names = "'standby'" if on else "''"
+        self.sql(port, f"ALTER SYSTEM SET synchronous_standby_names = {names}")
+        self.sql(port, "SELECT pg_reload_conf()")
+        if on:
+            deadline = time.monotonic() + 30
+            while not self.sql(port, "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'"):
+                assert time.monotonic() < deadline, "the standby did not become synchronous"
+                time.sleep(0.1)
+
+    def kill_primary(self) -> None:
+        """kill -9 of the primary's postmaster and its backends (a crash: sockets reset)."""
+        pid = int((self.primary.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-9", "-P", str(pid)], capture_output=True)
+        (self.primary.data / "postmaster.pid").unlink(missing_ok=True)
+
+    def stop_primary_fast(self) -> None:
+        self._pg_ctl(self.primary.data, "-m", "fast", "stop")
+
+    def promote(self) -> None:
+        """Promote the standby; it becomes the first host of ``url()`` (so a multi-host URL built
+        before still lists both)."""
+        assert self.standby_data is not None
+        self._pg_ctl(self.standby_data, "promote")
+        deadline = time.monotonic() + 30
+        while self.sql(self.standby_port, "SELECT pg_is_in_recovery()")[0][0]:
+            assert time.monotonic() < deadline, "promotion did not finish"
+            time.sleep(0.05)
+
+    def demote_old_primary(self) -> None:
+        """The old primary comes back, on its old port, as a standby of the promoted one."""
+        data = self.primary.data
+        if (data / "postmaster.pid").exists():
+            with_pid = (data / "postmaster.pid").read_text().split()
+            subprocess.run(["kill", "-9", with_pid[0]], capture_output=True)
+            (data / "postmaster.pid").unlink(missing_ok=True)
+        self._basebackup(self.standby_port, data, self.primary.port, "old_primary")
+        self._pg_ctl(data, "start", port=self.primary.port)
+        self.wait_streaming(self.standby_port)
+
+    # -- a deterministic lost tail (tests/executor/test_failover_identity.py) ----------------------
+
+    def wait_replayed(self, timeout: float = 30.0) -> None:
+        """Until the standby has replayed everything the primary has written so far."""
+        lsn = self.sql(self.ports[0], "SELECT pg_current_wal_lsn()")[0][0]
+        deadline = time.monotonic() + timeout
+        while not self.sql(self.standby_port, f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn")[0][0]:
+            assert time.monotonic() < deadline, "the standby did not replay the primary's WAL"
+            time.sleep(0.05)
+
+    def stop_standby(self) -> None:
+        """Stop the standby (fast): it keeps exactly what it had replayed, and receives nothing of
+        what the primary writes from now on — the tail an asynchronous failover loses."""
+        assert self.standby_data is not None
+        self._pg_ctl(self.standby_data, "-m", "fast", "stop")
+
+    def start_standby(self) -> None:
+        assert self.standby_data is not None
+        self._pg_ctl(self.standby_data, "start", port=self.standby_port)
+
+    def scratch(self) -> Path:
+        """A folder every process (the ``postgres`` user too) may write: sinks, flags."""
+        assert self.primary.root is not None
+        path = self.primary.root / "scratch"
+        path.mkdir(exist_ok=True)
+        path.chmod(0o777)
+        return path
