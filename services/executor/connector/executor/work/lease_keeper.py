@@ -27,8 +27,13 @@ class LeaseKeeper:
     async def run(self) -> None:
         e = self.engine
         interval = max(0.05, e.cfg.lease_s / 3.0)
+        # A fixed cadence (not an interval after each renewal returned): two confirmations are one
+        # interval apart however long the statements take, which is what the lease watch's default
+        # margin assumes (lease_watch.py); after a renewal that hung, the next one goes at once.
+        due = monotonic() + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, due - monotonic()))
+            due = max(due + interval, monotonic())
             try:
                 await self.renew_once()
             except asyncio.CancelledError:
