@@ -83,7 +83,8 @@ class LeaseWatch:
         events("executor").emit(
             "lease_expired_locally",
             "no_renewal",
-            "leases ran out without a renewal from the database: stopped using them",
+            "leases ran out with no renewal from the database: stopped running them; any executor"
+            " retries them once they expire there. Check this executor's connection to PostgreSQL",
             **counts,
         )
         self._expired = dict.fromkeys(m.LEASE_EXPIRED_WHAT, 0)
