@@ -179,3 +179,13 @@ def test_db_upgrade_without_database_url_fails_clearly() -> None:
     result = _run("db", "upgrade")
     assert result.returncode != 0
     assert "CONNECTOR_DATABASE_URL is not set" in result.stderr
+
+
+def test_dlq_show_says_which_timeline_a_token_was_claimed_on() -> None:
+    """A token claimed after a failover carries the timeline in its high bits (ADR 016)."""
+    from connector.cli.admin.dlq import token_note
+    from connector.common.store.tokens import token_timeline
+
+    assert token_note(7) == ""  # a server never promoted: tokens read as before
+    assert token_note(2**31 + 3) == " (timeline 2, claim 3)"
+    assert token_timeline(2**31 + 3) == 2 and token_timeline(7) == 1

@@ -40,6 +40,14 @@ from connector.v1 import types_pb2
 # --------------------------------------------------------------------------------------------------
 
 
+def token_note(token: int) -> str:
+    """A fencing token claimed after a failover carries the server's timeline in its high bits
+    (docs/adr/016-identity-across-failover.md): say which, and the row's claim count."""
+    if token < 2**31:
+        return ""
+    return f" (timeline {(token >> 31) + 1}, claim {token & (2**31 - 1)})"
+
+
 def _dlq_filter(client: Client, args: argparse.Namespace, request: Any) -> None:
     request.installed_pack_id = resolve_pack_id(client, args.pack)
     request.generation = args.generation or 0
@@ -110,7 +118,7 @@ def dlq_show(client: Client, args: argparse.Namespace) -> int:
             ("failure", f"{w.failure_class or '-'}: {w.failure_summary or '-'}"),
             ("outcome", w.outcome or "-"),
             ("lanes", f"source={w.source_lane_key or '-'} target={w.target_mutation_lane_key or '-'}"),
-            ("lease", f"{w.lease_owner or '-'} token={w.lease_token}"),
+            ("lease", f"{w.lease_owner or '-'} token={w.lease_token}{token_note(w.lease_token)}"),
             ("run after", when(w.run_after, w.HasField("run_after"))),
             ("created / updated", f"{when(w.create_time)} / {when(w.update_time)}"),
             ("finished", when(w.finish_time, w.HasField("finish_time"))),
