@@ -2,8 +2,9 @@
 reaches PostgreSQL through a TCP proxy process (``tests/support/netfault.py``), executor B directly.
 
 A holds four items — one running in an async handler (30 s of work), three prefetched — when the
-proxy stalls: A's renewals hang on a connection that never answers (no error, no RST). The lease in
-the database is what it last was; A measures it on its monotonic clock from before its last claim
+proxy stalls (stops forwarding) or its port is black-holed (an iptables DROP both ways): A's
+renewals hang on a connection that never answers (no error, no RST). The lease in the database is
+what it last was; A measures it on its monotonic clock from before its last claim
 or renewal, less the margin (``CONNECTOR_EXECUTOR_LEASE_MARGIN_S``), and at that deadline cancels
 the running call and starts none of the others. B reclaims them once they expire in the database
 and runs them. Effects go to a file sink (start / cancelled / end, wall time).
@@ -28,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.executor import effects, seed
 from tests.executor.helpers import ExecutorProcess, states, wait_for
-from tests.support.netfault import ProxyProcess
+from tests.support.netfault import ProxyProcess, blackhole_on
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,9 @@ def _sink(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def partition(db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, control: bool) -> dict[str, Any]:
+def partition(
+    db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, control: bool, fault: str = "stall"
+) -> dict[str, Any]:
     db.execute(_LEASE_LOG)
     pack = seed.seed_pack(db, "p", {"w": seed.python_work_type(f"{effects.__name__}:sleep_and_sink")})
     info = conninfo_to_dict(db_url)
@@ -87,7 +90,10 @@ def partition(db: psycopg.Connection, db_url: str, spawn: Any, sink: Path, contr
             20,
             "A holds four items and runs one",
         )
-        proxy.stall()  # A's database goes silent
+        if fault == "blackhole":  # A's packets dropped both ways (iptables): a host gone silent
+            blackhole_on(proxy.port)
+        else:  # the proxy stops forwarding: a server that never answers
+            proxy.stall()
         stalled_at = db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
         b = spawn(extra_env={**common, "EXECUTOR_TEST_SLEEP_S": "0.2"})
         b.wait_registered(db)
@@ -149,8 +155,11 @@ def _a_violations(run: dict[str, Any]) -> dict[str, list[Any]]:
     }
 
 
-def test_a_partitioned_executor_stops_its_calls_before_its_lease_expires(db, db_url, spawn, tmp_path) -> None:
-    run = partition(db, db_url, spawn, tmp_path / "sink", control=False)
+@pytest.mark.parametrize("fault", ["stall", "blackhole"])
+def test_a_partitioned_executor_stops_its_calls_before_its_lease_expires(
+    db, db_url, spawn, tmp_path, fault: str
+) -> None:
+    run = partition(db, db_url, spawn, tmp_path / "sink", control=False, fault=fault)
     bad = _a_violations(run)
     a_runs = [e for e in run["sink"] if e["pid"] == run["a_pid"]]
     assert [e["phase"] for e in a_runs] == ["start", "cancelled"], a_runs  # one call, cancelled
