@@ -31,10 +31,17 @@ from pathlib import Path
 import psycopg
 
 from benchmarks.pgcluster import PrivateCluster, _free_port
+from tests.support.netfault import ProxyProcess
 
 
 class PgPair:
-    def __init__(self, *, synchronous: bool = False, settings: dict[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        synchronous: bool = False,
+        settings: dict[str, object] | None = None,
+        replication_proxy: bool = False,
+    ) -> None:
         conf: dict[str, object] = {
             "wal_level": "replica",
             "max_wal_senders": 10,
@@ -46,6 +53,9 @@ class PgPair:
         }
         self.primary = PrivateCluster(conf, prefix="connector-pgpair-")
         self._synchronous = synchronous
+        #: With ``replication_proxy``: the standby streams through this forwarder, whose ``stall()``
+        #: holds back replication (the standby lags) while the primary keeps committing.
+        self.replication: ProxyProcess | None = ProxyProcess(0) if replication_proxy else None
         self.standby_port = 0
         self.standby_data: Path | None = None
         #: Ports in URL order: [first primary, first standby]; after a failover the roles swap.
@@ -61,7 +71,11 @@ class PgPair:
         self.sql(self.primary.port, "SELECT pg_reload_conf()")
         self.standby_data = self.primary.root / "standby"
         self.standby_port = _free_port()
-        self._basebackup(self.primary.port, self.standby_data, self.standby_port, "standby")
+        stream_from = self.primary.port
+        if self.replication is not None:
+            self.replication = ProxyProcess(self.primary.port).start()
+            stream_from = self.replication.port
+        self._basebackup(self.primary.port, self.standby_data, self.standby_port, "standby", stream_from)
         self._pg_ctl(self.standby_data, "start", port=self.standby_port)
         self.ports = [self.primary.port, self.standby_port]
         self.wait_streaming(self.primary.port)
@@ -74,6 +88,8 @@ class PgPair:
             if data is not None and (data / "postmaster.pid").exists():
                 subprocess.run([*self._as, str(self.primary.bin / "pg_ctl"), "-D", str(data), "-m",
                                 "immediate", "-w", "stop"], capture_output=True, timeout=60)  # fmt: skip
+        if self.replication is not None:
+            self.replication.stop()
         self.primary.stop()
 
     def __enter__(self) -> PgPair:
@@ -99,7 +115,7 @@ class PgPair:
         if out.returncode != 0:
             raise RuntimeError(f"pg_ctl {args[0]} failed: {(out.stderr or out.stdout)[-800:]}")
 
-    def _basebackup(self, source_port: int, data: Path, port: int, name: str) -> None:
+    def _basebackup(self, source_port: int, data: Path, port: int, name: str, stream_from: int = 0) -> None:
         if data.exists():
             shutil.rmtree(data)
         out = subprocess.run(
@@ -111,7 +127,7 @@ class PgPair:
             raise RuntimeError(f"pg_basebackup failed: {out.stderr[-800:]}")
         with (data / "postgresql.auto.conf").open("a") as f:
             f.write(
-                f"primary_conninfo = 'host=127.0.0.1 port={source_port} user=postgres "
+                f"primary_conninfo = 'host=127.0.0.1 port={stream_from or source_port} user=postgres "
                 f"application_name={name}'\n"
             )
 
