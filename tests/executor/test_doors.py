@@ -1,8 +1,8 @@
-"""An actor needs its door only (``work/doors.py``), not the engine: the lease keeper and the finalizer
-run here against small stand-ins that hold exactly their door's members (no engine, no database).
-A stand-in lacks everything else, so an actor that reached past its door would fail here with an
-``AttributeError`` (mypy says the same of the shipped code: tests/test_import_contract.py checks that
-no actor module imports the engine)."""
+"""An actor needs its door only (``work/doors.py``), not the engine: the lease keeper, the lease
+watch and the finalizer run here against small stand-ins that hold exactly their door's members (no
+engine, no database). A stand-in lacks everything else, so an actor that reached past its door would
+fail here with an ``AttributeError`` (mypy says the same of the shipped code:
+tests/test_import_contract.py checks that no actor module imports the engine)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from connector.common.store.work_items.finalize import FinalizeResult
 from connector.executor.work.finalizer import Finalizer
 from connector.executor.work.inflight import InFlight
 from connector.executor.work.lease_keeper import LeaseKeeper
+from connector.executor.work.lease_watch import LeaseWatch
 
 
 def _item(work_id: int, deadline: float, pack: int = 7) -> InFlight:
@@ -56,12 +57,31 @@ class LeaseKeeperStandIn:
 
 def test_the_lease_keeper_needs_its_door_only() -> None:
     door = LeaseKeeperStandIn()
-    expired, live = _item(1, deadline=0.0), _item(2, deadline=time.monotonic() + 100)
-    door.held = {1: expired, 2: live}
-    door.ready.extend([expired, live])
-    LeaseKeeper(door)._expire_local()  # type: ignore[arg-type]  # tests are not type-checked anyway
-    assert expired.lease_lost and door.abandoned == [expired]
+    lost, live = _item(1, deadline=0.0), _item(2, deadline=time.monotonic() + 100)
+    door.held = {1: lost, 2: live}
+    door.ready.extend([lost, live])
+    LeaseKeeper(door).lose(lost)  # type: ignore[arg-type]  # tests are not type-checked anyway
+    assert lost.lease_lost and door.abandoned == [lost]
     assert list(door.ready) == [live] and not live.lease_lost
+
+
+class LeaseWatchStandIn:
+    """Exactly ``LeaseWatchDoor`` (the lease keeper as its ``lose`` only)."""
+
+    def __init__(self) -> None:
+        self.cfg = SimpleNamespace(lease_s=30.0, lease_usable_s=20.0)
+        self.held: dict[int, InFlight] = {}
+        self.lost: list[InFlight] = []
+        self.lease_keeper = SimpleNamespace(lose=self.lost.append)
+
+
+def test_the_lease_watch_needs_its_door_only() -> None:
+    door = LeaseWatchStandIn()
+    now = time.monotonic()
+    expired, live = _item(1, deadline=now - 1), _item(2, deadline=now + 100)
+    door.held = {1: expired, 2: live}
+    earliest = LeaseWatch(door).sweep(now)  # type: ignore[arg-type]
+    assert door.lost == [expired] and earliest == live.deadline
 
 
 class FinalizerStandIn:
