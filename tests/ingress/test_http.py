@@ -145,6 +145,51 @@ async def test_duplicate_answers_success_writes_nothing_and_is_counted(
     assert other.body["duplicate"] is False and receipt_count(db_url) == 2
 
 
+async def test_a_redelivery_with_another_body_is_counted_and_logged(
+    ingress: IngressService,
+    http: aiohttp.ClientSession,
+    db_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """#24: the same delivery id with a different body answered ``duplicate: true`` with no trace
+    that the body differed. It still answers duplicate (the first body is the delivery), and is
+    counted (``connector_ingress_redelivery_body_differs_total``) and logged at INFO with the route,
+    receipt and delivery id, never the body. A same-body redelivery is neither; two deliveries of
+    one id in one group commit are compared too."""
+    caplog.set_level("INFO", logger="connector.ingress.events")
+
+    def differs() -> float:
+        value = REGISTRY.get_sample_value(
+            "connector_ingress_redelivery_body_differs_total", {"namespace": NAMESPACE, "route": "github"}
+        )
+        return value or 0.0
+
+    before = differs()
+    first = await post(http, ingress, "github", b'{"a":1}', github_headers(b'{"a":1}', delivery="dup-b"))
+    same = await post(http, ingress, "github", b'{"a":1}', github_headers(b'{"a":1}', delivery="dup-b"))
+    assert same.body["duplicate"] is True and differs() == before
+    changed = b'{"a":2,"marker":"body-must-not-be-logged"}'
+    again = await post(http, ingress, "github", changed, github_headers(changed, delivery="dup-b"))
+    assert again.status == 200 and again.body == {"receipt_id": first.body["receipt_id"], "duplicate": True}
+    assert differs() == before + 1 and receipt_count(db_url) == 1
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "redelivery_body_differs"]
+    assert len(lines) == 1 and lines[0].levelname == "INFO"
+    assert (lines[0].route, lines[0].receipt_id, lines[0].delivery_id) == (
+        "github",
+        first.body["receipt_id"],
+        "dup-b",
+    )
+    assert "body-must-not-be-logged" not in caplog.text
+    # Within one batch: the second of two concurrent deliveries of a new id, with another body.
+    one, two = b'{"c":1}', b'{"c":2}'
+    answers = await asyncio.gather(
+        post(http, ingress, "github", one, github_headers(one, delivery="dup-c")),
+        post(http, ingress, "github", two, github_headers(two, delivery="dup-c")),
+    )
+    assert sorted(a.body["duplicate"] for a in answers) == [False, True]
+    assert differs() == before + 2
+
+
 async def test_without_a_delivery_id_the_body_hash_is_the_identity(
     ingress: IngressService, http: aiohttp.ClientSession, db_url: str
 ) -> None:

@@ -96,3 +96,31 @@ async def test_no_payload_signature_or_secret_in_logs_or_metrics(
         assert value not in exported, value
     assert "INGRESS_T_SHOPIFY" in logged  # the reference is named, so an operator can act
     assert any("aiohttp" in r.name for r in caplog.records) is False
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["service-default", "deliveries-on"])
+async def test_one_line_per_accepted_delivery_only_when_asked(
+    start_ingress: StartIngress,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    on: bool,
+) -> None:
+    """``CONNECTOR_LOG_DELIVERIES`` (``logs.DELIVERIES``; ``connector up`` turns it on): one INFO
+    line per accepted and per duplicate delivery (receipt id, namespace, route; never the body). The
+    service's default writes none: the hot path has no per-delivery line."""
+    from connector.common.core import logs
+
+    monkeypatch.setattr(logs, "DELIVERIES", on)
+    caplog.set_level(logging.INFO)
+    svc = await start_ingress()
+    body = b'{"a":"' + PAYLOAD_MARKER.encode() + b'"}'
+    first = await post(http, svc, "github", body, github_headers(body, delivery="l-1"))
+    await post(http, svc, "github", body, github_headers(body, delivery="l-1"))
+    lines = [r for r in caplog.records if r.name == "connector.ingress.deliveries"]
+    if not on:
+        assert lines == []
+        return
+    assert [r.getMessage() for r in lines] == ["delivery accepted", "delivery duplicate (already accepted)"]
+    assert all(r.receipt_id == first.body["receipt_id"] and r.route == "github" for r in lines)
+    assert PAYLOAD_MARKER not in caplog.text

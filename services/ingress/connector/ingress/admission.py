@@ -14,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, Final
 
 from prometheus_client import Counter
 
-from connector.common.core import tracing
-from connector.common.core.eventlog import events
+from connector.common.core import logs, tracing
+from connector.common.core.eventlog import events, safe_token
 from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
 from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
 from connector.ingress.routes import CompiledRoute, RouteTable
+
+#: ``CONNECTOR_LOG_DELIVERIES``: one line per accepted / duplicate delivery (off in the service).
+DELIVERY_LOG: Final = logging.getLogger("connector.ingress.deliveries")
 
 ACCEPTED: Final = "accepted"
 DUPLICATE: Final = "duplicate"
@@ -177,6 +181,9 @@ class Admission:
         self._route_counters: dict[tuple[str, str, str], Counter] = {}
         #: Refusal lines (docs/ingress.md, "Logs"): rate-limited per reason.
         self.events = events("ingress")
+        #: One line per accepted / duplicate delivery too (``CONNECTOR_LOG_DELIVERIES``: ``connector
+        #: up`` turns it on; off in the service, where it would be a line per delivery).
+        self.log_deliveries = logs.DELIVERIES
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -217,7 +224,31 @@ class Admission:
                 request_id=request_id,
                 peer=peer,
             )
+        elif self.log_deliveries:
+            DELIVERY_LOG.info(
+                "delivery duplicate (already accepted)" if outcome.duplicate else "delivery accepted",
+                extra={
+                    "receipt_id": outcome.receipt_id,
+                    "namespace": rkey[0],
+                    "route": rkey[1],
+                    "transport": transport,
+                    "request_id": request_id,
+                },
+            )
         return outcome
+
+    def _body_differs(self, route: CompiledRoute, receipt_id: int | None, delivery_id: str | None) -> None:
+        """A duplicate whose body is not the first one's: counted and logged (never the body)."""
+        metrics.REDELIVERY_BODY_DIFFERS.labels(route.namespace, route.route_key).inc()
+        self.events.emit(
+            "redelivery_body_differs",
+            route.route_key,
+            "duplicate delivery with a different body: answered as a duplicate, this body is dropped",
+            namespace=route.namespace,
+            route=route.route_key,
+            receipt_id=receipt_id,
+            delivery_id=safe_token(delivery_id),
+        )
 
     def reject(self, reason: str, *, allow: str | None = None) -> Outcome:
         return Outcome(REJECT_STATUS.get(reason, VERIFY_STATUS), REJECTED, reason, allow=allow)
@@ -392,6 +423,8 @@ class Admission:
                 del self._inflight[namespace]
         if result.failure is not None:
             return self.unavailable(route, result.failure)
+        if result.body_differs:
+            self._body_differs(route, result.receipt_id, delivery_id)
         return Outcome(
             route.success_status,
             DUPLICATE if result.duplicate else ACCEPTED,

@@ -32,6 +32,13 @@ ROUTE_DELIVERIES = Counter(
     ["namespace", "route", "outcome"],
     registry=REGISTRY,
 )
+REDELIVERY_BODY_DIFFERS = Counter(
+    "connector_ingress_redelivery_body_differs_total",
+    "Duplicates (a delivery id or key already accepted) whose body differs from the first one's; they"
+    " are answered as duplicates and their body is dropped",
+    ["namespace", "route"],
+    registry=REGISTRY,
+)
 ACK_SECONDS = Histogram(
     "connector_ingress_ack_seconds",
     "Time from request to answer for accepted and duplicate deliveries",

@@ -118,14 +118,18 @@ class PendingReceipt:
 
 
 class CommitResult:
-    """The answer to one delivery: committed (``receipt_id``, ``duplicate``) or ``failure``."""
+    """The answer to one delivery: committed (``receipt_id``, ``duplicate``) or ``failure``.
+    ``body_differs``: a duplicate whose body is not the one the key was first accepted with."""
 
-    __slots__ = ("duplicate", "failure", "receipt_id")
+    __slots__ = ("body_differs", "duplicate", "failure", "receipt_id")
 
-    def __init__(self, receipt_id: int | None, duplicate: bool, failure: str | None) -> None:
+    def __init__(
+        self, receipt_id: int | None, duplicate: bool, failure: str | None, body_differs: bool = False
+    ) -> None:
         self.receipt_id = receipt_id
         self.duplicate = duplicate
         self.failure = failure
+        self.body_differs = body_differs
 
 
 class Unavailable(Exception):
@@ -151,18 +155,23 @@ async def receipt_commit_batch(
         existing.update(await receipts.insert.receipt_get_by_keys(conn, missing))
     results: list[CommitResult] = []
     answered: set[tuple[str, str]] = set()
+    first_sha: dict[tuple[str, str], bytes] = {}
     for item in batch:
         key = (item.namespace, item.idempotency_key)
         receipt_id = inserted.get(key)
         if receipt_id is not None and key not in answered:
             answered.add(key)
+            first_sha[key] = item.payload_sha256
             results.append(CommitResult(receipt_id, False, None))
             continue
-        receipt_id = receipt_id if receipt_id is not None else existing.get(key)
-        if receipt_id is None:  # conflicting row vanished (deleted by retention): not durable here
+        if receipt_id is not None:  # a second delivery of a key this batch inserted
+            results.append(CommitResult(receipt_id, True, None, first_sha[key] != item.payload_sha256))
+            continue
+        earlier = existing.get(key)
+        if earlier is None:  # conflicting row vanished (deleted by retention): not durable here
             results.append(CommitResult(None, False, DB_ERROR))
         else:
-            results.append(CommitResult(receipt_id, True, None))
+            results.append(CommitResult(earlier[0], True, None, earlier[1] != item.payload_sha256))
     return results
 
 

@@ -49,9 +49,38 @@ class DatabaseSettings(BaseSettings):
     def url(self) -> str:
         if self.database_url is None:
             raise SettingsError(
-                "CONNECTOR_DATABASE_URL is not set (only `connector up` starts an embedded PostgreSQL)"
+                "error: CONNECTOR_DATABASE_URL is not set: set it to postgresql://user:password@host:5432/db"
+                " (while `connector up` runs, its banner shows the embedded database's URL and"
+                " `. .data/env` sets it)"
             )
         return self.database_url.get_secret_value()
+
+
+class LogSettings(BaseSettings):
+    """Logging of every ``connector`` command (``connector.common.core.logs``). Unset values take the
+    command's default: the services log JSON at INFO without per-delivery lines; ``connector up``
+    logs text at INFO with one line per accepted delivery."""
+
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_LOG_", extra="ignore")
+
+    #: ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``.
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
+    #: ``json`` (one object per line, for log collectors) or ``text`` (one readable line).
+    format: Literal["json", "text"] | None = None
+    #: One INFO line per accepted (and duplicate) delivery at the ingress. Off by default in the
+    #: services (a per-item line on the hot path); refusals, routing failures, dead letters,
+    #: replays and cancels have their own lines either way (rate-limited per reason).
+    deliveries: bool | None = None
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: object) -> object:
+        return (v.strip().upper() or None) if isinstance(v, str) else v
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return (v.strip().lower() or None) if isinstance(v, str) else v
 
 
 class PoolSettings(BaseSettings):
@@ -227,7 +256,10 @@ class AdminSettings(BaseSettings):
     tls_client_ca_file: str | None = None
     #: Target for the CLI (``connector admin …``).
     address: str = "127.0.0.1:50053"
+    #: The CLI's bearer token, or a file holding it (``connector up`` writes one to
+    #: ``CONNECTOR_DATA_DIR/admin-token``); ``--token-file`` wins over both, the file over the token.
     token: SecretStr = SecretStr("")
+    token_file: str | None = None
     #: HMAC key of page tokens (at least 32 characters; the same on every replica behind one load
     #: balancer). Unset: derived from ``tokens``; no tokens either: a random key per process
     #: (docs/admin.md, "Page tokens"). Never logged.

@@ -41,17 +41,18 @@ WITH input AS (
   RETURNING namespace, idempotency_key, receipt_id
 )
 SELECT namespace, idempotency_key, receipt_id, true AS inserted,
-       (SELECT 1 FROM pg_notify('{vocabulary.CHANNEL_RECEIPTS}', '')) AS notified
+       (SELECT 1 FROM pg_notify('{vocabulary.CHANNEL_RECEIPTS}', '')) AS notified,
+       NULL::bytea AS payload_sha256
 FROM inserted
 UNION ALL
-SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL
+SELECT r.namespace, r.idempotency_key, r.receipt_id, false, NULL, r.payload_sha256
 FROM connector_ingress_receipt r
 JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace, idempotency_key)
 """
 
 # Keys whose conflicting row committed after the batch statement's snapshot was taken.
 RECEIPT_GET_BY_KEYS = """
-SELECT r.namespace, r.idempotency_key, r.receipt_id
+SELECT r.namespace, r.idempotency_key, r.receipt_id, r.payload_sha256
 FROM connector_ingress_receipt r
 JOIN unnest(%(namespace)s::text[], %(idempotency_key)s::text[]) AS k(namespace, idempotency_key)
   USING (namespace, idempotency_key)
@@ -82,6 +83,8 @@ class ReceiptInsert(Protocol):
 
 
 ReceiptKey = tuple[str, str]
+#: An earlier receipt of a key: its id and the SHA-256 of its body.
+Earlier = tuple[int, bytes]
 
 
 def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
@@ -106,19 +109,22 @@ def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
 
 async def receipt_insert_batch(
     conn: Conn, batch: Sequence[ReceiptInsert]
-) -> tuple[dict[ReceiptKey, int], dict[ReceiptKey, int]]:
+) -> tuple[dict[ReceiptKey, int], dict[ReceiptKey, Earlier]]:
     """Insert a batch in one statement (one transaction when ``conn`` is in autocommit). Returns
-    (receipt ids inserted, receipt ids of earlier duplicates seen by the statement's snapshot), both
-    keyed by (namespace, idempotency key)."""
+    (receipt ids inserted, receipt id and body hash of earlier duplicates seen by the statement's
+    snapshot), both keyed by (namespace, idempotency key)."""
     cur = await conn.execute(RECEIPT_INSERT_BATCH, _insert_params(batch))
     inserted: dict[ReceiptKey, int] = {}
-    existing: dict[ReceiptKey, int] = {}
-    for namespace, key, receipt_id, was_inserted, _notified in await cur.fetchall():
-        (inserted if was_inserted else existing)[(namespace, key)] = receipt_id
+    existing: dict[ReceiptKey, Earlier] = {}
+    for namespace, key, receipt_id, was_inserted, _notified, sha in await cur.fetchall():
+        if was_inserted:
+            inserted[(namespace, key)] = receipt_id
+        else:
+            existing[(namespace, key)] = (receipt_id, bytes(sha))
     return inserted, existing
 
 
-async def receipt_get_by_keys(conn: Conn, items: Sequence[ReceiptInsert]) -> dict[ReceiptKey, int]:
+async def receipt_get_by_keys(conn: Conn, items: Sequence[ReceiptInsert]) -> dict[ReceiptKey, Earlier]:
     cur = await conn.execute(
         RECEIPT_GET_BY_KEYS,
         {
@@ -126,7 +132,7 @@ async def receipt_get_by_keys(conn: Conn, items: Sequence[ReceiptInsert]) -> dic
             "idempotency_key": [i.idempotency_key for i in items],
         },
     )
-    return {(ns, key): rid for ns, key, rid in await cur.fetchall()}
+    return {(ns, key): (rid, bytes(sha)) for ns, key, rid, sha in await cur.fetchall()}
 
 
 # Which of a page of delivery keys of one namespace have a receipt (the reconciler's diff against
