@@ -112,6 +112,28 @@ async def test_permanent_failures_end_failed_with_a_sanitized_reason(adb, make_r
     assert await scalar(adb, "SELECT count(*) FROM connector_event") == 1
 
 
+async def test_a_routing_failure_writes_one_info_line_with_receipt_route_and_reason(
+    adb, make_router, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#24: a delivery whose routing failed (``required_missing``) wrote no line at INFO. Now one
+    INFO line per failed receipt: its id, namespace, route, reason and the sanitized summary (field
+    names, never a payload value)."""
+    caplog.set_level("INFO", logger="connector.materializer.events")
+    await apply(adb, manifest())
+    secret = "PAYLOAD-SECRET-4343"
+    (no_id,) = await insert_receipts(adb, [body({"nested": secret})])
+    (fine,) = await insert_receipts(adb, [body(7)])
+    result = await (await make_router()).drain()
+    assert (result.materialized, result.failed) == (1, 1)
+    lines = [r for r in caplog.records if getattr(r, "event", None) == "routing_failed"]
+    assert len(lines) == 1 and lines[0].levelname == "INFO"
+    line = lines[0]
+    assert (line.receipt_id, line.reason) == (no_id, "required_missing")
+    assert line.route == "orders" and line.namespace and "receipts replay" in line.getMessage()
+    assert fine not in [getattr(r, "receipt_id", None) for r in caplog.records]
+    assert secret not in caplog.text
+
+
 async def test_retryable_failure_backs_off_then_fails_after_max_attempts(adb, make_router) -> None:
     await apply(adb, manifest())
     [rid] = await insert_receipts(adb, [None], body_ref="s3://bucket/object")

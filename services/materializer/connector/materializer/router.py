@@ -36,6 +36,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from connector.common.core import tracing
+from connector.common.core.eventlog import events
 from connector.common.core.settings import MaterializerSettings
 from connector.common.delivery.materialization import (
     DB_ERROR,
@@ -576,12 +577,35 @@ class Router:
         scheduled = collections.Counter(w.schedule for d in live for w in d.work if w.schedule is not None)
         for outcome, n in scheduled.items():
             metrics.SCHEDULED.labels(outcome).inc(n)
-        for receipt, error_class, _ in write.failed:
+        # One INFO line per routing failure (rate-limited per reason; the summary is fixed text and
+        # field names, never a payload value): a failure path, not the hot one.
+        for receipt, error_class, summary in write.failed:
             if receipt.receipt_id in done:
                 metrics.FAILURES.labels(error_class, "true").inc()
-        for receipt, error_class, _, _ in write.retry:
+                events("materializer").emit(
+                    "routing_failed",
+                    error_class,
+                    "delivery routing failed (connector admin receipts failed; replay with"
+                    " connector admin receipts replay RECEIPT_ID)",
+                    receipt_id=receipt.receipt_id,
+                    namespace=receipt.namespace,
+                    route=receipt.route_key,
+                    summary=summary,
+                )
+        for receipt, error_class, summary, delay in write.retry:
             if receipt.receipt_id in done:
                 metrics.FAILURES.labels(error_class, "false").inc()
+                events("materializer").emit(
+                    "routing_retry",
+                    error_class,
+                    "delivery routing failed; it will be tried again",
+                    receipt_id=receipt.receipt_id,
+                    namespace=receipt.namespace,
+                    route=receipt.route_key,
+                    attempts=receipt.attempts,
+                    retry_in_s=round(delay, 1),
+                    summary=summary,
+                )
         if result.failed:
             metrics.RECEIPTS.labels("failed").inc(result.failed)
         if result.retried:
