@@ -193,6 +193,8 @@ WRITERS: dict[str, frozenset[str]] = {
     # admin: operator actions (admin/actions.py): cancel one WorkItem, pause / resume a pack or
     # queue class (the pause rows and their projection onto the claim authority rows)
     "work_item_cancel": frozenset({ADMIN}),
+    # admin: a circuit closed by an operator makes the items it held due now
+    "work_item_circuit_release": frozenset({ADMIN}),
     # admin: a cancelled live debounce item hands its key to the newest parked one (docs/packs.md#debounce)
     "debounce_unpark_newest": frozenset({ADMIN}),
     "pause_insert": frozenset({ADMIN}),

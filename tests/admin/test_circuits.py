@@ -70,6 +70,75 @@ async def test_manual_open_and_close(
     assert len(lines) == 2, lines  # one audit line per change (not for the repeats or the dry run)
 
 
+async def test_close_makes_the_held_items_due_at_once(
+    admin: Admin, db: psycopg.Connection, adb: psycopg.AsyncConnection
+) -> None:
+    """#24: the runbook says closing a circuit makes its held items due at once; they waited for
+    the old ``open_until``. The items a claim deferred while it was open (and the retries of its
+    target) are due at the close; a delayed first run whose due time nothing moved keeps it, and
+    items of another circuit keep theirs."""
+    pack = eseed.seed_pack(db, "shop", WT)
+    policy = {"consecutive_failures": 5, "open_s": 600}
+    held = eseed.seed_items(db, pack, 3, circuit_keys=[TARGET] * 3, circuit=policy)
+    other = eseed.seed_items(db, pack, 1, circuit_keys=["https://other:443"], circuit=policy)
+    delayed = eseed.seed_items(db, pack, 1, circuit_keys=[TARGET], circuit=policy)
+    db.execute(
+        "UPDATE connector_work_item SET run_after = now() + interval '5 min', updated_at = created_at"
+        " WHERE work_id = ANY(%s)",
+        (delayed,),
+    )
+    await _call(admin, "OpenCircuit", pack, target="https://other:443")
+    await _call(admin, "OpenCircuit", pack)
+    assert await _claim(adb, pack) == []  # both open: the claim defers the due items
+    deferred = db.execute(
+        "SELECT count(*) FROM connector_work_item"
+        " WHERE work_id = ANY(%s) AND run_after > now() + interval '9 min'",
+        (held + other,),
+    ).fetchone()
+    assert deferred == (4,)
+    closed = await _call(admin, "CloseCircuit", pack, reason="crm back")
+    assert closed.changed and closed.circuit.state == pb.CIRCUIT_STATE_CLOSED
+    assert sorted(await _claim(adb, pack)) == held  # at once: no wait for the old open period
+    due = db.execute(
+        "SELECT work_id, run_after > now() FROM connector_work_item WHERE work_id = ANY(%s) ORDER BY 1",
+        (delayed + other,),
+    ).fetchall()
+    assert sorted(due) == sorted([(delayed[0], True), (other[0], True)])
+
+
+async def test_trace_names_the_circuit_for_an_item_it_holds(
+    admin: Admin, db: psycopg.Connection, adb: psycopg.AsyncConnection
+) -> None:
+    """#24: an item that failed (retry, http_500) and was then held back by its open circuit read
+    "retry backoff after http_500" once the open period had passed (half-open, a probe slot free):
+    the trace names the circuit; once the item is due it is a probe candidate, not waiting."""
+    pack = eseed.seed_pack(db, "shop", WT)
+    (wid,) = eseed.seed_items(
+        db, pack, 1, circuit_keys=[TARGET], circuit={"consecutive_failures": 5, "open_s": 30}
+    )
+    db.execute(
+        """UPDATE connector_work_item SET state = 'retry', attempts = 1, failure_class = 'http_500',
+             run_after = now() + interval '20 s', updated_at = clock_timestamp() WHERE work_id = %s""",
+        (wid,),
+    )
+    db.execute(
+        """UPDATE connector_circuit SET state = 'open', reason = 'consecutive_failures', consecutive = 5,
+             open_until = now() - interval '1 s', changed_at = now() - interval '31 s'
+           WHERE installed_pack_id = %s""",
+        (pack,),
+    )
+
+    async def wait() -> pb.WorkItemWait:
+        trace = await admin.stub.TraceDelivery(pb.TraceDeliveryRequest(work_id=wid), metadata=Admin.md(VIEW))
+        return trace.events[0].work_items[0].wait
+
+    held = await wait()
+    assert held.reason == pb.WAIT_REASON_CIRCUIT_OPEN, held
+    assert TARGET in held.detail and "half-open" in held.detail and "probe" in held.detail
+    db.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (wid,))
+    assert (await wait()).reason != pb.WAIT_REASON_CIRCUIT_OPEN  # due: a probe candidate
+
+
 async def test_refusals(admin: Admin, db: psycopg.Connection) -> None:
     pack = eseed.seed_pack(db, "shop", WT)
     eseed.seed_items(db, pack, 1, circuit_keys=[TARGET], circuit={"consecutive_failures": 5})

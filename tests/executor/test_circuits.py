@@ -259,6 +259,30 @@ async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
         await holder.close()
 
 
+async def test_an_open_circuit_keeps_the_counts_that_opened_it_until_it_closes(db, adb) -> None:
+    """#24: ``circuit list`` read "0 in a row" right after 3 failures in a row had opened it. The
+    counts that opened it stay while it is open and half-open (a late outcome of an item claimed
+    before the open changes nothing) and start again when a probe closes it."""
+    pack = seed.seed_pack(db, "p", WT)
+    pol = {"consecutive_failures": 3, "open_s": 30, "half_open_probes": 1}
+    seed.seed_items(db, pack, 5, circuit_keys=[KEY] * 5, circuit=pol)
+    rows = sorted(await _claim(adb, pack))
+    res = await _finish(adb, rows[:3], [FAILURE, FAILURE, FAILURE])
+    assert [(t.state, t.reason) for t in res.circuits] == [("open", "consecutive_failures")]
+    c = _circuit(db, pack)
+    assert (c["state"], c["consecutive"], c["wo"], c["wf"]) == ("open", 3, 3, 3)
+    await _finish(adb, rows[3:4], [FAILURE])  # claimed before the open: its outcome changes nothing
+    assert _circuit(db, pack)["consecutive"] == 3
+    _open_now(db, pack)
+    probe = await _claim(adb, pack)
+    assert len(probe) == 1 and _circuit(db, pack)["state"] == "half_open"
+    assert _circuit(db, pack)["consecutive"] == 3
+    res = await _finish(adb, probe, [SUCCESS])
+    assert [(t.state, t.reason) for t in res.circuits] == [("closed", "probe_succeeded")]
+    c = _circuit(db, pack)
+    assert (c["state"], c["consecutive"], c["wo"], c["wf"]) == ("closed", 0, 0, 0)
+
+
 async def test_failure_ratio_opens_it(db, adb) -> None:
     pack = seed.seed_pack(db, "p", WT)
     pol = {"consecutive_failures": 0, "failure_ratio": 0.5, "min_outcomes": 6, "window_s": 60}

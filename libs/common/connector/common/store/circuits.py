@@ -122,6 +122,8 @@ async def circuit_declare(conn: Conn, keys: Sequence[CircuitKey]) -> None:
 # ``processing`` (``done``) and those that succeeded / failed — a half-open circuit's probes are
 # looked up in them.
 #
+# * open / half-open: the counts stay those that opened it (what ``circuit list`` shows: "5 in a
+#   row" of the failures that opened it); a succeeded probe closes it and they start again at 0.
 # * closed: ``consecutive`` becomes the failures in a row at the end of the flush — or, when a run
 #   of the flush reached ``consecutive_failures``, that run (so the RETURNING sees it); the ratio
 #   window counts the outcomes (a new window starts once ``window_s`` passed). It does not open
@@ -153,16 +155,18 @@ WITH o AS (
 )
 UPDATE connector_circuit k SET
   consecutive = CASE
-    WHEN k.state <> 'closed' THEN 0
+    WHEN x.probe_ok THEN 0
+    WHEN k.state <> 'closed' THEN k.consecutive
     WHEN k.consecutive_failures > 0
          AND greatest(k.consecutive + x.lead, x.inner_run) >= k.consecutive_failures
       THEN greatest(k.consecutive + x.lead, x.inner_run, x.trail)
     WHEN x.succ > 0 THEN x.trail
     ELSE k.consecutive + x.fail END,
-  window_start = CASE WHEN k.state = 'closed' AND x.new_window THEN clock_timestamp() ELSE k.window_start END,
-  window_outcomes = CASE WHEN k.state <> 'closed' THEN k.window_outcomes
+  window_start = CASE WHEN x.probe_ok OR (k.state = 'closed' AND x.new_window) THEN clock_timestamp()
+    ELSE k.window_start END,
+  window_outcomes = CASE WHEN x.probe_ok THEN 0 WHEN k.state <> 'closed' THEN k.window_outcomes
     WHEN x.new_window THEN x.succ + x.fail ELSE k.window_outcomes + x.succ + x.fail END,
-  window_failures = CASE WHEN k.state <> 'closed' THEN k.window_failures
+  window_failures = CASE WHEN x.probe_ok THEN 0 WHEN k.state <> 'closed' THEN k.window_failures
     WHEN x.new_window THEN x.fail ELSE k.window_failures + x.fail END,
   state = CASE WHEN x.probe_failed THEN 'open' WHEN x.probe_ok THEN 'closed' ELSE k.state END,
   open_until = CASE WHEN x.probe_failed THEN clock_timestamp() + make_interval(secs => k.open_s)
@@ -185,7 +189,8 @@ RETURNING k.installed_pack_id, k.circuit_key, k.state,
 """
 
 # Open the circuits the feed found tripped: ``FOR UPDATE`` (see the module docstring), in key order,
-# re-checked on the newest version (still closed). Counts start again.
+# re-checked on the newest version (still closed). The counts that tripped it are kept while it is
+# not closed (the feed leaves them alone) and start again when it closes.
 CIRCUIT_OPEN = """
 WITH l AS (
   SELECT k.installed_pack_id, k.circuit_key
@@ -198,8 +203,7 @@ UPDATE connector_circuit k SET
   state = 'open', open_until = clock_timestamp() + make_interval(secs => k.open_s),
   reason = CASE WHEN k.consecutive_failures > 0 AND k.consecutive >= k.consecutive_failures
     THEN 'consecutive_failures' ELSE 'failure_ratio' END,
-  changed_at = clock_timestamp(), opened_count = k.opened_count + 1, consecutive = 0,
-  window_start = clock_timestamp(), window_outcomes = 0, window_failures = 0, probe_ids = '{}'
+  changed_at = clock_timestamp(), opened_count = k.opened_count + 1, probe_ids = '{}'
 FROM l
 WHERE k.installed_pack_id = ANY (%(packs)s::bigint[]) AND k.circuit_key = ANY (%(keys)s::text[])
   AND k.installed_pack_id = l.installed_pack_id AND k.circuit_key = l.circuit_key AND k.state = 'closed'

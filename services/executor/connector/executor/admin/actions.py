@@ -246,6 +246,8 @@ class CircuitResult:
     row: dict[str, Any]  # the circuit after (dry run or unchanged: as it is)
     pack_name: str
     changed: bool
+    #: Closing: the items it held that are due now (``work_items.admin.work_item_circuit_release``).
+    released: int = 0
 
 
 async def circuit_set(
@@ -270,7 +272,9 @@ async def circuit_set(
         return CircuitResult(row, name, not already)
     after = await circuits.circuit_set(conn, pack, target, open_=open_, actor=actor, note=reason)
     assert after is not None  # the row exists (circuits are never deleted)
-    return CircuitResult(after, name, True)
+    # Closed: what it held back (deferred to the end of its open period) is due at once.
+    released = 0 if open_ else await work_items.admin.work_item_circuit_release(conn, pack, target)
+    return CircuitResult(after, name, True, released)
 
 
 def log_circuit(r: CircuitResult, *, actor: str, reason: str, request_id: str) -> None:
@@ -286,4 +290,5 @@ def log_circuit(r: CircuitResult, *, actor: str, reason: str, request_id: str) -
         actor=actor,
         note=reason,
         request_id=safe_token(request_id),
+        **({} if opened else {"items_due_now": r.released}),
     )

@@ -165,6 +165,16 @@ def _circuit_wait(c: dict[str, Any], run_after: datetime | None, now: datetime) 
             f" {c.get('half_open_probes')} probe(s) in flight{since}: it waits for their outcome",
             until=run_after if run_after is not None and run_after > now else None,
         )
+    if run_after is not None and run_after > now:
+        # A probe slot is free, but this item is not due: the circuit held it back (its due time
+        # moved to the end of the open period) — that, not a retry backoff, is why it waits.
+        return Wait(
+            pb.WAIT_REASON_CIRCUIT_OPEN,
+            f"the circuit breaker of handler target {target!r} is {state.replace('_', '-')}{since}; it"
+            f" held this item back until {_when(run_after)}, then it may run as a probe (no attempt"
+            " is spent while it waits)",
+            until=run_after,
+        )
     return None
 
 

@@ -21,6 +21,7 @@ from connector.common.store.lanes import (
 )
 from connector.common.store.receipts.admin import RECEIPT_SELECT_COLUMNS
 from connector.common.store.rows import fetch_dict, fetch_dicts
+from connector.common.store.schema import PARKED
 from connector.common.store.work_items.finalize import work_notify
 
 Conn = AsyncConnection[Any]
@@ -358,3 +359,31 @@ async def work_item_receipt_id(conn: Conn, work_id: int) -> int | None:
     cur = await conn.execute(WORK_ITEM_RECEIPT_ID, {"work_id": work_id})
     row = await cur.fetchone()
     return None if row is None else int(row[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# A circuit closed by an operator (admin CloseCircuit): its held items are due at once
+# --------------------------------------------------------------------------------------------------
+
+# The waiting items of one circuit whose due time some transition moved (``updated_at > created_at``):
+# held back by the open circuit at a claim (deferred to the end of its open period), or retrying a
+# failure of its target. Closing the circuit says the target answers again, so they are due now; an
+# item whose ``run_after`` nothing moved (a delayed first run) keeps it, and so do items parked by a
+# concurrency or debounce key (``PARKED``) and debounced items (their due time is the debounce
+# window's). Index: ``ix_connector_work_item_circuit_key`` (pack, key, state). Caller's transaction,
+# after the circuit row was locked and closed (``circuits.circuit_set``).
+WORK_ITEM_CIRCUIT_RELEASE = f"""
+UPDATE connector_work_item w SET run_after = now(), updated_at = clock_timestamp()
+WHERE w.installed_pack_id = %(pack)s AND w.circuit_key = %(key)s AND w.state IN ('pending', 'retry')
+  AND w.run_after > now() AND w.run_after <> {PARKED} AND w.debounce_key IS NULL
+  AND w.updated_at > w.created_at
+"""
+
+
+async def work_item_circuit_release(conn: Conn, pack: int, key: str) -> int:
+    """Make the held items of circuit ``(pack, key)`` due now; how many (caller's transaction)."""
+    cur = await conn.execute(WORK_ITEM_CIRCUIT_RELEASE, {"pack": pack, "key": key})
+    count = cur.rowcount
+    if count:
+        await work_notify(conn)
+    return max(0, count)
