@@ -73,6 +73,31 @@ async def test_only_dead_items_replay(admin: Admin, seed: Seed) -> None:
         assert await seed.state(work_id) == state
 
 
+async def test_dry_run_checks_and_changes_nothing(admin: Admin, seed: Seed) -> None:
+    """#24: ``dlq replay ID --dry-run`` was refused. A dry run answers what a replay would (the
+    item as it is, or the same refusal) and changes nothing: no new attempt, no request id kept."""
+    pack = await seed.pack()
+    dead = await seed.item(pack)
+    done = await seed.item(pack, state="succeeded")
+    request = pb.ReplayWorkItemRequest(work_id=dead, dry_run=True, request_id="dry-1")
+    answer = await admin.stub.ReplayWorkItem(request, metadata=Admin.md(REPLAY))
+    assert answer.dry_run and answer.work_item.work_id == dead
+    assert answer.work_item.state == types_pb2.WORK_ITEM_STATE_DEAD and answer.work_item.replay_count == 0
+    assert await seed.state(dead) == "dead"
+    await expect_error(
+        admin.stub.ReplayWorkItem(
+            pb.ReplayWorkItemRequest(work_id=done, dry_run=True), metadata=Admin.md(REPLAY)
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "NOT_DEAD",
+    )
+    # The dry run's request id was not kept: a real replay with it replays.
+    real = await admin.stub.ReplayWorkItem(
+        pb.ReplayWorkItemRequest(work_id=dead, request_id="dry-1"), metadata=Admin.md(REPLAY)
+    )
+    assert not real.dry_run and real.work_item.replay_count == 1 and await seed.state(dead) == "pending"
+
+
 async def test_legacy_terminal_and_fenced_items_are_never_reopened(admin: Admin, seed: Seed) -> None:
     pack = await seed.pack()
     reconciled = await seed.item(pack, state="reconciled_legacy_terminal")

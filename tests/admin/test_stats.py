@@ -67,6 +67,29 @@ async def test_queue_stats_per_rate_limit_key(admin: Admin, seed: Seed) -> None:
     assert len(full.rate_limits) == 200 and full.rate_limits_truncated
 
 
+async def test_queue_stats_receipts_scoped_to_the_pack(admin: Admin, seed: Seed) -> None:
+    """With a pack, the receipt counts are those of the pack's namespace (its routes): a failed,
+    unrouted or routing receipt of another namespace is not counted (#24: `stats --pack X` showed
+    every namespace's failures); without one, every receipt."""
+    shop = await seed.pack("shop", routes={"orders": ["sync"]})
+    crm = await seed.pack("crm", routes={"contacts": ["sync"]})
+    await seed.receipt("shop", "orders", status="failed", error_class="required_missing")
+    await seed.receipt("crm", "contacts", status="failed", error_class="required_missing")
+    await seed.receipt("crm", "contacts", status="failed", error_class="parse_error")
+    await seed.receipt("crm", "contacts", status="pending")
+    await seed.receipt("crm", "contacts", status="routing")
+
+    async def counts(pack: int) -> tuple[int, int, int]:
+        r = await admin.stub.GetQueueStats(
+            pb.GetQueueStatsRequest(installed_pack_id=pack), metadata=Admin.md(VIEW)
+        )
+        return r.receipts_failed, r.receipts_unrouted, r.receipts_routing
+
+    assert await counts(shop) == (1, 0, 0)
+    assert await counts(crm) == (2, 1, 1)
+    assert await counts(0) == (3, 1, 1)
+
+
 async def test_queue_stats_per_concurrency_key(admin: Admin, seed: Seed) -> None:
     """Each concurrency key with its limit, the slots its row counts, and its items due, parked
     (``run_after = '9999-01-01 00:00:00+00'``) and in flight."""

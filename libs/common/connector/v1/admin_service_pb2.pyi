@@ -156,18 +156,22 @@ class GetWorkItemResponse(_message.Message):
     def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
 
 class ReplayWorkItemRequest(_message.Message):
-    __slots__ = ("work_id", "request_id")
+    __slots__ = ("work_id", "request_id", "dry_run")
     WORK_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     work_id: int
     request_id: str
-    def __init__(self, work_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, work_id: _Optional[int] = ..., request_id: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ReplayWorkItemResponse(_message.Message):
-    __slots__ = ("work_item",)
+    __slots__ = ("work_item", "dry_run")
     WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     work_item: _types_pb2.WorkItem
-    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ReplayDeadLettersRequest(_message.Message):
     __slots__ = ("installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "dry_run", "rate_limit", "request_id")

@@ -181,15 +181,20 @@ async def work_item_replay_plan(
     return plan
 
 
-async def work_item_replay(conn: AsyncConnection[Any], work_id: int, *, actor: str) -> dict[str, Any]:
+async def work_item_replay(
+    conn: AsyncConnection[Any], work_id: int, *, actor: str, dry_run: bool = False
+) -> dict[str, Any]:
     """Replay one item inside the caller's transaction; raises NOT_FOUND / FAILED_PRECONDITION /
-    ABORTED. Returns the item's row after the transition."""
-    plan = await work_item_replay_plan(conn, [work_id], for_update=True)
+    ABORTED. Returns the item's row after the transition (``dry_run``: the same checks and
+    refusals, nothing changed, the row as it is)."""
+    plan = await work_item_replay_plan(conn, [work_id], for_update=not dry_run)
     if plan.missing:
         raise not_found(Reason.WORK_ITEM_NOT_FOUND, f"work item {work_id} not found")
     refusal = plan.refused.get(work_id)
     if refusal is not None:
         raise failed_precondition(refusal.reason, refusal.message(), work_id=str(work_id))
+    if dry_run:
+        return (await work_items.admin.work_item_get_many(conn, [work_id]))[work_id]
     replayed = await work_items.admin.work_item_replay_batch(conn, plan.eligible)
     if work_id not in replayed:
         raise aborted(f"work item {work_id} changed concurrently; read it again", work_id=str(work_id))

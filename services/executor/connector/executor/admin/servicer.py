@@ -221,13 +221,14 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ReplayWorkItemRequest, context: Any
     ) -> pb.ReplayWorkItemResponse:
         work_id = _positive_id(request.work_id, "work_id")
-        actor = _actor()
+        actor, dry = _actor(), request.dry_run
 
         async def body(conn: Any) -> pb.ReplayWorkItemResponse:
-            row = await replay.work_item_replay(conn, work_id, actor=actor)
-            return pb.ReplayWorkItemResponse(work_item=convert.work_item(row))
+            row = await replay.work_item_replay(conn, work_id, actor=actor, dry_run=dry)
+            return pb.ReplayWorkItemResponse(work_item=convert.work_item(row), dry_run=dry)
 
-        return await self._mutate("ReplayWorkItem", request.request_id, pb.ReplayWorkItemResponse, body)
+        request_id = "" if dry else request.request_id
+        return await self._mutate("ReplayWorkItem", request_id, pb.ReplayWorkItemResponse, body)
 
     async def ReplayDeadLetters(
         self, request: pb.ReplayDeadLettersRequest, context: Any

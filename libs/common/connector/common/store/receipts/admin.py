@@ -145,14 +145,20 @@ async def receipt_notify(conn: Conn) -> None:
 
 # Receipt counts of the admin API's queue statistics (the partial routable / routing / failed receipt
 # indexes) and the WorkItem claimants heartbeating within ``stale_s``.
-RECEIPT_STATS = """
+# ``%(pack)s`` NULL: every receipt; else the receipts of that pack's namespace (its routes).
+_RECEIPT_SCOPE = """(%(pack)s::bigint IS NULL OR namespace =
+     (SELECT p.namespace FROM connector_installed_pack p WHERE p.installed_pack_id = %(pack)s::bigint))"""
+RECEIPT_STATS = f"""
 SELECT
-  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status IN ('pending', 'retry')) AS unrouted,
+  (SELECT count(*) FROM connector_ingress_receipt
+   WHERE router_status IN ('pending', 'retry') AND {_RECEIPT_SCOPE}) AS unrouted,
   (SELECT now() - next_attempt_at FROM connector_ingress_receipt
-   WHERE router_status IN ('pending', 'retry') AND next_attempt_at <= now()
+   WHERE router_status IN ('pending', 'retry') AND next_attempt_at <= now() AND {_RECEIPT_SCOPE}
    ORDER BY next_attempt_at LIMIT 1) AS oldest_unrouted_age,
-  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'routing') AS routing,
-  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'failed') AS failed,
+  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'routing' AND {_RECEIPT_SCOPE})
+    AS routing,
+  (SELECT count(*) FROM connector_ingress_receipt WHERE router_status = 'failed' AND {_RECEIPT_SCOPE})
+    AS failed,
   (SELECT count(*) FROM connector_process
    WHERE claim_capability = 'work_item' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s))
     AS active_claimants
