@@ -55,15 +55,29 @@ def test_connector_up_executes_a_signed_demo_delivery(tmp_path: Path, db_url: st
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "demo delivery executed" in out
-    assert f":{env['CONNECTOR_INGRESS_HTTP_PORT']}/v1/webhooks/" in out
+    port = env["CONNECTOR_INGRESS_HTTP_PORT"]
+    data = tmp_path / "data"
+    # The banner (#24): the demo route, its scheme and secret file, how to reach the instance.
+    assert f"demo route  POST http://127.0.0.1:{port}/v1/webhooks/demo/events" in proc.stdout
+    assert "Standard Webhooks" in proc.stdout and str(data / "demo-webhook-secret") in proc.stdout
+    assert "CONNECTOR_DATABASE_URL (yours)" in proc.stdout  # set by the caller: not repeated
+    assert ". data/env " in proc.stdout and "connector demo send --fail" in proc.stdout  # cwd: tmp_path
+    # Readable log lines by default: text, one per accepted delivery.
+    assert "delivery accepted  receipt_id=1 namespace=demo route=events" in proc.stderr
     with psycopg.connect(db_url) as conn:
-        states = conn.execute("SELECT state, count(*) FROM connector_work_item GROUP BY 1").fetchall()
+        states = conn.execute("SELECT work_type, state FROM connector_work_item ORDER BY work_id").fetchall()
         receipts = conn.execute("SELECT router_status FROM connector_ingress_receipt").fetchall()
-    assert states == [("succeeded", 1)]
+    assert states == [("record", "succeeded"), ("deliver", "succeeded")]
     assert receipts == [("materialized",)]
     # The secret stays in its file: nothing printed carries it.
-    secret = (tmp_path / "data" / "demo-webhook-secret").read_text().strip()
-    assert secret.removeprefix("whsec_") not in out
+    secret = (data / "demo-webhook-secret").read_text().strip()
+    token = (data / "admin-token").read_text().strip()
+    env_file = (data / "env").read_text()
+    for value in (secret.removeprefix("whsec_"), token):
+        assert value not in out and value not in env_file
+    assert f"CONNECTOR_INGRESS_HTTP_PORT={port}" in env_file
+    assert f"CONNECTOR_ADMIN_TOKEN_FILE={data / 'admin-token'}" in env_file
+    assert "CONNECTOR_DATABASE_URL" not in env_file  # the caller's URL may hold a password
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
     code, out, _ = await cli("dlq", "list", "--pack", "shop")
     assert code == 0
     lines = out.splitlines()
+    out_pack_cells = lambda rows: {r[r.index("shop") : r.index(")") + 1] for r in rows[1:]}  # noqa: E731
     assert lines[0].split()[:3] == ["WORK_ID", "PACK", "GEN"]
     assert [int(line.split()[0]) for line in lines[1:]] == [b, a]
 
@@ -63,9 +64,18 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
     code, out, _ = await cli("dlq", "show", str(a), "--payload", token=VIEW_REPLAY)
     assert code == 0 and "do-not-leak" in out
 
+    # #24: one PACK format everywhere (name (id)); a dry run of a replay by id (it was refused).
+    assert out_pack_cells(lines) == {f"shop ({pack})"}
+    code, out, err = await cli("dlq", "replay", str(a), "--dry-run", token=VIEW_REPLAY)
+    assert (code, err) == (0, "") and out.splitlines()[0].startswith("dry run: these would be replayed")
+    assert out.splitlines()[2].split()[:2] == [str(a), "dead"] and await seed.state(a) == "dead"
     code, out, _ = await cli("dlq", "replay", str(a), token=VIEW_REPLAY)
     assert code == 0
     assert out.splitlines()[1].split()[:3] == [str(a), "pending", "1"]
+    code, _, err = await cli("dlq", "replay", str(a), "--dry-run")  # not dead any more: the same refusal
+    assert (
+        code == 1 and err.startswith("error: FAILED_PRECONDITION NOT_DEAD: ") and len(err.splitlines()) == 1
+    )
 
     code, _, err = await cli("dlq", "replay", str(a))
     assert code == 1
@@ -151,12 +161,12 @@ async def test_stats_lanes_cutover(cli, seed: Seed) -> None:
 
     code, out, _ = await cli("lanes", "blocked")
     assert code == 0
-    assert out.splitlines()[1].split()[:6] == [str(pack), "source", "o:1", str(head), "dead", "1"]
+    assert out.splitlines()[1].split()[:7] == ["shop", f"({pack})", "source", "o:1", str(head), "dead", "1"]
 
     code, out, _ = await cli("cutover", "status", "--pack", "shop")
     assert code == 0
     row = out.splitlines()[1].split()
-    assert row[:6] == [str(pack), "1", "active", "yes", "work_item", "work_item_active"]
+    assert row[:7] == ["shop", f"({pack})", "1", "active", "yes", "work_item", "work_item_active"]
 
 
 async def test_processes(cli, seed: Seed) -> None:
@@ -234,7 +244,7 @@ async def test_tokens_and_connection_errors(
     code, _, _ = await cli("stats", "--token-file", str(token_file), token="")
     assert code == 0
     code, _, err = await cli("stats", "--token-file", str(tmp_path / "missing"))
-    assert code == 2 and err.startswith("error: cannot read token file")
+    assert code == 2 and err.startswith("error: cannot read the token file")
     code, _, err = await cli("stats", "--address", "127.0.0.1:1", "--timeout", "2")
     assert code == 1 and err.startswith("error: UNAVAILABLE")
 

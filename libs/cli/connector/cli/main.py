@@ -7,6 +7,21 @@ import importlib
 import sys
 from collections.abc import Callable
 
+#: What ``connector --help`` says (the module docstring is for readers of the code).
+DESCRIPTION = (
+    "One command for the connector runtime: run the services (ingress, materializer, executor, or"
+    " all three with up), migrate the database, install packs, operate it (admin), try it (demo)."
+    " Every command has --help; shell completion: . <(connector completion bash)."
+)
+
+#: Descriptions of the command groups that are not commands themselves.
+GROUPS: dict[tuple[str, ...], str] = {
+    ("db",): "database schema: apply the migrations",
+    ("pack",): "install pack manifests straight into the database (the admin API has packs apply too)",
+    ("demo",): "try a running connector up: signed deliveries to its demo route",
+    ("retention",): "delete retired deliveries now (the executor also does it on its own)",
+}
+
 # subcommand path -> "module:function" taking the parsed args and returning an exit code. Each
 # owning package registers its arguments through ``add_arguments(parser)`` in the same module.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -21,10 +36,27 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("up",): ("connector.cli.up:cli", "run all three services locally (embedded PostgreSQL by default)"),
     ("pack", "apply"): ("connector.cli.pack:apply", "install a pack manifest"),
     ("admin",): ("connector.cli.admin.commands:cli", "operator commands over the admin API"),
+    ("demo", "send"): (
+        "connector.cli.demo.send:cli",
+        "send signed deliveries to the demo route of connector up (--fail: one that dead-letters)",
+    ),
+    ("completion",): (
+        "connector.cli.completion:cli",
+        "print a bash or zsh completion script (. <(connector completion bash))",
+    ),
     ("retention", "sweep"): (
         "connector.cli.retention:sweep",
         "delete retired deliveries and expired admin request ids now (--dry-run counts them)",
     ),
+}
+
+
+#: The settings of each service command's listeners, checked for a taken port before it starts
+#: (``connector up`` checks all three itself).
+_LISTENERS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("ingress",): ("IngressSettings",),
+    ("materializer",): ("MaterializerSettings",),
+    ("executor",): ("ExecutorSettings",),
 }
 
 
@@ -37,7 +69,7 @@ def _resolve(spec: str) -> tuple[Callable[[argparse.Namespace], int], Callable |
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="connector", description=__doc__)
+    parser = argparse.ArgumentParser(prog="connector", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {(): subparsers}
     parsers: dict[tuple[str, ...], argparse.ArgumentParser] = {}
@@ -47,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
             parent_parser = parsers.get(path[:-1])
             if parent_parser is None:  # a pure group such as "db"
                 grand = groups[path[:-2]]
-                parent_parser = grand.add_parser(path[-2], help=f"{path[-2]} commands")
+                text = GROUPS.get(path[:-1], f"{path[-2]} commands")
+                parent_parser = grand.add_parser(path[-2], help=text, description=text)
                 parent_parser.set_defaults(_path=path[:-1], _group=parent_parser)
                 parsers[path[:-1]] = parent_parser
             parent = parent_parser.add_subparsers(dest="_".join(path[:-1]) + "_sub", metavar="SUBCOMMAND")
@@ -73,7 +106,27 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         args._group.print_help()
         return 2
-    return int(func(args) or 0)
+    listeners = _LISTENERS.get(path)
+    if listeners is not None and getattr(args, "worker", None) is None:
+        # A taken port, found before anything starts (an ingress worker shares its port: skipped).
+        from connector.common.core import settings
+        from connector.common.core.ports import taken_port_line
+
+        taken = taken_port_line(tuple(getattr(settings, n) for n in listeners), vars(args))
+        if taken is not None:
+            print(taken, file=sys.stderr)
+            return 1
+    try:
+        return int(func(args) or 0)
+    except (OSError, RuntimeError) as exc:
+        # A listener that cannot bind is an expected condition: one line naming the setting.
+        from connector.common.core.ports import bind_error_line
+
+        line = bind_error_line(exc)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

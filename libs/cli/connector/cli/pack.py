@@ -42,8 +42,11 @@ def apply(args: argparse.Namespace) -> int:
     out: TextIO = sys.stdout
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"cannot read {args.file}: {type(exc).__name__}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: cannot read {args.file}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
+        return EXIT_INVALID
+    except UnicodeDecodeError:
+        print(f"error: cannot read {args.file}: not UTF-8 text", file=sys.stderr)
         return EXIT_INVALID
     try:
         manifest = parse_manifest(text)

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin.client import Client, format_error, positive_int, resolve_pack_id
+from connector.cli.admin.client import Client, format_error, pack_label, positive_int, resolve_pack_id
 from connector.cli.admin.output import table, to_json, when, work_item_state
 from connector.v1 import admin_service_pb2 as pb
 
@@ -47,7 +47,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
             results.append(client.call("CancelWorkItem", request))
         except grpc.RpcError as exc:
             failed += 1
-            print(f"{format_error(exc)} (work item {work_id})", file=sys.stderr)
+            print(f"{format_error(exc, client)} (work item {work_id})", file=sys.stderr)
     if args.json:
         for r in results:
             print(to_json(r))
@@ -60,7 +60,7 @@ def cancel(client: Client, args: argparse.Namespace) -> int:
                 (
                     r.work_item.work_id,
                     work_item_state(r.work_item.state),
-                    r.work_item.installed_pack_id,
+                    pack_label(client, r.work_item.installed_pack_id),
                     r.work_item.work_type,
                     r.work_item.attempts,
                     r.lane_members_promoted,
@@ -232,7 +232,7 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
         "a claimed item is refused",
         cancel,
     )
-    p.add_argument("work_ids", nargs="+", type=positive_int, metavar="WORK_ID")
+    p.add_argument("work_ids", nargs="+", type=positive_int, metavar="WORK_ID", help="work items to cancel")
     p.add_argument("--reason", required=True, help="why (stored on the item and in the audit log)")
     p = command(
         "pause", "stop claiming a pack's work, or one queue class of it (role ConnectorOperator)", pause
@@ -243,12 +243,12 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p = command("resume", "end a pause (role ConnectorOperator)", resume)
     p.add_argument("pack", help="pack id or name")
     p.add_argument("--queue-class", help="the queue class pause to end (default: the whole-pack pause)")
-    circuit = groups.add_parser(
-        "circuit", help="circuit breakers per handler target (docs/adr/013-circuit-breakers.md)"
-    ).add_subparsers(dest="circuit_command", required=True)
-    p = circuit.add_parser(
-        "list", parents=[common], help="circuit breakers and their state (role ViewConnectorEvents)"
+    circuit_help = "circuit breakers per handler target (docs/adr/013-circuit-breakers.md)"
+    circuit = groups.add_parser("circuit", help=circuit_help, description=circuit_help).add_subparsers(
+        dest="circuit_command", required=True, metavar="COMMAND"
     )
+    list_help = "circuit breakers and their state (role ViewConnectorEvents)"
+    p = circuit.add_parser("list", parents=[common], help=list_help, description=list_help)
     p.set_defaults(admin_run=circuit_list)
     p.add_argument("pack", nargs="?", help="pack id or name (default: every pack)")
     for name, run, text in (
@@ -260,5 +260,5 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
         p.add_argument("--dry-run", action="store_true", help="check and answer, change nothing")
         p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
         p.add_argument("pack", help="pack id or name")
-        p.add_argument("target", help="the circuit's target, as `connector admin circuit list` shows it")
+        p.add_argument("target", help="the circuit's target, as connector admin circuit list shows it")
         p.add_argument("--reason", required=True, help="why (kept on the circuit and in the audit log)")

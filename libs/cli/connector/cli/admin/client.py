@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from connector.common.core.grpc_server import error_info
-from connector.common.core.settings import AdminSettings, load
+from connector.common.core.settings import AdminSettings, DatabaseSettings, load
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc
 
@@ -36,11 +36,19 @@ class Client:
         settings = load(AdminSettings)
         self.address = args.address or settings.address
         token = settings.token.get_secret_value()
-        if args.token_file:
+        #: Where the token came from, for error messages (never the token).
+        self.token_source = "CONNECTOR_ADMIN_TOKEN" if token else ""
+        token_file = args.token_file or settings.token_file
+        if token_file:
+            option = "--token-file" if args.token_file else "CONNECTOR_ADMIN_TOKEN_FILE"
             try:
-                token = Path(args.token_file).read_text().strip()
+                token = Path(token_file).read_text().strip()
             except OSError as exc:
-                raise CliError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
+                raise CliError(
+                    f"cannot read the token file {token_file} ({option}): {exc.strerror};"
+                    f" `connector up` writes one to {_local_token_file()}"
+                ) from None
+            self.token_source = f"{token_file} ({option})"
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = args.timeout
         if args.tls_ca_file or args.tls_cert_file:
@@ -56,6 +64,21 @@ class Client:
         else:
             self.channel = grpc.insecure_channel(self.address)
         self.stub = admin_service_pb2_grpc.AdminServiceStub(self.channel)
+        self._pack_names: dict[int, str] | None = None
+
+    def pack_names(self) -> dict[int, str]:
+        """Installed pack id -> name (one ListPacks walk, kept for the command's life)."""
+        if self._pack_names is None:
+            names: dict[int, str] = {}
+            token = ""
+            while True:
+                page = self.call("ListPacks", pb.ListPacksRequest(page_size=500, page_token=token))
+                names.update({int(p.installed_pack_id): p.name for p in page.packs})
+                token = page.next_page_token
+                if not token:
+                    break
+            self._pack_names = names
+        return self._pack_names
 
     def call(self, method: str, request: Message) -> Any:
         return getattr(self.stub, method)(request, metadata=self._metadata, timeout=self.timeout)
@@ -80,12 +103,48 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
         client.close()
 
 
-def format_error(exc: grpc.RpcError) -> str:
+def _local_token_file() -> Path:
+    """The operator token ``connector up`` writes (``CONNECTOR_DATA_DIR/admin-token``)."""
+    return (Path(load(DatabaseSettings).data_dir) / "admin-token").resolve()
+
+
+def format_error(exc: grpc.RpcError, client: Client | None = None) -> str:
+    """One line: ``error: CODE [REASON]: message`` and, for the conditions a user can fix, what to do."""
     code = exc.code().name if hasattr(exc, "code") and exc.code() is not None else "UNKNOWN"
     info = error_info(exc)
-    reason = info.reason if info is not None and info.reason else "-"
+    reason = info.reason if info is not None and info.reason else ""
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"error: {code} {reason}: {details}"
+    head = f"error: {code} {reason}" if reason else f"error: {code}"
+    hint = _hint(code, reason, client)
+    if code == "UNAVAILABLE" and not reason and client is not None:
+        # gRPC's own text ("failed to connect to all addresses; last error: ...") repeats the address.
+        return f"{head}: no admin API answers at {client.address}: {hint}"
+    return f"{head}: {details}" + (f" ({hint})" if hint else "")
+
+
+def _hint(code: str, reason: str, client: Client | None) -> str:
+    local = _local_token_file()
+    made_here = f"; `connector up` wrote one to {local}" if local.exists() else ""
+    if reason == "TOKEN_MISSING":
+        return (
+            "no token given: set CONNECTOR_ADMIN_TOKEN_FILE (or CONNECTOR_ADMIN_TOKEN, or --token-file)"
+            + made_here
+        )
+    if reason == "TOKEN_INVALID":
+        source = client.token_source if client is not None and client.token_source else "the token given"
+        return f"the token from {source} is not one of the server's CONNECTOR_ADMIN_TOKENS" + made_here
+    if code == "PERMISSION_DENIED":
+        return "this token's role may not do that: use a token with the role named above"
+    if code == "UNAVAILABLE" and reason:
+        return "the executor is up but its database is not: check the database, then try again"
+    if code == "UNAVAILABLE":
+        return (
+            "is the executor running? (`connector up`, or `connector executor`; the address comes from"
+            " --address or CONNECTOR_ADMIN_ADDRESS)"
+        )
+    if code == "DEADLINE_EXCEEDED":
+        return "the call took longer than --timeout; the server may be overloaded"
+    return ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,6 +160,13 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
+
+
+def pack_label(client: Client, pack_id: int) -> str:
+    """A pack as every command prints it: ``name (id)`` (names from one ListPacks per command)."""
+    names = client.pack_names()
+    name = names.get(int(pack_id))
+    return f"{name} ({pack_id})" if name else str(pack_id)
 
 
 def resolve_pack_id(client: Client, pack: str | None) -> int:

@@ -13,6 +13,7 @@ import grpc
 
 from connector.cli.admin import actions, cutover, dlq, find, generations, queues, reconcile
 from connector.cli.admin.client import (
+    Client,
     CliError,
     connect,
     format_error,
@@ -54,9 +55,11 @@ def _paging(p: argparse.ArgumentParser) -> None:
 
 def _dlq_filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pack", help="pack id or name")
-    p.add_argument("--generation", type=positive_int)
-    p.add_argument("--work-type")
-    p.add_argument("--failure-class")
+    p.add_argument("--generation", type=positive_int, help="only items of this pack generation")
+    p.add_argument("--work-type", help="only items of this work type")
+    p.add_argument(
+        "--failure-class", help="only items dead with this failure class (e.g. exception, http_500)"
+    )
     p.add_argument("--since", type=parse_time, help="finished at or after (ISO 8601 or e.g. 2h)")
     p.add_argument("--until", type=parse_time, help="finished before (ISO 8601 or e.g. 10m)")
 
@@ -80,17 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _dlq_filters(p)
     _paging(p)
     p = command(dlq_cmds, "show", "one work item with event and receipt", dlq.dlq_show)
-    p.add_argument("work_id", type=positive_int)
+    p.add_argument("work_id", type=positive_int, help="the work item (WORK_ID of dlq list)")
     p.add_argument(
         "--payload", action="store_true", help="include the receipt body (role ReplayConnectorEvents)"
     )
     p = command(
         dlq_cmds, "replay", "replay dead work items by id, or in bulk by filter (--pack ...)", dlq.dlq_replay
     )
-    p.add_argument("work_ids", nargs="*", type=positive_int, metavar="WORK_ID")
+    p.add_argument(
+        "work_ids", nargs="*", type=positive_int, metavar="WORK_ID", help="dead work items to replay"
+    )
     _dlq_filters(p)
     p.add_argument(
-        "--dry-run", action="store_true", help="bulk: count what would be replayed, change nothing"
+        "--dry-run",
+        action="store_true",
+        help="check what would be replayed (the same refusals), change nothing",
     )
     p.add_argument("--rate", type=positive_int, help="bulk: items per second at most (server default 100)")
     p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
@@ -98,15 +105,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     receipts = group("receipts", "receipts whose routing failed")
     p = command(receipts, "failed", "list failed receipts, newest first", dlq.receipts_failed)
-    p.add_argument("--namespace")
+    p.add_argument("--namespace", help="only receipts of this namespace")
     _paging(p)
     p = command(
         receipts, "replay", "route a failed receipt again against the active generation", dlq.receipts_replay
     )
-    p.add_argument("receipt_id", type=positive_int)
-    p.add_argument("--request-id")
+    p.add_argument("receipt_id", type=positive_int, help="the failed receipt (RECEIPT_ID of receipts failed)")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
 
-    p = groups.add_parser("stats", parents=[common], help="queue depth, ready age, in-flight, rates")
+    p = groups.add_parser(
+        "stats",
+        parents=[common],
+        help="queue depth, ready age, in-flight, rates",
+        description="Per pack and queue class: WorkItems by state, due and not yet due, in flight, the"
+        " oldest ready age, retry and dead rates; receipts not yet routed or failed (of the pack's"
+        " namespace with --pack); pauses, rate-limit, concurrency and debounce keys, circuits.",
+    )
     p.set_defaults(admin_run=queues.stats)
     p.add_argument("--pack", help="pack id or name")
 
@@ -123,11 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="manifest file (YAML or JSON), - for stdin")
     p.add_argument("--activate", action="store_true", help="activate the new generation at once")
     p.add_argument("--validate-only", action="store_true", help="check the manifest, install nothing")
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(packs, "activate", "make a generation the active one", generations.packs_activate)
     p.add_argument("pack", help="pack id or name")
-    p.add_argument("generation", type=positive_int)
-    p.add_argument("--request-id")
+    p.add_argument("generation", type=positive_int, help="the generation to activate")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
 
     cutover_cmds = group("cutover", "claim path ownership per pack generation")
     p = command(
@@ -165,11 +179,12 @@ def cli(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 2
+    client: Client | None = None
     try:
         with connect(args) as client:
             return int(run(client, args))
     except grpc.RpcError as exc:
-        print(format_error(exc), file=sys.stderr)
+        print(format_error(exc, client), file=sys.stderr)
         return 1
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)

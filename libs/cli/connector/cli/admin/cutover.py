@@ -18,7 +18,14 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin.client import Client, fetch_pages, positive_int, print_more_hint, resolve_pack_id
+from connector.cli.admin.client import (
+    Client,
+    fetch_pages,
+    pack_label,
+    positive_int,
+    print_more_hint,
+    resolve_pack_id,
+)
 from connector.cli.admin.output import emit, enum_name, table, to_json, when, work_item_state
 from connector.common.core.grpc_server import error_info
 from connector.v1 import admin_service_pb2 as pb
@@ -324,31 +331,31 @@ def add_commands(sub: argparse._SubParsersAction, command: Callable[..., Any]) -
         sub, "quiesce", "gate 1: stop legacy Event claim admission (legacy_active -> quiescing)", quiesce
     )
     target(p)
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(sub, "cutover", "gates 2-5: prove the drain and write the cutover receipt", cutover)
     target(p)
     p.add_argument("--dry-run", action="store_true", help="report blockers, change nothing")
     p.add_argument("--wait", type=float, default=0.0, help="retry while blocked for up to SECONDS")
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(
         sub, "rollback", "gate 4: disable WorkItem admission, fence, write the rollback receipt", rollback
     )
     target(p)
     p.add_argument("--dry-run", action="store_true", help="report blockers, change nothing")
     p.add_argument("--wait", type=float, default=0.0, help="retry while blocked for up to SECONDS")
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(sub, "abort", "return a quiescing or rollback_fenced generation to its previous path", abort)
     target(p)
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(sub, "reconcile", "project legacy outcome receipts onto WorkItems, resolve fences", reconcile)
     target(p, required=False)
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
     p = command(sub, "resolve", "confirm the outcome of an unknown (quarantined) legacy work item", resolve)
-    p.add_argument("event_id", type=positive_int)
-    p.add_argument("work_type")
-    p.add_argument("outcome", choices=("succeeded", "failed"))
+    p.add_argument("event_id", type=positive_int, help="the legacy event")
+    p.add_argument("work_type", help="the event's work type")
+    p.add_argument("outcome", choices=("succeeded", "failed"), help="what the legacy path did")
     p.add_argument("--reason", required=True, help="what was checked in the external system, by whom")
-    p.add_argument("--request-id")
+    p.add_argument("--request-id", help="AIP-155 id: a retry with the same id returns the first answer")
 
 
 def cutover_status(client: Client, args: argparse.Namespace) -> int:
@@ -375,7 +382,7 @@ def cutover_status(client: Client, args: argparse.Namespace) -> int:
             ],
             [
                 (
-                    g.installed_pack_id,
+                    pack_label(client, g.installed_pack_id),
                     g.generation,
                     g.generation_status,
                     "yes" if g.active else "",

@@ -16,6 +16,7 @@ from connector.cli.admin.client import (
     CliError,
     fetch_pages,
     format_error,
+    pack_label,
     print_more_hint,
     resolve_pack_id,
 )
@@ -82,7 +83,7 @@ def dlq_list(client: Client, args: argparse.Namespace) -> int:
             [
                 (
                     d.work_item.work_id,
-                    d.work_item.installed_pack_id,
+                    pack_label(client, d.work_item.installed_pack_id),
                     d.work_item.generation,
                     d.work_item.work_type,
                     d.work_item.failure_class,
@@ -112,7 +113,7 @@ def dlq_show(client: Client, args: argparse.Namespace) -> int:
         rows: list[tuple[str, Any]] = [
             ("work item", w.work_id),
             ("state", work_item_state(w.state)),
-            ("pack / generation", f"{w.installed_pack_id} / {w.generation}"),
+            ("pack / generation", f"{pack_label(client, w.installed_pack_id)} / {w.generation}"),
             ("work type / queue", f"{w.work_type} / {w.queue_class}"),
             ("attempts", f"{w.attempts} of {w.max_attempts} (replayed {w.replay_count}x)"),
             ("failure", f"{w.failure_class or '-'}: {w.failure_summary or '-'}"),
@@ -151,8 +152,8 @@ def dlq_show(client: Client, args: argparse.Namespace) -> int:
 def dlq_replay(client: Client, args: argparse.Namespace) -> int:
     filters = (args.pack, args.generation, args.work_type, args.failure_class, args.since, args.until)
     if args.work_ids:
-        if any(f for f in filters) or args.dry_run:
-            raise CliError("give work ids or a filter (--pack ...), not both; --dry-run is for filters")
+        if any(f for f in filters):
+            raise CliError("give work ids or a filter (--pack ...), not both")
         return _replay_ids(client, args)
     if not args.pack:
         raise CliError("bulk replay needs --pack (and optional filters), or give work ids")
@@ -164,20 +165,23 @@ def _replay_ids(client: Client, args: argparse.Namespace) -> int:
     results: list[pb.ReplayWorkItemResponse] = []
     failed = 0
     for work_id in args.work_ids:
-        request_id = base if len(args.work_ids) == 1 else f"{base}-{work_id}"
+        request_id = "" if args.dry_run else (base if len(args.work_ids) == 1 else f"{base}-{work_id}")
         try:
             results.append(
                 client.call(
-                    "ReplayWorkItem", pb.ReplayWorkItemRequest(work_id=work_id, request_id=request_id)
+                    "ReplayWorkItem",
+                    pb.ReplayWorkItemRequest(work_id=work_id, request_id=request_id, dry_run=args.dry_run),
                 )
             )
         except grpc.RpcError as exc:
             failed += 1
-            print(f"{format_error(exc)} (work item {work_id})", file=sys.stderr)
+            print(f"{format_error(exc, client)} (work item {work_id})", file=sys.stderr)
     if args.json:
         for r in results:
             print(to_json(r))
     else:
+        if args.dry_run and results:
+            print("dry run: these would be replayed (nothing changed)")
         table(
             ["work_id", "state", "generation", "queue", "replays"],
             [

@@ -15,7 +15,13 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from connector.cli.admin.client import Client, CliError, fetch_pages, positive_int, print_more_hint
+from connector.cli.admin.client import (
+    Client,
+    CliError,
+    fetch_pages,
+    positive_int,
+    print_more_hint,
+)
 from connector.cli.admin.output import ago, enum_name, table, timestamp, to_json, when, work_item_state
 from connector.common.store import vocabulary
 from connector.v1 import admin_service_pb2 as pb
@@ -98,7 +104,13 @@ def _lane(lane: pb.LanePosition) -> str:
     return f"{kind} {lane.lane_key!r}: {head}{flight}, {lane.ahead} ahead"
 
 
-def render_trace(response: pb.TraceDeliveryResponse, *, payload: bool = False, out: Any = None) -> None:
+def render_trace(
+    response: pb.TraceDeliveryResponse,
+    *,
+    payload: bool = False,
+    out: Any = None,
+    packs: dict[int, str] | None = None,
+) -> None:
     """The human view of a trace (also used by the docs' example)."""
 
     def emit(text: str = "") -> None:
@@ -140,7 +152,8 @@ def render_trace(response: pb.TraceDeliveryResponse, *, payload: bool = False, o
         e = et.event
         emit()
         emit(
-            f"event {e.event_id}  pack {e.installed_pack_id} gen {e.generation}  route {e.route_id}"
+            f"event {e.event_id}  pack {_pack(packs, e.installed_pack_id)} gen {e.generation}"
+            f"  route {e.route_id}"
             f" v{e.route_version}  kind {e.event_kind or '-'}"
             f"  source {e.source_object_kind or '-'}/{e.source_object_id or '-'}  ({et.execution_owner}"
             + (f", legacy {et.legacy_state}" if et.legacy_state else "")
@@ -168,6 +181,11 @@ def render_trace(response: pb.TraceDeliveryResponse, *, payload: bool = False, o
     )
 
 
+def _pack(packs: dict[int, str] | None, pack_id: int) -> str:
+    name = (packs or {}).get(int(pack_id))
+    return f"{name} ({pack_id})" if name else str(pack_id)
+
+
 def trace(client: Client, args: argparse.Namespace) -> int:
     given = [x for x in (args.receipt_id, args.work_id, args.delivery_id) if x]
     if len(given) != 1:
@@ -187,7 +205,7 @@ def trace(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(response))
     else:
-        render_trace(response, payload=args.payload)
+        render_trace(response, payload=args.payload, packs=client.pack_names())
     return 0
 
 
@@ -204,12 +222,12 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.set_defaults(admin_run=find)
     p.add_argument("--delivery-id", help="the provider's delivery id (e.g. evt_123)")
     p.add_argument("--idempotency-key", help="a receipt's or an event's idempotency key")
-    p.add_argument("--receipt-id", type=positive_int)
-    p.add_argument("--work-id", type=positive_int)
+    p.add_argument("--receipt-id", type=positive_int, help="the delivery with this receipt id")
+    p.add_argument("--work-id", type=positive_int, help="the delivery of this work item")
     p.add_argument("--correlation", type=_correlation, metavar="NAME=VALUE", help="a correlation id")
-    p.add_argument("--namespace")
+    p.add_argument("--namespace", help="only deliveries to this namespace")
     p.add_argument("--route", help="route key")
-    p.add_argument("--event-kind")
+    p.add_argument("--event-kind", help="only deliveries of this event kind (e.g. demo.created)")
     p.add_argument(
         "--origin", choices=("webhook", "reconciled"), help="how the receipt came (docs/reconcile.md)"
     )
@@ -227,7 +245,9 @@ def add_commands(groups: argparse._SubParsersAction, common: argparse.ArgumentPa
         " each WorkItem with attempts, last error, lease, lanes and why it is not running now.",
     )
     p.set_defaults(admin_run=trace)
-    p.add_argument("receipt_id", nargs="?", type=positive_int, metavar="RECEIPT_ID")
+    p.add_argument(
+        "receipt_id", nargs="?", type=positive_int, metavar="RECEIPT_ID", help="the delivery's receipt id"
+    )
     p.add_argument("--work-id", type=positive_int, help="the delivery of this WorkItem")
     p.add_argument("--delivery-id", help="the delivery with this provider delivery id")
     p.add_argument("--namespace", help="with --delivery-id: when several namespaces have it")

@@ -9,6 +9,7 @@ from connector.cli.admin import actions
 from connector.cli.admin.client import (
     Client,
     fetch_pages,
+    pack_label,
     print_more_hint,
     resolve_pack_id,
 )
@@ -189,7 +190,7 @@ def lanes_blocked(client: Client, args: argparse.Namespace) -> int:
             ["pack", "kind", "lane", "head", "state", "waiting", "failure", "since"],
             [
                 (
-                    b.installed_pack_id,
+                    pack_label(client, b.installed_pack_id),
                     enum_name(pb.LaneKind.Name(b.kind), "LANE_KIND_"),
                     b.lane_key,
                     b.head.work_id,

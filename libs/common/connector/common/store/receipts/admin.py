@@ -38,19 +38,21 @@ async def receipt_oldest_age(conn: Conn) -> float:
 # --------------------------------------------------------------------------------------------------
 
 RECEIPT_WORK_OUTCOME = """
-SELECT r.receipt_id, r.router_status, w.work_id, w.state
+SELECT r.receipt_id, r.router_status, w.work_id, w.state, w.work_type
 FROM connector_ingress_receipt r
 LEFT JOIN connector_event e ON e.receipt_id = r.receipt_id
 LEFT JOIN connector_work_item w ON w.event_id = e.event_id
 WHERE r.namespace = %s AND r.provider_delivery_id = %s
+ORDER BY w.work_id
 """
 
 
-async def receipt_work_outcome(conn: Conn, namespace: str, delivery_id: str) -> tuple[Any, ...] | None:
-    """``(receipt_id, router_status, work_id, work item state)`` of a provider delivery (``None``
-    before its receipt commits; work columns NULL until it is materialized)."""
+async def receipt_work_outcome(conn: Conn, namespace: str, delivery_id: str) -> list[tuple[Any, ...]]:
+    """``(receipt_id, router_status, work_id, work item state, work type)`` per WorkItem of a provider
+    delivery (empty before its receipt commits; one row with NULL work columns until it is
+    materialized)."""
     cur = await conn.execute(RECEIPT_WORK_OUTCOME, (namespace, delivery_id))
-    return await cur.fetchone()
+    return list(await cur.fetchall())
 
 
 # --------------------------------------------------------------------------------------------------
