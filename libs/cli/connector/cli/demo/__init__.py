@@ -146,4 +146,6 @@ async def deliver(ctx: Any) -> None:
     _FAILURES.move_to_end(event_id)
     while len(_FAILURES) > _FAILURES_MAX:
         _FAILURES.popitem(last=False)
-    raise DemoTargetDown(f"the demo target is down (failure {done + 1} of {wanted} the delivery asked for)")
+    raise DemoTargetDown(
+        f"the pretend downstream target is down (failure {done + 1} of {wanted} the body asked for)"
+    )
