@@ -395,8 +395,8 @@ def _plans() -> list[tuple[str, str, dict[str, Any]]]:
                 {**p, "k_pack": 1, "k_kind": "s", "k_key": "lane:1"},
             ),
             ("cutover", authority.cutover_state_list_sql(pack), p),
+            ("receipts", receipts.admin.RECEIPT_STATS, p),  # pack: its namespace's receipts
         ]
-    out.append(("receipts", receipts.admin.RECEIPT_STATS, params))
     clauses, dparams = work_items.admin.DeadLetterFilter(installed_pack_id=1).where()
     out.append(
         (

@@ -108,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     listeners = _LISTENERS.get(path)
     if listeners is not None and getattr(args, "worker", None) is None:
-        # A taken port, found before anything starts (an ingress worker shares its port: skipped).
+        # A taken port, found before anything starts. Not for an ingress supervising several workers
+        # (they share their ports with SO_REUSEPORT; the supervisor reports a worker that cannot bind).
         from connector.common.core import settings
         from connector.common.core.ports import taken_port_line
 
-        taken = taken_port_line(tuple(getattr(settings, n) for n in listeners), vars(args))
+        classes = tuple(getattr(settings, n) for n in listeners)
+        processes = getattr(args, "processes", None) or getattr(settings.load(classes[0]), "processes", 1)
+        taken = None if int(processes or 1) > 1 else taken_port_line(classes, vars(args))
         if taken is not None:
             print(taken, file=sys.stderr)
             return 1

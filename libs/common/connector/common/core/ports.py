@@ -51,9 +51,12 @@ def settings_with_port(port: int) -> list[str]:
     return found
 
 
-def bind_error_line(exc: BaseException, *, options: bool = False) -> str | None:
+def bind_error_line(
+    exc: BaseException, *, options: bool = False, names: list[str] | None = None
+) -> str | None:
     """One line for a listener that could not bind (None: ``exc`` is something else); ``options``:
-    the command also takes the port as ``--grpc-port`` etc. (the services do, ``up`` does not)."""
+    the command also takes the port as ``--grpc-port`` etc. (the services do, ``up`` does not);
+    ``names``: the settings of that listener when known (else those holding that port)."""
     seen = _port_of(exc)
     if seen is None:
         return None
@@ -63,8 +66,8 @@ def bind_error_line(exc: BaseException, *, options: bool = False) -> str | None:
     elif isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
         what = f"cannot listen on {address}: no such address on this machine"
     else:
-        what = f"port {port} ({address}) is already in use" if port else f"{address} is already in use"
-    names = settings_with_port(port) if port else []
+        what = f"port {port} ({address}): address already in use" if port else f"{address}: in use"
+    names = names or (settings_with_port(port) if port else [])
     if names:
         flag = " (or --" + names[0].split("_", 2)[-1].lower().replace("_", "-") + ")" if options else ""
         todo = f"set {' or '.join(names)}{flag} to a free port (0 picks one), or stop what listens there"
@@ -101,5 +104,8 @@ def taken_port_line(
                 except OSError as exc:
                     shown = f"('{host}', {port})"
                     taken = OSError(exc.errno, f"bind on address {shown}: {exc.strerror}")
-                    return bind_error_line(taken, options=overrides is not None)
+                    prefix = str(cls.model_config.get("env_prefix", "")).upper()
+                    return bind_error_line(
+                        taken, options=overrides is not None, names=[f"{prefix}{name.upper()}"]
+                    )
     return None
