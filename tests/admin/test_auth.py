@@ -48,6 +48,8 @@ async def test_every_rpc_needs_its_role(admin: Admin) -> None:
     roles_of = {VIEW: {Role.VIEW}, REPLAY: {Role.REPLAY}, VIEW_REPLAY: {Role.VIEW, Role.REPLAY}}
     for method in METHODS:
         required = METHOD_ROLES[method.name]
+        if required is None:  # any valid token (GetCaller): test_get_caller_answers_every_token
+            continue
         for token, roles in roles_of.items():
             if required in roles:
                 continue
@@ -63,7 +65,9 @@ async def test_a_token_with_the_role_passes_authentication(admin: Admin) -> None
     for method in METHODS:
         for token in (
             OPERATOR,
-            {Role.VIEW: VIEW, Role.REPLAY: REPLAY, Role.OPERATOR: OPERATOR}[METHOD_ROLES[method.name]],
+            {Role.VIEW: VIEW, Role.REPLAY: REPLAY, Role.OPERATOR: OPERATOR, None: VIEW}[
+                METHOD_ROLES[method.name]
+            ],
         ):
             call = _call(admin, method, Admin.md(token))
             try:
@@ -77,6 +81,32 @@ async def test_a_token_with_the_role_passes_authentication(admin: Admin) -> None
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
                 ), f"{method.name}: {exc.code()} {exc.details()}"
+
+
+async def test_get_caller_answers_every_token(admin: Admin) -> None:
+    """GetCaller needs no role: each token learns its key id, roles, the RPCs it may call (exactly
+    those whose role it holds) and payload access; a wrong token is still refused."""
+    for token, roles in (
+        (VIEW, {Role.VIEW}),
+        (REPLAY, {Role.REPLAY}),
+        (VIEW_REPLAY, {Role.VIEW, Role.REPLAY}),
+        (OPERATOR, {Role.OPERATOR}),
+    ):
+        me = await admin.stub.GetCaller(pb.GetCallerRequest(), metadata=Admin.md(token))
+        assert me.key_id == auth.key_id(token) and token not in str(me)
+        assert set(me.roles) == {r.value for r in roles}
+        expected = sorted(
+            m for m, r in METHOD_ROLES.items() if r is None or Role.OPERATOR in roles or r in roles
+        )
+        assert list(me.allowed_methods) == expected
+        assert ("PausePack" in me.allowed_methods) == (Role.OPERATOR in roles)
+        assert ("ReplayWorkItem" in me.allowed_methods) == bool(roles & {Role.REPLAY, Role.OPERATOR})
+        assert me.may_see_payload == bool(roles & {Role.REPLAY, Role.OPERATOR})
+    await expect_error(
+        admin.stub.GetCaller(pb.GetCallerRequest(), metadata=Admin.md("not-a-configured-token-at-all")),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "TOKEN_INVALID",
+    )
 
 
 async def test_health_is_not_protected(admin: Admin) -> None:

@@ -710,6 +710,8 @@ def _random_request(data: st.DataObject, method: str) -> Any:
         if fd.type == FieldDescriptor.TYPE_MESSAGE:  # Timestamps and Durations are the message fields
             kind = _durations if fd.message_type.full_name == "google.protobuf.Duration" else _timestamps
             getattr(request_, fd.name).CopyFrom(data.draw(kind, label=fd.name))
+        elif fd.is_repeated:  # lists of ids (ReplayDeadLetters.work_ids)
+            getattr(request_, fd.name).extend(_value(data, fd) for _ in range(data.draw(st.integers(0, 3))))
         else:
             setattr(request_, fd.name, _value(data, fd))
     return request_

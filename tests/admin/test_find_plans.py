@@ -243,3 +243,51 @@ def test_the_plan_check_catches_a_scan(big_db: str) -> None:
         )
     seq, rows = big_reads(nodes)
     assert seq == ["connector_ingress_receipt"] or rows > KEY_READ_MAX, (seq, rows)
+
+
+def test_failure_groups_read_bounded_ranges_at_a_million_rows(big_db: str) -> None:
+    """ListFailureGroups (the console's Failures page) at 1M WorkItems (40,000 dead) and 1M receipts
+    (10,000 failed): per pack / namespace a backward range of the dead-letter / failed-receipt partial
+    index, never a sequential scan, rows read bounded by packs x (scan limit + 1). Control: the same
+    grouping without the per-pack range reads every dead letter."""
+    from connector.common.store.receipts import admin as receipts_admin
+    from connector.common.store.work_items import admin as work_admin
+
+    scan = 2_000
+    with psycopg.connect(big_db, autocommit=True) as db:
+        for name, query, params in (
+            (
+                "dead-all",
+                work_admin.WORK_ITEM_DEAD_GROUP.format(packs=work_admin.WORK_ITEM_DEAD_GROUP_PACKS_ALL),
+                {"scan": scan, "limit": 100, "pack": None},
+            ),
+            (
+                "dead-one",
+                work_admin.WORK_ITEM_DEAD_GROUP.format(packs=work_admin.WORK_ITEM_DEAD_GROUP_PACKS_ONE),
+                {"scan": scan, "limit": 100, "pack": 1},
+            ),
+            (
+                "failed-all",
+                receipts_admin.RECEIPT_FAILED_GROUP.format(
+                    packs=receipts_admin.RECEIPT_FAILED_GROUP_PACKS_ALL
+                ),
+                {"scan": scan, "limit": 100, "pack": None},
+            ),
+        ):
+            seq, rows = big_reads(explain(db, query, params))
+            assert not seq and rows <= 2 * (scan + 1) + 10, (name, seq, rows)
+        rows_found = db.execute(
+            work_admin.WORK_ITEM_DEAD_GROUP.format(packs=work_admin.WORK_ITEM_DEAD_GROUP_PACKS_ALL),
+            {"scan": scan, "limit": 100, "pack": None},
+        ).fetchall()
+        assert sum(r[5] for r in rows_found) == 2 * scan and all(r[9] for r in rows_found)  # truncated
+        # control: grouping every dead letter (no per-pack range) reads them all
+        seq, rows = big_reads(
+            explain(
+                db,
+                "SELECT work_type, failure_class, failure_summary, count(*) FROM connector_work_item"
+                " WHERE state = 'dead' GROUP BY 1, 2, 3",
+                {},
+            )
+        )
+        assert seq or rows > 30_000, (seq, rows)

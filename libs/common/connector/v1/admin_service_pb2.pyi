@@ -110,7 +110,7 @@ class DeadLetter(_message.Message):
     def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before")
+    __slots__ = ("page_size", "page_token", "installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "failure_summary")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class ListDeadLettersRequest(_message.Message):
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
     FINISH_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
     installed_pack_id: int
@@ -127,7 +128,8 @@ class ListDeadLettersRequest(_message.Message):
     failure_class: str
     finish_time_after: _timestamp_pb2.Timestamp
     finish_time_before: _timestamp_pb2.Timestamp
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    failure_summary: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_summary: _Optional[str] = ...) -> None: ...
 
 class ListDeadLettersResponse(_message.Message):
     __slots__ = ("dead_letters", "next_page_token")
@@ -174,7 +176,7 @@ class ReplayWorkItemResponse(_message.Message):
     def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class ReplayDeadLettersRequest(_message.Message):
-    __slots__ = ("installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "dry_run", "rate_limit", "request_id")
+    __slots__ = ("installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "dry_run", "rate_limit", "request_id", "failure_summary", "work_ids")
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +186,8 @@ class ReplayDeadLettersRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WORK_IDS_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     generation: int
     work_type: str
@@ -193,10 +197,12 @@ class ReplayDeadLettersRequest(_message.Message):
     dry_run: bool
     rate_limit: int
     request_id: str
-    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., rate_limit: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    failure_summary: str
+    work_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dry_run: _Optional[bool] = ..., rate_limit: _Optional[int] = ..., request_id: _Optional[str] = ..., failure_summary: _Optional[str] = ..., work_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplayDeadLettersResponse(_message.Message):
-    __slots__ = ("total", "replayed", "refused", "refused_by_reason", "done", "eligible")
+    __slots__ = ("total", "replayed", "refused", "refused_by_reason", "done", "eligible", "lanes", "lane_keys")
     class RefusedByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -210,13 +216,17 @@ class ReplayDeadLettersResponse(_message.Message):
     REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    LANE_KEYS_FIELD_NUMBER: _ClassVar[int]
     total: int
     replayed: int
     refused: int
     refused_by_reason: _containers.ScalarMap[str, int]
     done: bool
     eligible: int
-    def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ..., eligible: _Optional[int] = ...) -> None: ...
+    lanes: int
+    lane_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ..., eligible: _Optional[int] = ..., lanes: _Optional[int] = ..., lane_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListReceiptFailuresRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "namespace")
@@ -1308,3 +1318,81 @@ class ListReconcileStatesResponse(_message.Message):
     states: _containers.RepeatedCompositeFieldContainer[ReconcileState]
     next_page_token: str
     def __init__(self, states: _Optional[_Iterable[_Union[ReconcileState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetCallerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCallerResponse(_message.Message):
+    __slots__ = ("key_id", "roles", "allowed_methods", "may_see_payload")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_METHODS_FIELD_NUMBER: _ClassVar[int]
+    MAY_SEE_PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    allowed_methods: _containers.RepeatedScalarFieldContainer[str]
+    may_see_payload: bool
+    def __init__(self, key_id: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., may_see_payload: _Optional[bool] = ...) -> None: ...
+
+class ListFailureGroupsRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "scan_limit", "page_size")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    SCAN_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    scan_limit: int
+    page_size: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., scan_limit: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class DeadLetterGroup(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "work_type", "failure_class", "failure_summary", "count", "first_time", "last_time", "sample_work_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_WORK_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    work_type: str
+    failure_class: str
+    failure_summary: str
+    count: int
+    first_time: _timestamp_pb2.Timestamp
+    last_time: _timestamp_pb2.Timestamp
+    sample_work_id: int
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., failure_summary: _Optional[str] = ..., count: _Optional[int] = ..., first_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_work_id: _Optional[int] = ...) -> None: ...
+
+class ReceiptFailureGroup(_message.Message):
+    __slots__ = ("namespace", "route_key", "error_class", "error_summary", "count", "first_time", "last_time", "sample_receipt_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RECEIPT_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    route_key: str
+    error_class: str
+    error_summary: str
+    count: int
+    first_time: _timestamp_pb2.Timestamp
+    last_time: _timestamp_pb2.Timestamp
+    sample_receipt_id: int
+    def __init__(self, namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., error_class: _Optional[str] = ..., error_summary: _Optional[str] = ..., count: _Optional[int] = ..., first_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_receipt_id: _Optional[int] = ...) -> None: ...
+
+class ListFailureGroupsResponse(_message.Message):
+    __slots__ = ("dead_letters", "receipt_failures", "truncated")
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetterGroup]
+    receipt_failures: _containers.RepeatedCompositeFieldContainer[ReceiptFailureGroup]
+    truncated: bool
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetterGroup, _Mapping]]] = ..., receipt_failures: _Optional[_Iterable[_Union[ReceiptFailureGroup, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...

@@ -190,6 +190,16 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.FromString,
                 _registered_method=True)
+        self.GetCaller = channel.unary_unary(
+                '/connector.v1.AdminService/GetCaller',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.GetCallerRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.GetCallerResponse.FromString,
+                _registered_method=True)
+        self.ListFailureGroups = channel.unary_unary(
+                '/connector.v1.AdminService/ListFailureGroups',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -442,6 +452,26 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCaller(self, request, context):
+        """Who the calling token is: its key id, roles, the RPCs it may call and whether it may read
+        payloads (any valid token, no role needed). The operator console shows and gates its actions by
+        this answer, so one table (the API's) decides who may do what.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFailureGroups(self, request, context):
+        """Dead letters and failed receipts grouped into incidents: per (pack, work type, failure class,
+        failure summary) and per (namespace, route, error class, error summary) the count, first and
+        last time and a sample, most frequent first (role ViewConnectorEvents). Bounded: the newest
+        scan_limit rows of each pack (dead letters) and each namespace (receipts) are grouped;
+        `truncated` says when older ones exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -594,6 +624,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListReconcileStates,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.SerializeToString,
+            ),
+            'GetCaller': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCaller,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.GetCallerRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.GetCallerResponse.SerializeToString,
+            ),
+            'ListFailureGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFailureGroups,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1412,6 +1452,60 @@ class AdminService:
             '/connector.v1.AdminService/ListReconcileStates',
             connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.ListReconcileStatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCaller(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/GetCaller',
+            connector_dot_v1_dot_admin__service__pb2.GetCallerRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.GetCallerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFailureGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/ListFailureGroups',
+            connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.ListFailureGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,8 +49,10 @@ class Role(StrEnum):
     OPERATOR = "ConnectorOperator"
 
 
-#: The role each RPC needs. An RPC missing here is refused (fail closed).
-METHOD_ROLES: dict[str, Role] = {
+#: The role each RPC needs (None: any valid token, no role). An RPC missing here is refused (fail
+#: closed).
+METHOD_ROLES: dict[str, Role | None] = {
+    "GetCaller": None,
     "ListDeadLetters": Role.VIEW,
     "GetWorkItem": Role.VIEW,
     "ListReceiptFailures": Role.VIEW,
@@ -62,6 +64,7 @@ METHOD_ROLES: dict[str, Role] = {
     "ListProcesses": Role.VIEW,
     "FindDeliveries": Role.VIEW,
     "ListReconcileStates": Role.VIEW,
+    "ListFailureGroups": Role.VIEW,
     "TraceDelivery": Role.VIEW,
     "ReplayWorkItem": Role.REPLAY,
     "ReplayDeadLetters": Role.REPLAY,
@@ -97,6 +100,10 @@ class Principal:
     @property
     def may_see_payload(self) -> bool:
         return self.has(Role.REPLAY)
+
+    def allowed_methods(self) -> list[str]:
+        """The RPCs this principal may call, sorted (GetCaller: what the console gates actions by)."""
+        return sorted(m for m, role in METHOD_ROLES.items() if role is None or self.has(role))
 
 
 def _digest(token: str) -> bytes:
@@ -173,6 +180,8 @@ class TokenAuthenticator:
             AUTH_FAILURES.labels(Reason.TOKEN_INVALID).inc()
             raise unauthenticated(Reason.TOKEN_INVALID, "invalid token")
         name = method.rsplit("/", 1)[-1]
+        if name in METHOD_ROLES and METHOD_ROLES[name] is None:
+            return match  # any valid token (GetCaller)
         required = METHOD_ROLES.get(name)
         if required is None or not match.has(required):
             AUTH_FAILURES.labels(Reason.ROLE_REQUIRED).inc()

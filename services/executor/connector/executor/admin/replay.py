@@ -45,7 +45,7 @@ from pydantic import ValidationError
 
 from connector.common.packs.manifest import Manifest, canonical_json
 from connector.common.store import packs, receipts, work_items
-from connector.common.store.lanes import lanes_of
+from connector.common.store.lanes import Lane, lanes_of
 from connector.common.store.work_items.admin import DeadLetterFilter, Replayable
 from connector.executor.admin.errors import (
     REFUSAL_MESSAGES,
@@ -217,6 +217,8 @@ class BulkProgress:
     eligible: int = 0
     refused_by_reason: Counter[str] = field(default_factory=Counter)
     done: bool = False
+    #: Dry run: the lanes of the eligible items (pack, kind, key).
+    lanes: set[Lane] = field(default_factory=set)
 
     @property
     def refused(self) -> int:
@@ -246,6 +248,8 @@ async def bulk_replay(
             if dry_run:
                 plan = await work_item_replay_plan(conn, chunk, for_update=False)
                 progress.eligible += len(plan.eligible)
+                for item in plan.eligible:
+                    progress.lanes.update(item.lanes)
             else:
                 async with conn.transaction():
                     plan = await work_item_replay_plan(conn, chunk, for_update=True)

@@ -80,11 +80,25 @@ def _optional_id(value: int, name: str) -> int | None:
     return value or None
 
 
+#: A bulk replay's explicit selection (ReplayDeadLettersRequest.work_ids) at most.
+MAX_SELECTED_WORK_IDS = 1000
+#: ListFailureGroups: rows grouped per pack / namespace, and groups per answer.
+FAILURE_SCAN_DEFAULT, FAILURE_SCAN_MAX = 10_000, 100_000
+FAILURE_GROUPS_DEFAULT, FAILURE_GROUPS_MAX = 100, 500
+
+
 def dead_letter_filter(
     req: pb.ListDeadLettersRequest | pb.ReplayDeadLettersRequest,
 ) -> work_items.admin.DeadLetterFilter:
     if req.generation < 0:
         raise invalid_argument("generation must not be negative", field="generation")
+    work_ids: tuple[int, ...] | None = None
+    if isinstance(req, pb.ReplayDeadLettersRequest) and req.work_ids:
+        if len(req.work_ids) > MAX_SELECTED_WORK_IDS:
+            raise invalid_argument(f"at most {MAX_SELECTED_WORK_IDS} work_ids", field="work_ids")
+        if any(i <= 0 for i in req.work_ids):
+            raise invalid_argument("work_ids must be positive ids", field="work_ids")
+        work_ids = tuple(sorted(set(req.work_ids)))
     flt = work_items.admin.DeadLetterFilter(
         installed_pack_id=_optional_id(req.installed_pack_id, "installed_pack_id"),
         generation=req.generation or None,
@@ -92,6 +106,8 @@ def dead_letter_filter(
         failure_class=req.failure_class or None,
         finished_after=_dt(req, "finish_time_after"),
         finished_before=_dt(req, "finish_time_before"),
+        failure_summary=req.failure_summary or None,
+        work_ids=work_ids,
     )
     if flt.finished_after and flt.finished_before and flt.finished_after >= flt.finished_before:
         raise invalid_argument(
@@ -264,6 +280,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     refused_by_reason=dict(progress.refused_by_reason),
                     done=progress.done,
                     eligible=progress.eligible,
+                    lanes=len(progress.lanes),
+                    lane_keys=sorted(key for _, _, key in progress.lanes)[:10],
                 )
                 yield final
             if request_id and final is not None:
@@ -669,6 +687,63 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         if len(rows) > size:
             response.next_page_token = self.pages.encode(
                 "ListProcesses", [rows[size - 1]["process_id"]], filters
+            )
+        return response
+
+    # -- the caller and failure groups (the operator console) ---------------------------------
+
+    async def GetCaller(self, request: pb.GetCallerRequest, context: Any) -> pb.GetCallerResponse:
+        principal = _principal()
+        if principal is None:  # pragma: no cover - the auth hook runs first
+            raise permission_denied(Reason.ROLE_REQUIRED, "no caller", role="none")
+        return pb.GetCallerResponse(
+            key_id=principal.key_id,
+            roles=sorted(r.value for r in principal.roles),
+            allowed_methods=principal.allowed_methods(),
+            may_see_payload=principal.may_see_payload,
+        )
+
+    async def ListFailureGroups(
+        self, request: pb.ListFailureGroupsRequest, context: Any
+    ) -> pb.ListFailureGroupsResponse:
+        pack = _optional_id(request.installed_pack_id, "installed_pack_id")
+        if request.scan_limit < 0 or request.page_size < 0:
+            field = "scan_limit" if request.scan_limit < 0 else "page_size"
+            raise invalid_argument(f"{field} must not be negative", field=field)
+        scan = min(request.scan_limit or FAILURE_SCAN_DEFAULT, FAILURE_SCAN_MAX)
+        limit = min(request.page_size or FAILURE_GROUPS_DEFAULT, FAILURE_GROUPS_MAX)
+        async with connection(self._pool) as conn:
+            dead = await work_items.admin.work_item_dead_group(conn, pack, scan=scan, limit=limit)
+            failed = await receipts.admin.receipt_failed_group(conn, pack, scan=scan, limit=limit)
+        response = pb.ListFailureGroupsResponse(
+            truncated=any(r["pack_truncated"] for r in dead) or any(r["namespace_truncated"] for r in failed)
+        )
+        for r in dead:
+            response.dead_letters.append(
+                pb.DeadLetterGroup(
+                    installed_pack_id=r["installed_pack_id"],
+                    pack_name=r["pack_name"],
+                    work_type=r["work_type"],
+                    failure_class=r["failure_class"] or "",
+                    failure_summary=r["failure_summary"] or "",
+                    count=r["n"],
+                    first_time=convert.ts(r["first_at"]),
+                    last_time=convert.ts(r["last_at"]),
+                    sample_work_id=r["sample_work_id"],
+                )
+            )
+        for r in failed:
+            response.receipt_failures.append(
+                pb.ReceiptFailureGroup(
+                    namespace=r["namespace"],
+                    route_key=r["route_key"],
+                    error_class=r["error_class"] or "",
+                    error_summary=r["error_summary"] or "",
+                    count=r["n"],
+                    first_time=convert.ts(r["first_at"]),
+                    last_time=convert.ts(r["last_at"]),
+                    sample_receipt_id=r["sample_receipt_id"],
+                )
             )
         return response
 

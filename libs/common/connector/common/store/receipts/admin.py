@@ -79,6 +79,36 @@ RECEIPT_LIST_FAILED = (
     " ORDER BY r.receipt_id DESC LIMIT %(limit)s"
 )
 
+# Failed receipts grouped into incidents (ListFailureGroups): per namespace of an installed pack the
+# newest %(scan)s failed receipts (a backward range of ``ix_connector_ingress_receipt_failed``
+# (namespace, receipt_id) WHERE router_status = 'failed'), grouped by route, error class and summary.
+# ``{namespaces}``: every pack's namespace, or one pack's (RECEIPT_FAILED_GROUP_PACKS_*).
+RECEIPT_FAILED_GROUP = """
+SELECT * FROM (
+    SELECT g.namespace, g.route_key, g.error_class, g.error_summary,
+           count(*) FILTER (WHERE g.rn <= %(scan)s) AS n,
+           min(g.accepted_at) FILTER (WHERE g.rn <= %(scan)s) AS first_at,
+           max(g.accepted_at) FILTER (WHERE g.rn <= %(scan)s) AS last_at,
+           max(g.receipt_id) FILTER (WHERE g.rn <= %(scan)s) AS sample_receipt_id,
+           max(max(g.rn)) OVER (PARTITION BY g.namespace) > %(scan)s AS namespace_truncated
+    FROM (SELECT DISTINCT p.namespace FROM connector_installed_pack p WHERE {packs}) ns
+    CROSS JOIN LATERAL (
+        SELECT r.namespace, r.route_key, r.error_class, r.error_summary, r.accepted_at, r.receipt_id,
+               row_number() OVER (ORDER BY r.receipt_id DESC) AS rn
+        FROM connector_ingress_receipt r
+        WHERE r.router_status = 'failed' AND r.namespace = ns.namespace
+        ORDER BY r.receipt_id DESC
+        LIMIT %(scan)s + 1
+    ) g
+    GROUP BY g.namespace, g.route_key, g.error_class, g.error_summary
+) grouped
+WHERE n > 0
+ORDER BY n DESC, last_at DESC, namespace, route_key
+LIMIT %(limit)s
+"""
+RECEIPT_FAILED_GROUP_PACKS_ALL = "TRUE"
+RECEIPT_FAILED_GROUP_PACKS_ONE = "p.installed_pack_id = %(pack)s"
+
 RECEIPT_REPLAY_CHECK = """
 SELECT r.receipt_id, r.router_status, r.namespace, r.route_key,
        (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body,
@@ -123,6 +153,19 @@ async def receipt_list_failed(
         clauses.append("r.receipt_id < %(after)s")
         params["after"] = after
     return await fetch_dicts(conn, RECEIPT_LIST_FAILED.format(where=" AND ".join(clauses)), params)
+
+
+async def receipt_failed_group(
+    conn: Conn, installed_pack_id: int | None, *, scan: int, limit: int
+) -> list[dict[str, Any]]:
+    """Failed-receipt groups over the newest ``scan`` failed receipts of each pack's namespace (or
+    one pack's), most frequent first; ``namespace_truncated``: older failed receipts exist."""
+    packs = RECEIPT_FAILED_GROUP_PACKS_ALL if installed_pack_id is None else RECEIPT_FAILED_GROUP_PACKS_ONE
+    return await fetch_dicts(
+        conn,
+        RECEIPT_FAILED_GROUP.format(packs=packs),
+        {"scan": scan, "limit": limit, "pack": installed_pack_id},
+    )
 
 
 async def receipt_get(conn: Conn, receipt_id: int) -> dict[str, Any] | None:

@@ -58,9 +58,13 @@ class DeadLetterFilter:
     failure_class: str | None = None
     finished_after: datetime | None = None
     finished_before: datetime | None = None
+    #: Exactly this failure summary (a failure group's, ListFailureGroups).
+    failure_summary: str | None = None
+    #: Only these items (a selection; ``work_item_list_dead_ids``).
+    work_ids: tuple[int, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "pack": self.installed_pack_id,
             "generation": self.generation,
             "work_type": self.work_type,
@@ -68,6 +72,11 @@ class DeadLetterFilter:
             "after": self.finished_after.isoformat() if self.finished_after else None,
             "before": self.finished_before.isoformat() if self.finished_before else None,
         }
+        if self.failure_summary is not None:  # absent keys keep earlier page tokens valid
+            out["summary"] = self.failure_summary
+        if self.work_ids is not None:
+            out["ids"] = list(self.work_ids)
+        return out
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
         """Conditions on alias ``w`` (state = 'dead' included) and their parameters."""
@@ -91,6 +100,12 @@ class DeadLetterFilter:
         if self.finished_before is not None:
             clauses.append("w.finished_at < %(before)s")
             params["before"] = self.finished_before
+        if self.failure_summary is not None:
+            clauses.append("w.failure_summary = %(summary)s")
+            params["summary"] = self.failure_summary
+        if self.work_ids is not None:
+            clauses.append("w.work_id = ANY(%(ids)s::bigint[])")
+            params["ids"] = list(self.work_ids)
         return clauses, params
 
 
@@ -117,8 +132,43 @@ WHERE w.work_id = %(work_id)s
 """
 
 
-# The ids of every dead letter matching a filter (a bulk replay's worklist), in id order.
-WORK_ITEM_LIST_DEAD_IDS = "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.work_id"
+# The ids of every dead letter matching a filter (a bulk replay's worklist), in lane order
+# ((delivery_seq, work_id), ADR 003): a batch boundary never replays a later member of a lane before
+# an earlier one.
+WORK_ITEM_LIST_DEAD_IDS = (
+    "SELECT w.work_id FROM connector_work_item w WHERE {where} ORDER BY w.delivery_seq, w.work_id"
+)
+
+# Dead letters grouped into incidents (ListFailureGroups): per pack the newest %(scan)s dead items
+# (a backward range of ``ix_connector_work_item_dead`` (installed_pack_id, finished_at, work_id)),
+# grouped by work type, failure class and summary; ``pack_truncated``: the pack has more. ``{packs}``:
+# every installed pack, or one (WORK_ITEM_DEAD_GROUP_PACKS_*).
+WORK_ITEM_DEAD_GROUP = """
+SELECT * FROM (
+    SELECT g.installed_pack_id, p.name AS pack_name, g.work_type, g.failure_class, g.failure_summary,
+           count(*) FILTER (WHERE g.rn <= %(scan)s) AS n,
+           min(g.finished_at) FILTER (WHERE g.rn <= %(scan)s) AS first_at,
+           max(g.finished_at) FILTER (WHERE g.rn <= %(scan)s) AS last_at,
+           max(g.work_id) FILTER (WHERE g.rn <= %(scan)s) AS sample_work_id,
+           max(max(g.rn)) OVER (PARTITION BY g.installed_pack_id) > %(scan)s AS pack_truncated
+    FROM connector_installed_pack p
+    CROSS JOIN LATERAL (
+        SELECT w.installed_pack_id, w.work_type, w.failure_class, w.failure_summary, w.finished_at,
+               w.work_id, row_number() OVER (ORDER BY w.finished_at DESC, w.work_id DESC) AS rn
+        FROM connector_work_item w
+        WHERE w.state = 'dead' AND w.installed_pack_id = p.installed_pack_id
+        ORDER BY w.finished_at DESC, w.work_id DESC
+        LIMIT %(scan)s + 1
+    ) g
+    WHERE {packs}
+    GROUP BY g.installed_pack_id, p.name, g.work_type, g.failure_class, g.failure_summary
+) grouped
+WHERE n > 0
+ORDER BY n DESC, last_at DESC, installed_pack_id, work_type
+LIMIT %(limit)s
+"""
+WORK_ITEM_DEAD_GROUP_PACKS_ALL = "TRUE"
+WORK_ITEM_DEAD_GROUP_PACKS_ONE = "p.installed_pack_id = %(pack)s"
 
 WORK_ITEM_GET_MANY = f"""
 SELECT {WORK_ITEM_SELECT_COLUMNS} FROM connector_work_item w WHERE w.work_id = ANY(%(ids)s::bigint[])
@@ -219,6 +269,19 @@ async def work_item_list_dead_ids(conn: Conn, flt: DeadLetterFilter) -> list[int
     clauses, params = flt.where()
     cur = await conn.execute(WORK_ITEM_LIST_DEAD_IDS.format(where=" AND ".join(clauses)), params)
     return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def work_item_dead_group(
+    conn: Conn, installed_pack_id: int | None, *, scan: int, limit: int
+) -> list[dict[str, Any]]:
+    """Dead-letter groups over the newest ``scan`` dead items of each pack (or of one pack), most
+    frequent first; ``pack_truncated``: the pack has older dead items than those grouped."""
+    packs = WORK_ITEM_DEAD_GROUP_PACKS_ALL if installed_pack_id is None else WORK_ITEM_DEAD_GROUP_PACKS_ONE
+    return await fetch_dicts(
+        conn,
+        WORK_ITEM_DEAD_GROUP.format(packs=packs),
+        {"scan": scan, "limit": limit, "pack": installed_pack_id},
+    )
 
 
 async def work_item_get_many(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
