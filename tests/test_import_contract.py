@@ -593,6 +593,57 @@ def test_the_store_imports_no_service() -> None:
     assert not bad
 
 
+# The operator console (libs/cli/connector/console, docs/console.md) is a client of the admin API:
+# every view and action goes through the same RPCs, roles, audit lines and request ids as the CLI.
+# It may not reach the database by any other door: no store, no database driver or SQL toolkit, no
+# service package (the executor's admin code included).
+CONSOLE = ROOT / "libs/cli/connector/console"
+CONSOLE_FORBIDDEN = (
+    "connector.common.store",
+    "connector.common.core.db",
+    "connector.common.core.testdb",
+    "connector.executor",
+    "connector.ingress",
+    "connector.materializer",
+    "psycopg",
+    "psycopg_pool",
+    "sqlalchemy",
+    "asyncpg",
+)
+
+
+def console_violations(files: Iterable[Path]) -> list[str]:
+    return sorted(
+        f"{p.name} imports {n}"
+        for p in files
+        for n in _imports(p)
+        if any(n == f or n.startswith(f + ".") for f in CONSOLE_FORBIDDEN)
+    )
+
+
+def test_the_console_reaches_the_runtime_only_through_the_admin_api() -> None:
+    files = list(_py_files(CONSOLE))
+    assert len(files) >= 8, "the scan sees the console's modules"
+    assert not console_violations(files)
+    assert not [m for m in _sql_modules() if m.startswith("libs/cli/connector/console/")], (
+        "SQL in the console"
+    )
+
+
+def test_console_scanner_control(tmp_path: Path) -> None:
+    """A planted console module reading the store or the database directly is reported."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import psycopg\nfrom connector.common.store import work_items\n"
+        "from connector.executor.admin import servicer\nfrom connector.v1 import admin_service_pb2\n"
+    )
+    assert console_violations([planted]) == [
+        "planted.py imports connector.common.store",
+        "planted.py imports connector.executor.admin",
+        "planted.py imports psycopg",
+    ]
+
+
 # No import cycles among connector.* modules: every import counts (lazy ones inside functions too,
 # they run), except type-only imports under ``if TYPE_CHECKING:``, which never run.
 SOURCE_ROOTS = tuple(

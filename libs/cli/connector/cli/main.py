@@ -44,6 +44,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "connector.cli.completion:cli",
         "print a bash or zsh completion script (. <(connector completion bash))",
     ),
+    ("console",): (
+        "connector.console.server:cli",
+        "run the operator console: a web UI over the admin API (port 8090, docs/console.md)",
+    ),
     ("retention", "sweep"): (
         "connector.cli.retention:sweep",
         "delete retired deliveries and expired admin request ids now (--dry-run counts them)",

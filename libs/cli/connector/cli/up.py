@@ -29,6 +29,7 @@ import psycopg
 from connector.common.core import logs, settings
 from connector.common.core.runtime import Service, run
 from connector.common.store import migrate
+from connector.console.server import ConsoleService
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +195,14 @@ def _shell_hint(env_file: Path, *, demo: bool) -> str:
     return "\n".join(lines)
 
 
+def _console_line(console: ConsoleService, token_file: Path | None) -> str:
+    if console.problem:
+        return f"not started: {console.problem}"
+    if token_file is None:
+        return f"{console.url} (log in with an admin token)"
+    return f"{console.login_link(token_file.read_text().strip())} (one-time login link, operator role)"
+
+
 def _port(service: Any, attr: str, fallback: int) -> int:
     value = getattr(service, attr, None)
     return int(value) if isinstance(value, int) and value > 0 else fallback
@@ -224,17 +233,24 @@ async def _main(args: argparse.Namespace) -> int:
         pack_id = await _install_demo(url, secret_file)
         _say(f"demo pack installed and active: demo ({pack_id}), namespace 'demo', route 'events'")
 
+    executor_service = ExecutorService(db, executor_cfg, url=url)
+    console = ConsoleService(
+        settings.load(settings.ConsoleSettings),
+        admin_address=lambda: f"127.0.0.1:{_port(executor_service, 'grpc_port', executor_cfg.grpc_port)}",
+        optional=True,
+    )
     services: list[Service] = [
         IngressService(db, ingress_cfg, url=url),
         MaterializerService(db, materializer_cfg, url=url),
-        ExecutorService(db, executor_cfg, url=url),
+        executor_service,
+        console,
     ]
     from connector.common.core.runtime import run_until_signal
 
     stop_after_demo = asyncio.Event()
 
     async def on_started() -> None:
-        ingress, materializer, executor = services
+        ingress, materializer, executor = services[:3]
         http_port = _port(ingress, "http_port", ingress_cfg.http_port)
         http_host = "127.0.0.1" if ingress_cfg.http_host in ("0.0.0.0", "::", "") else ingress_cfg.http_host
         http_base = f"http://{http_host}:{http_port}"
@@ -270,6 +286,8 @@ async def _main(args: argparse.Namespace) -> int:
         if not args.no_demo:
             _say(f"  demo route  POST {http_base}/v1/webhooks/demo/events, signed with Standard Webhooks")
             _say(f"              (webhook-id, webhook-timestamp, webhook-signature); secret in {secret_file}")
+        # the operator console (docs/console.md): one line, a one-time login link for the local token
+        _say(f"  console     {_console_line(console, token_file)}")
         if args.no_demo:
             _say(_shell_hint(env_file, demo=False))
             if args.once:

@@ -273,6 +273,33 @@ class AdminSettings(BaseSettings):
         return v
 
 
+class ConsoleSettings(BaseSettings):
+    """The operator console (``connector console``, docs/console.md): a web client of the admin API."""
+
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_CONSOLE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8090, ge=0, le=65535)
+    #: The admin API it calls (default: ``CONNECTOR_ADMIN_ADDRESS``).
+    admin_address: str = ""
+    #: TLS to the admin API: the CA that signed its certificate; a client certificate for mTLS.
+    admin_tls_ca_file: str | None = None
+    admin_tls_cert_file: str | None = None
+    admin_tls_key_file: str | None = None
+    #: Serve HTTPS (both or neither). Session cookies are then ``Secure``.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: Mark session cookies ``Secure`` although the console serves plain HTTP (a TLS proxy in front).
+    secure_cookies: bool = False
+    #: A session ends after this long without a request, and after ``session_max_age_s`` in any case.
+    session_idle_s: float = Field(default=1800.0, gt=0)
+    session_max_age_s: float = Field(default=43200.0, gt=0)
+    #: Link to a tracing UI from a delivery's trace id, e.g. ``https://tempo.internal/trace/{trace_id}``.
+    trace_url_template: str = ""
+    #: Seconds an admin call may take before the page answers 503.
+    admin_timeout_s: float = Field(default=10.0, gt=0)
+
+
 S = TypeVar("S", bound=BaseSettings)
 
 

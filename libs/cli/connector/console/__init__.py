@@ -1,0 +1,1 @@
+"""The operator console (``connector console``, docs/console.md): a web client of the admin API."""

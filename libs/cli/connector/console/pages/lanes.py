@@ -1,0 +1,110 @@
+"""Lanes and keys: blocked lanes with their head and why (ListBlockedLanes); rate-limit, concurrency
+and debounce keys, circuit breakers and pauses (GetQueueStats); open / close a circuit and pause /
+resume a pack or queue class, each with a reason (PausePack, ResumePack, OpenCircuit, CloseCircuit)."""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from connector.console import web as edge
+from connector.console.client import ApiError
+from connector.console.params import BadInput, Params
+from connector.console.ui import call, render
+from connector.v1 import admin_service_pb2 as pb
+
+
+async def lanes(request: web.Request) -> web.Response:
+    params = Params(request.query)
+    pack = params.integer("pack", minimum=0) or 0
+    blocked = await call(
+        request,
+        "ListBlockedLanes",
+        pb.ListBlockedLanesRequest(
+            installed_pack_id=pack, page_size=100, page_token=params.text("page", max_len=8192)
+        ),
+    )
+    stats = await call(request, "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=pack))
+    return render(
+        request,
+        "lanes.html",
+        blocked=blocked,
+        stats=stats,
+        pack=pack,
+        packs=[(q.installed_pack_id, q.pack_name) for q in stats.queues if not q.queue_class],
+        lane_kind=lambda v: pb.LaneKind.Name(v).removeprefix("LANE_KIND_").lower().replace("_", " "),
+        circuit_state=lambda v: pb.CircuitState.Name(v).removeprefix("CIRCUIT_STATE_").lower(),
+        nonce=uuid.uuid4().hex,
+    )
+
+
+def _reason(form: Params) -> str:
+    reason = form.text("reason", max_len=500)
+    if not reason:
+        raise BadInput("reason", "required: say why (kept with the change and in the audit log)")
+    return reason
+
+
+async def _act(request: web.Request, method: str, message: object, done: str) -> web.Response:
+    session = edge.require(request, method)
+    try:
+        await call(request, method, message)
+        session.flash.append(("ok", done))
+    except ApiError as exc:
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or exc.reason == "DATABASE_BUSY":
+            raise
+        session.flash.append(("bad", f"{method}: {exc}"))
+    raise web.HTTPSeeOther("/lanes")
+
+
+async def pause(request: web.Request) -> web.Response:
+    edge.require(request, "PausePack")
+    form = Params(await request.post())
+    pack = form.integer("pack", minimum=1)
+    if pack is None:
+        raise BadInput("pack", "choose a pack")
+    queue_class = form.text("queue_class", max_len=200)
+    message = pb.PausePackRequest(
+        installed_pack_id=pack, queue_class=queue_class, reason=_reason(form),
+        request_id=form.text("request_id", max_len=200),
+    )  # fmt: skip
+    what = f"queue class {queue_class} of pack {pack}" if queue_class else f"pack {pack}"
+    return await _act(request, "PausePack", message, f"{what} paused")
+
+
+async def resume(request: web.Request) -> web.Response:
+    edge.require(request, "ResumePack")
+    form = Params(await request.post())
+    pack = form.integer("pack", minimum=1)
+    if pack is None:
+        raise BadInput("pack", "choose a pack")
+    queue_class = form.text("queue_class", max_len=200)
+    if queue_class == "*":
+        queue_class = ""
+    message = pb.ResumePackRequest(
+        installed_pack_id=pack, queue_class=queue_class, request_id=form.text("request_id", max_len=200)
+    )
+    what = f"queue class {queue_class} of pack {pack}" if queue_class else f"pack {pack}"
+    return await _act(request, "ResumePack", message, f"{what} resumed")
+
+
+async def circuit(request: web.Request) -> web.Response:
+    change = request.match_info.get("change", "")
+    if change not in ("open", "close"):
+        raise web.HTTPNotFound(text="no such action")
+    method = "OpenCircuit" if change == "open" else "CloseCircuit"
+    edge.require(request, method)
+    form = Params(await request.post())
+    pack = form.integer("pack", minimum=1)
+    target = form.text("target", max_len=1024)
+    if pack is None or not target:
+        raise BadInput("target", "a pack and a circuit target")
+    kind = pb.OpenCircuitRequest if change == "open" else pb.CloseCircuitRequest
+    message = kind(
+        installed_pack_id=pack,
+        target=target,
+        reason=_reason(form),
+        request_id=form.text("request_id", max_len=200),
+    )
+    return await _act(request, method, message, f"circuit {target} of pack {pack}: {change}d")

@@ -1,0 +1,191 @@
+"""Every console page over HTTP against the admin API and a seeded database: what each page shows,
+the actions in place (pause / resume, circuits, cutover gates) and the bulk replay flow (estimate →
+confirmation naming the count → job → progress → done), for an operator and a read-only session."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+
+import grpc
+import psycopg
+
+from connector.v1 import admin_service_pb2 as pb
+from connector.v1 import admin_service_pb2_grpc
+
+from .conftest import OPERATOR, VIEW, Browserless, Console, Seed, digest
+from .stage import CIRCUIT_TARGET, SUMMARY, stage
+
+
+def _forms(page: str) -> list[str]:
+    return re.findall(r'<form method="post" action="([^"]+)"', page)
+
+
+async def _operator_actions(console: Console, scene_crm: int, scene_shop: int) -> None:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{console.admin.server.port}")
+    stub = admin_service_pb2_grpc.AdminServiceStub(channel)
+    md = (("authorization", f"Bearer {OPERATOR}"),)
+    await stub.OpenCircuit(
+        pb.OpenCircuitRequest(installed_pack_id=scene_crm, target=CIRCUIT_TARGET, reason="crm maintenance"),
+        metadata=md,
+    )
+    await stub.PausePack(
+        pb.PausePackRequest(installed_pack_id=scene_crm, reason="INC-42 provider outage"), metadata=md
+    )
+    await channel.close()
+
+
+async def test_every_page_shows_the_cluster(console: Console, seed: Seed, db: psycopg.Connection) -> None:
+    scene = await stage(seed, db)
+    await _operator_actions(console, scene.crm, scene.shop)
+    op = await console.login(OPERATOR)
+    pages = {}
+    for path in ("/", "/deliveries?namespace=shop", f"/deliveries/{scene.receipt_of_dead}", "/failures",
+                 f"/failures/group?pack={scene.shop}&work_type=sync&failure_class=downstream_rejected&summary=crm+refused+the+change%3A+422",
+                 "/lanes", "/cutover", "/processes", "/jobs"):  # fmt: skip
+        status, text, _ = await op.get(path)
+        assert status == 200, (path, status, text[:800])
+        pages[path.split("?")[0]] = html.unescape(text)
+    overview = pages["/"]
+    assert "Unrouted receipts" in overview and "shop" in overview and "crm" in overview
+    assert "paused" in overview
+    deliveries = pages["/deliveries"]
+    assert f'href="/deliveries/{scene.receipt_of_dead}"' in deliveries and "dead" in deliveries
+    delivery = pages[f"/deliveries/{scene.receipt_of_dead}"]
+    first = scene.dead[0]
+    for text in ("Timeline", "received", "verified", "committed", "Why not running", "dead", SUMMARY,
+                 f"Replay work item {first}", f"Cancel work item {first}", "sync:order-0"):  # fmt: skip
+        assert text in delivery, text
+    failures = pages["/failures"]
+    assert f"Review {len(scene.dead)}" in failures and SUMMARY in failures and "timeout" in failures
+    group = pages["/failures/group"]
+    assert all(f'value="{w}"' in group for w in scene.dead) and "Estimate replay" in group
+    lanes = pages["/lanes"]
+    for text in ("post:inv-7", str(scene.blocked_head), CIRCUIT_TARGET, "open (forced)", "crm maintenance",
+                 "INC-42 provider outage", "Resume crm", "Close circuit"):  # fmt: skip
+        assert text in lanes, text
+    cutover = pages["/cutover"]
+    assert "legacy" in cutover and "quiescing" in cutover and "Complete the cutover" in cutover
+    assert "Blocked (dry run)" in cutover or "every proof holds" in cutover
+    processes = pages["/processes"]
+    assert "4242" in processes and "stale" in processes
+    # a read-only session: the same pages, no action anywhere
+    view = await console.login(VIEW)
+    for path in ("/", f"/deliveries/{scene.receipt_of_dead}", "/failures", "/lanes", "/cutover", "/processes",
+                 f"/failures/group?pack={scene.shop}"):  # fmt: skip
+        status, text, _ = await view.get(path)
+        assert status == 200, (path, status)
+        assert _forms(text) == ["/logout"], (path, _forms(text))
+        assert "Estimate replay" not in text
+    assert "ConnectorOperator role" in (await view.get("/cutover"))[1]
+
+
+async def _wait_job(client: Browserless, url: str) -> str:
+    for _ in range(200):
+        status, text, _ = await client.get(url)
+        assert status == 200
+        if 'id="job-state">running' not in text:
+            return html.unescape(text)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the job did not finish")
+
+
+async def test_bulk_replay_of_a_group_estimate_confirm_job(
+    console: Console, seed: Seed, db: psycopg.Connection, adb: psycopg.AsyncConnection
+) -> None:
+    scene = await stage(seed, db, dead=12, lanes=3)
+    op = await console.login(OPERATOR)
+    await op.get("/failures")
+    fields = {
+        "pack": str(scene.shop),
+        "work_type": "sync",
+        "failure_class": "downstream_rejected",
+        "summary": SUMMARY,
+    }
+    before = await digest(adb)
+    status, text, _ = await op.post(
+        "/failures/estimate", {**fields, "scope": "all", "action": "replay", "csrf": op.csrf}
+    )
+    assert status == 200, text[:500]
+    text = html.unescape(text)
+    assert "Replay 12 dead letters?" in text and "Lanes</dt><dd>3" in text
+    assert await digest(adb) == before, "the estimate is a dry run"
+    job_id = re.search(r'name="job_id" value="([0-9a-f]+)"', text).group(1)  # type: ignore[union-attr]
+    assert 'data-confirm="Replay 12 dead letters?' in text
+    form = {**fields, "scope": "all", "action": "replay", "count": "12", "job_id": job_id, "csrf": op.csrf}
+    status, _, headers = await op.post("/jobs", form)
+    assert status == 303 and headers["Location"] == f"/jobs/{job_id}"
+    status, _, headers = await op.post("/jobs", form)  # the same confirmation again: the same job
+    assert status == 303 and headers["Location"] == f"/jobs/{job_id}"
+    page = await _wait_job(op, f"/jobs/{job_id}")
+    assert 'id="job-state">finished' in page and "12 replayed, 0 refused, of 12" in page
+    states = {w: await seed.state(w) for w in scene.dead}
+    for ids in scene.lanes.values():  # lane order: the first of each lane runs next, the rest wait
+        assert [states[w] for w in ids] == ["pending"] + ["blocked"] * (len(ids) - 1)
+    assert await seed.one("SELECT count(*) FROM connector_work_item WHERE replay_count = 1") == 12
+    _, jobs, _ = await op.get("/jobs")
+    assert jobs.count(f'href="/jobs/{job_id}"') == 1
+
+
+async def test_bulk_cancel_of_a_selection(console: Console, seed: Seed, db: psycopg.Connection) -> None:
+    scene = await stage(seed, db, dead=6, lanes=2)
+    op = await console.login(OPERATOR)
+    await op.get("/failures")
+    picked = scene.dead[:2]
+    fields = {"pack": str(scene.shop), "work_type": "sync", "failure_class": "", "summary": ""}
+    status, text, _ = await op.post(
+        "/failures/estimate",
+        [
+            *fields.items(),
+            ("scope", "selected"),
+            ("action", "cancel"),
+            ("csrf", op.csrf),
+            *(("ids", str(w)) for w in picked),
+        ],
+    )
+    assert status == 200 and "Cancel 2 dead letters?" in html.unescape(text)
+    job_id = re.search(r'name="job_id" value="([0-9a-f]+)"', text).group(1)  # type: ignore[union-attr]
+    form = [*fields.items(), ("scope", "selected"), ("action", "cancel"), ("count", "2"), ("job_id", job_id),
+            ("csrf", op.csrf), *(("ids", str(w)) for w in picked)]  # fmt: skip
+    status, text, _ = await op.post("/jobs", form)
+    assert status == 400 and "reason" in text  # a cancel says why
+    status, _, _ = await op.post("/jobs", [*form, ("reason", "duplicates, refunded by hand")])
+    assert status == 303
+    page = await _wait_job(op, f"/jobs/{job_id}")
+    assert "2 cancelled, 0 refused, of 2" in page
+    assert [await seed.state(w) for w in scene.dead] == ["cancelled"] * 2 + ["dead"] * 4
+
+
+async def test_pause_resume_and_circuit_from_the_lanes_page(
+    console: Console, seed: Seed, db: psycopg.Connection
+) -> None:
+    scene = await stage(seed, db)
+    op = await console.login(OPERATOR)
+    await op.get("/lanes")
+    status, text, _ = await op.post("/packs/pause", {"pack": str(scene.shop), "csrf": op.csrf, "reason": ""})
+    assert status == 400 and "reason" in text
+    status, _, headers = await op.post(
+        "/packs/pause",
+        {"pack": str(scene.shop), "reason": "deploy freeze", "csrf": op.csrf, "request_id": "p-1"},
+    )
+    assert status == 303 and headers["Location"] == "/lanes"
+    _, page, _ = await op.get("/lanes")
+    assert f"pack {scene.shop} paused" in page and "deploy freeze" in page and "Resume shop" in page
+    assert (
+        await seed.one("SELECT count(*) FROM connector_pause WHERE installed_pack_id = %s", (scene.shop,))
+    ) == 1
+    await op.post(
+        "/packs/resume", {"pack": str(scene.shop), "queue_class": "*", "csrf": op.csrf, "request_id": "r-1"}
+    )
+    assert (
+        await seed.one("SELECT count(*) FROM connector_pause WHERE installed_pack_id = %s", (scene.shop,))
+    ) == 0
+    await op.post(
+        "/circuits/open",
+        {"pack": str(scene.crm), "target": CIRCUIT_TARGET, "reason": "crm down", "csrf": op.csrf},
+    )
+    state = await seed.one("SELECT state FROM connector_circuit WHERE installed_pack_id = %s", (scene.crm,))
+    assert state == "open"
+    _, page, _ = await op.get("/lanes")
+    assert "crm down" in page and "Close circuit" in page
