@@ -36,6 +36,7 @@ def _env(tmp_path: Path, db_url: str | None) -> dict[str, str]:
         CONNECTOR_MATERIALIZER_METRICS_PORT=str(_free_port()),
         CONNECTOR_EXECUTOR_GRPC_PORT=str(_free_port()),
         CONNECTOR_EXECUTOR_METRICS_PORT=str(_free_port()),
+        CONNECTOR_CONSOLE_PORT=str(_free_port()),
     )
     if db_url is not None:
         env["CONNECTOR_DATABASE_URL"] = db_url
@@ -64,6 +65,8 @@ def test_connector_up_executes_a_signed_demo_delivery(tmp_path: Path, db_url: st
     assert ". data/env " in proc.stdout and "connector demo send --fail" in proc.stdout  # cwd: tmp_path
     # Readable log lines by default: text, one per accepted delivery.
     assert "delivery accepted  receipt_id=1 namespace=demo route=events" in proc.stderr
+    # the operator console, with a one-time login link (never the token itself: checked below)
+    assert f"  console     http://127.0.0.1:{env['CONNECTOR_CONSOLE_PORT']}/login/link/" in proc.stdout
     with psycopg.connect(db_url) as conn:
         states = conn.execute("SELECT work_type, state FROM connector_work_item ORDER BY work_id").fetchall()
         receipts = conn.execute("SELECT router_status FROM connector_ingress_receipt").fetchall()

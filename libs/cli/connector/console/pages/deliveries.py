@@ -122,10 +122,13 @@ def timeline(trace: Any) -> list[Step]:
         ),
         Step(r.accept_time, "committed", f"receipt {r.receipt_id}, payload sha256 {r.payload_sha256[:16]}…"),
     ]
-    if trace.routing.route_time.seconds:
-        steps.append(Step(trace.routing.route_time, "routed", trace.routing.detail))
+    status, routed = r.status, (rt.route_time if rt.route_time.seconds else None)
+    if status == types_pb2.RECEIPT_STATUS_MATERIALIZED:
+        steps.append(Step(routed, "routed", rt.detail, "ok"))
+    elif status == types_pb2.RECEIPT_STATUS_FAILED:
+        steps.append(Step(routed, "routing failed", rt.detail, "bad"))
     else:
-        steps.append(Step(None, "routing", trace.routing.detail, "wait"))
+        steps.append(Step(None, "routing", rt.detail, "wait"))
     for ev in trace.events:
         steps.append(
             Step(

@@ -33,6 +33,7 @@ async def lanes(request: web.Request) -> web.Response:
         stats=stats,
         pack=pack,
         packs=[(q.installed_pack_id, q.pack_name) for q in stats.queues if not q.queue_class],
+        pack_names={q.installed_pack_id: q.pack_name for q in stats.queues if not q.queue_class},
         lane_kind=lambda v: pb.LaneKind.Name(v).removeprefix("LANE_KIND_").lower().replace("_", " "),
         circuit_state=lambda v: pb.CircuitState.Name(v).removeprefix("CIRCUIT_STATE_").lower(),
         nonce=uuid.uuid4().hex,
