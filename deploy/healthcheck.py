@@ -23,7 +23,7 @@ from pathlib import Path
 
 TIMEOUT_S = 2.0
 # The services' default ports (connector.common.core.settings; tests/test_deploy.py keeps them equal).
-DEFAULT_PORTS = {"ingress": 8080, "materializer": 50052, "executor": 50053}
+DEFAULT_PORTS = {"ingress": 8080, "materializer": 50052, "executor": 50053, "console": 8090}
 
 
 def check_http(url: str) -> tuple[bool, str]:
@@ -60,6 +60,9 @@ def auto_probe(cmdline: list[str], env: dict[str, str]) -> tuple[str, list[str]]
     if service == "ingress":
         port = env.get("CONNECTOR_INGRESS_HTTP_PORT", str(DEFAULT_PORTS[service]))
         return "http", [f"http://127.0.0.1:{port}/readyz"]
+    if service == "console":  # the operator console (docs/console.md); plain HTTP inside the pod
+        port = env.get("CONNECTOR_CONSOLE_PORT", str(DEFAULT_PORTS[service]))
+        return "http", [f"http://127.0.0.1:{port}/healthz"]
     port = env.get(f"CONNECTOR_{service.upper()}_GRPC_PORT", str(DEFAULT_PORTS[service]))
     return "grpc", [f"127.0.0.1:{port}"]
 

@@ -246,6 +246,25 @@ def test_healthchecks_probe_the_default_ports(compose: dict[str, Any]) -> None:
         assert test[0] == "CMD" and test[1:] == probe, name
 
 
+def test_console_reaches_the_admin_api_and_publishes_on_loopback(compose: dict[str, Any]) -> None:
+    """The operator console (docs/console.md): its own command, the executors' admin API by service
+    name, read-only, a health check on its /healthz, its port published on the host's loopback."""
+    console = compose["services"]["console"]
+    assert console["command"] == ["console"] and console.get("read_only") is True
+    env = env_of(console)
+    assert env["CONNECTOR_CONSOLE_ADMIN_ADDRESS"] == f"executor:{settings.ExecutorSettings().grpc_port}"
+    assert env["CONNECTOR_CONSOLE_HOST"] == "0.0.0.0"
+    port = settings.ConsoleSettings().port
+    assert console["ports"] == [f"${{CONNECTOR_CONSOLE_PUBLISH:-127.0.0.1:{port}}}:{port}"]
+    assert console["healthcheck"]["test"] == [
+        "CMD",
+        "connector-healthcheck",
+        "http",
+        f"http://127.0.0.1:{port}/healthz",
+    ]
+    assert "CONNECTOR_ADMIN_TOKENS" not in env, "the console holds no tokens: people log in with theirs"
+
+
 def test_ingress_publishes_the_webhook_port(compose: dict[str, Any]) -> None:
     assert published_ports(compose["services"]["ingress"]) == [str(settings.IngressSettings().http_port)]
 
@@ -457,6 +476,7 @@ def test_probe_auto_picks_the_service_probe(probe: ModuleType) -> None:
         "ingress": settings.IngressSettings().http_port,
         "materializer": settings.MaterializerSettings().grpc_port,
         "executor": settings.ExecutorSettings().grpc_port,
+        "console": settings.ConsoleSettings().port,
     }
     python = ["/opt/connector/bin/python", "/opt/connector/bin/connector"]
     assert probe.auto_probe([*python, "ingress"], {}) == ("http", ["http://127.0.0.1:8080/readyz"])
@@ -470,6 +490,10 @@ def test_probe_auto_picks_the_service_probe(probe: ModuleType) -> None:
     assert probe.auto_probe([*python, "materializer"], {"CONNECTOR_MATERIALIZER_GRPC_PORT": "6000"}) == (
         "grpc",
         ["127.0.0.1:6000"],
+    )
+    assert probe.auto_probe([*python, "console"], {"CONNECTOR_CONSOLE_PORT": "9100"}) == (
+        "http",
+        ["http://127.0.0.1:9100/healthz"],
     )
     assert probe.auto_probe([*python, "db", "upgrade"], {}) is None
     assert probe.auto_probe([*python, "admin", "stats"], {}) is None

@@ -237,7 +237,7 @@ def env_of(rendered: list[dict[str, Any]], container: dict[str, Any]) -> dict[st
 
 def test_a_deployment_per_component_running_its_subcommand(rendered: list[dict[str, Any]]) -> None:
     assert {d["metadata"]["name"] for d in of_kind(rendered, "Deployment")} == {
-        f"connector-{c}" for c in COMPONENTS
+        f"connector-{c}" for c in (*COMPONENTS, "console")
     }
     tag = kustomization()["images"][0]["newTag"]
     for component in COMPONENTS:
@@ -280,7 +280,7 @@ def test_pods_run_non_root_with_a_read_only_root(rendered: list[dict[str, Any]])
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert f"USER {IMAGE_USER}:{IMAGE_USER}" in dockerfile
     pods = [d for d in rendered if pod_spec(d) is not None]
-    assert len(pods) == 4  # three Deployments and the migration Job
+    assert len(pods) == 5  # four Deployments (three services and the console) and the migration Job
     for doc in pods:
         spec = pod_spec(doc)
         assert spec is not None
@@ -306,7 +306,10 @@ def test_environment_is_read_by_the_code(rendered: list[dict[str, Any]]) -> None
             env = env_of(rendered, container)
             unknown = {k for k in env if k.startswith("CONNECTOR_")} - known
             assert not unknown, f"{doc['metadata']['name']}: nothing reads {sorted(unknown)}"
-            assert "CONNECTOR_DATABASE_URL" in env
+            if doc["metadata"]["name"] == "connector-console":  # an admin API client: no database
+                assert "CONNECTOR_DATABASE_URL" not in env and "CONNECTOR_ADMIN_TOKENS" not in env
+            else:
+                assert "CONNECTOR_DATABASE_URL" in env
 
 
 def test_secrets_are_referenced_never_shipped(rendered: list[dict[str, Any]]) -> None:
@@ -497,6 +500,21 @@ def test_network_policy_keeps_the_admin_api_off_the_public_path(rendered: list[d
         ("executor", settings.ExecutorSettings()),
     ):
         assert allowed(rendered, **monitoring, dst=pod(component), port=cfg.metrics_port), component
+    # The operator console: an admin client itself; reached only by its labelled clients.
+    console = pod("console")
+    console_port = settings.ConsoleSettings().port
+    assert allowed(rendered, src_pod=console, src_ns=connector_ns, dst=executor, port=admin_port)
+    console_client = {"src_pod": {"connector-runtime/console-client": "true"}, "src_ns": connector_ns}
+    assert allowed(rendered, **console_client, dst=console, port=console_port)
+    assert not allowed(rendered, **public, dst=console, port=console_port)
+    assert not allowed(rendered, src_pod=ingress, src_ns=connector_ns, dst=console, port=console_port)
+    (container,) = containers(deployment(rendered, "console"))
+    assert container["args"] == ["console"] and container["ports"] == [
+        {"name": "http", "containerPort": console_port}
+    ]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    env = env_of(rendered, container)
+    assert env["CONNECTOR_CONSOLE_ADMIN_ADDRESS"] == f"connector-admin:{admin_port}"
     # Control: without the default deny and the executor's policy, the public path would reach it.
     open_ = [
         p for p in rendered if p["kind"] != "NetworkPolicy" or p["metadata"]["name"] == "connector-ingress"

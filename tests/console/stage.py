@@ -65,6 +65,11 @@ async def stage(seed: Seed, db: psycopg.Connection, *, dead: int = 8, lanes: int
     scene.blocked_member = await seed.item(
         billing, route_key="invoices", work_type="post", state="blocked", source_lane="post:inv-7"
     )
+    for _ in range(3):  # receipts whose routing failed: an incident of their own
+        await seed.receipt(
+            "shop", "orders", status="failed", error_class="required_missing",
+            error_summary="the envelope has no /data/id (route orders)",
+        )  # fmt: skip
     await seed.process("work_item", service="executor", pid=4242)
     await seed.process("none", service="ingress", pid=4243, age_s=120.0)
     return scene
