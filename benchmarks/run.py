@@ -48,6 +48,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("e2e", "benchmarks.e2e_bench", "stage"),
     Bench("attack", "benchmarks.attack_bench", "stage", quick_timeout_s=180.0),
     Bench("sql-budget", "benchmarks.sql_budget", "stage", quick_timeout_s=120.0),
+    Bench("console", "benchmarks.console_bench", "stage", quick_timeout_s=120.0),
     Bench("graphile-worker", "benchmarks.peers.graphile_worker_peer", "peer", 3600.0, takes_repeat=True),
     Bench("procrastinate", "benchmarks.peers.procrastinate_peer", "peer", 3600.0, takes_repeat=True),
     Bench("pgbench", "benchmarks.reference", "reference", takes_repeat=True),
