@@ -256,8 +256,25 @@ async def test_the_console_in_a_browser(browser_path: str, stack: Stack, pw: Any
             text = await page.text_content("main") or ""
             for needle in expect[name]:
                 assert needle in text, (name, needle)
-            if name == "overview":
-                await page.wait_for_function("document.querySelector('#live') !== null")
+            if name == "overview":  # live: it polls while visible, and stops while the tab is hidden
+                async with page.expect_request(lambda r: "/?pack=0&window=hour" in r.url, timeout=30_000):
+                    pass
+                await page.evaluate(
+                    "Object.defineProperty(document, 'hidden', {value: true, configurable: true})"
+                )
+                polled: list[str] = []
+
+                def poll(r: Any, seen: list[str] = polled) -> None:
+                    if "/?pack=" in r.url:
+                        seen.append(r.url)
+
+                page.on("request", poll)
+                await asyncio.sleep(11)  # more than two 5 s periods
+                page.remove_listener("request", poll)
+                assert polled == [], polled
+                await page.evaluate(
+                    "Object.defineProperty(document, 'hidden', {value: false, configurable: true})"
+                )
             await _shoot(page, f"{name}-1280")
         dark = await browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
         phone = await browser.new_context(viewport={"width": 390, "height": 844})

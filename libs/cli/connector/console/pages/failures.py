@@ -32,8 +32,8 @@ async def failures(request: web.Request) -> web.Response:
 
 def group_query(g: Any) -> str:
     return urlencode(
-        {"pack": g.installed_pack_id, "work_type": g.work_type, "failure_class": g.failure_class,
-         "summary": g.failure_summary}
+        {"pack": g.installed_pack_id, "name": g.pack_name, "work_type": g.work_type,
+         "failure_class": g.failure_class, "summary": g.failure_summary}
     )  # fmt: skip
 
 
@@ -44,14 +44,16 @@ class Group:
         self.pack = params.integer("pack", minimum=1)
         if self.pack is None:
             raise BadInput("pack", "required: the pack of the dead letters")
+        #: The pack's name, for display only (the filter is the id).
+        self.name = params.text("name", max_len=200)
         self.work_type = params.text("work_type", max_len=200)
         self.failure_class = params.text("failure_class", max_len=200)
         self.summary = params.raw("summary")[:1024]
         Params({"summary": self.summary}).text("summary")  # same checks (NUL, surrogates)
 
     def fields(self) -> dict[str, Any]:
-        return {"pack": self.pack, "work_type": self.work_type, "failure_class": self.failure_class,
-                "summary": self.summary}  # fmt: skip
+        return {"pack": self.pack, "name": self.name, "work_type": self.work_type,
+                "failure_class": self.failure_class, "summary": self.summary}  # fmt: skip
 
     def list_request(self, page_token: str = "") -> pb.ListDeadLettersRequest:
         return pb.ListDeadLettersRequest(
@@ -66,7 +68,7 @@ class Group:
         )  # fmt: skip
 
     def describe(self) -> str:
-        parts = [f"pack {self.pack}"]
+        parts = [self.name or f"pack {self.pack}"]
         parts += [p for p in (self.work_type, self.failure_class) if p]
         if self.summary:
             parts.append(f"“{self.summary[:80]}”")
