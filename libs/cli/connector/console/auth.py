@@ -28,11 +28,8 @@ LOGIN_COOKIE = "connector_console_login"
 
 async def resolve_caller(client: AdminClient, token: str) -> Caller:
     """Who a token is, as the admin API says (GetCaller)."""
-    if hasattr(pb, "GetCallerRequest"):
-        me = await client.call("GetCaller", pb.GetCallerRequest(), token)
-        return Caller(me.key_id, frozenset(me.roles), frozenset(me.allowed_methods), me.may_see_payload)
-    await client.call("ListPacks", pb.ListPacksRequest(page_size=1), token)  # prototype fallback
-    return Caller("unknown", frozenset({"ViewConnectorEvents"}), frozenset({"ListPacks"}), False)
+    me = await client.call("GetCaller", pb.GetCallerRequest(), token)
+    return Caller(me.key_id, frozenset(me.roles), frozenset(me.allowed_methods), me.may_see_payload)
 
 
 def local_target(target: str | None) -> str:
