@@ -54,6 +54,13 @@ class Params:
             raise BadInput(name, f"must be between {minimum} and {maximum}")
         return value
 
+    def reason(self, name: str = "reason") -> str:
+        """An operator's reason for an action: required, kept with the change and in the audit log."""
+        reason = self.text(name, max_len=500)
+        if not reason:
+            raise BadInput(name, "required: say why (kept with the change and in the audit log)")
+        return reason
+
     def choice(self, name: str, options: Iterable[str]) -> str:
         text = self.text(name, max_len=64)
         allowed = tuple(options)

@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from connector.console import web as edge
-from connector.console.client import AdminClient
+from connector.console.client import AdminClient, ApiError
 from connector.v1 import types_pb2
 
 HERE = Path(__file__).parent
@@ -40,6 +40,24 @@ async def call(request: web.Request, method: str, message: Message, **kw: Any) -
     if session is None:  # pragma: no cover - the session middleware redirects first
         raise web.HTTPForbidden(text="not logged in")
     return await request.app[CLIENT_KEY].call(method, message, session.token, **kw)
+
+
+async def act(
+    request: web.Request, method: str, message: Message, done: str, refused: str, **kw: Any
+) -> bool:
+    """An action: the admin RPC ``method`` for the session (403 without its role), its outcome flashed
+    for the next page (Post/Redirect/Get). A refusal (FAILED_PRECONDITION, ABORTED, ...) is the
+    flashed line; the API or its database unreachable is raised (a 503 page)."""
+    session = edge.require(request, method)
+    try:
+        await call(request, method, message, **kw)
+    except ApiError as exc:
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or exc.reason == "DATABASE_BUSY":
+            raise
+        session.flash.append(("bad", f"{refused}: {exc}"))
+        return False
+    session.flash.append(("ok", done))
+    return True
 
 
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from connector.console import web as edge
 from connector.console.client import ApiError
-from connector.console.params import BadInput, Params
-from connector.console.ui import call
+from connector.console.params import Params
+from connector.console.ui import act, call
 from connector.v1 import admin_service_pb2 as pb
 
 
@@ -29,39 +29,22 @@ async def _back(request: web.Request, work_id: int) -> web.Response:
 
 
 async def replay(request: web.Request) -> web.Response:
-    session = edge.require(request, "ReplayWorkItem")
-    work_id = Params(request.match_info).integer("work_id", minimum=1)
+    edge.require(request, "ReplayWorkItem")
+    work_id = Params(request.match_info).integer("work_id", minimum=1) or 0
     form = Params(await request.post())
-    request_id = form.text("request_id", max_len=200)
-    try:
-        await call(
-            request, "ReplayWorkItem", pb.ReplayWorkItemRequest(work_id=work_id, request_id=request_id)
-        )
-        session.flash.append(("ok", f"work item {work_id} replayed"))
-    except ApiError as exc:
-        if exc.retryable and exc.code != "ABORTED":
-            raise
-        session.flash.append(("bad", f"work item {work_id} not replayed: {exc}"))
-    return await _back(request, work_id or 0)
+    message = pb.ReplayWorkItemRequest(work_id=work_id, request_id=form.text("request_id", max_len=200))
+    what = f"work item {work_id}"
+    await act(request, "ReplayWorkItem", message, f"{what} replayed", f"{what} not replayed")
+    return await _back(request, work_id)
 
 
 async def cancel(request: web.Request) -> web.Response:
-    session = edge.require(request, "CancelWorkItem")
-    work_id = Params(request.match_info).integer("work_id", minimum=1)
+    edge.require(request, "CancelWorkItem")
+    work_id = Params(request.match_info).integer("work_id", minimum=1) or 0
     form = Params(await request.post())
-    reason = form.text("reason", max_len=500)
-    if not reason:
-        raise BadInput("reason", "required: say why (it is kept on the item and in the audit log)")
-    request_id = form.text("request_id", max_len=200)
-    try:
-        await call(
-            request,
-            "CancelWorkItem",
-            pb.CancelWorkItemRequest(work_id=work_id, reason=reason, request_id=request_id),
-        )
-        session.flash.append(("ok", f"work item {work_id} cancelled"))
-    except ApiError as exc:
-        if exc.retryable and exc.code != "ABORTED":
-            raise
-        session.flash.append(("bad", f"work item {work_id} not cancelled: {exc}"))
-    return await _back(request, work_id or 0)
+    message = pb.CancelWorkItemRequest(
+        work_id=work_id, reason=form.reason(), request_id=form.text("request_id", max_len=200)
+    )
+    what = f"work item {work_id}"
+    await act(request, "CancelWorkItem", message, f"{what} cancelled", f"{what} not cancelled")
+    return await _back(request, work_id)

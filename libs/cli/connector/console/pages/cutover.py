@@ -12,7 +12,7 @@ from aiohttp import web
 from connector.console import web as edge
 from connector.console.client import ApiError
 from connector.console.params import Params
-from connector.console.ui import call, render
+from connector.console.ui import act, call, render
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -91,18 +91,13 @@ async def gate(request: web.Request) -> web.Response:
     rpc = GATES.get(action, "")
     if not rpc:
         raise web.HTTPNotFound(text="no such gate")
-    session = edge.require(request, rpc)
+    edge.require(request, rpc)
     pack = params.integer("pack", minimum=1)
     generation = params.integer("generation", minimum=1, maximum=2**31 - 1)
     form = Params(await request.post())
     message = REQUESTS[rpc](
         installed_pack_id=pack, generation=generation, request_id=form.text("request_id", max_len=200)
     )
-    try:
-        await call(request, rpc, message, timeout_s=60.0)
-        session.flash.append(("ok", f"{rpc} of pack {pack} generation {generation}: done"))
-    except ApiError as exc:
-        if exc.code in ("UNAVAILABLE",):
-            raise
-        session.flash.append(("bad", f"{rpc} of pack {pack} generation {generation} refused: {exc}"))
+    what = f"{rpc} of pack {pack} generation {generation}"
+    await act(request, rpc, message, f"{what}: done", f"{what} refused", timeout_s=60.0)
     raise web.HTTPSeeOther("/cutover")

@@ -158,9 +158,7 @@ async def start_job(request: web.Request) -> web.Response:
     if action == "replay":
         work = replay_work(client, session.token, g.replay_request(ids, request_id=job_id))
     else:
-        reason = form.text("reason", max_len=500)
-        if not reason:
-            raise BadInput("reason", "required: say why (kept on every item and in the audit log)")
+        reason = form.reason()
         if not ids:
             ids = await _all_ids(request, g)
         work = cancel_work(client, session.token, ids, reason)

@@ -9,9 +9,8 @@ import uuid
 from aiohttp import web
 
 from connector.console import web as edge
-from connector.console.client import ApiError
 from connector.console.params import BadInput, Params
-from connector.console.ui import call, render
+from connector.console.ui import act, call, render
 from connector.v1 import admin_service_pb2 as pb
 
 
@@ -40,54 +39,37 @@ async def lanes(request: web.Request) -> web.Response:
     )
 
 
-def _reason(form: Params) -> str:
-    reason = form.text("reason", max_len=500)
-    if not reason:
-        raise BadInput("reason", "required: say why (kept with the change and in the audit log)")
-    return reason
-
-
-async def _act(request: web.Request, method: str, message: object, done: str) -> web.Response:
-    session = edge.require(request, method)
-    try:
-        await call(request, method, message)
-        session.flash.append(("ok", done))
-    except ApiError as exc:
-        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or exc.reason == "DATABASE_BUSY":
-            raise
-        session.flash.append(("bad", f"{method}: {exc}"))
-    raise web.HTTPSeeOther("/lanes")
+def _pack_class(form: Params) -> tuple[int, str, str]:
+    """The pack and queue class of a pause or resume, and how to name them."""
+    pack = form.integer("pack", minimum=1)
+    if pack is None:
+        raise BadInput("pack", "choose a pack")
+    queue_class = form.text("queue_class", max_len=200)
+    queue_class = "" if queue_class == "*" else queue_class
+    return pack, queue_class, (f"queue class {queue_class} of pack {pack}" if queue_class else f"pack {pack}")
 
 
 async def pause(request: web.Request) -> web.Response:
     edge.require(request, "PausePack")
     form = Params(await request.post())
-    pack = form.integer("pack", minimum=1)
-    if pack is None:
-        raise BadInput("pack", "choose a pack")
-    queue_class = form.text("queue_class", max_len=200)
+    pack, queue_class, what = _pack_class(form)
     message = pb.PausePackRequest(
-        installed_pack_id=pack, queue_class=queue_class, reason=_reason(form),
+        installed_pack_id=pack, queue_class=queue_class, reason=form.reason(),
         request_id=form.text("request_id", max_len=200),
     )  # fmt: skip
-    what = f"queue class {queue_class} of pack {pack}" if queue_class else f"pack {pack}"
-    return await _act(request, "PausePack", message, f"{what} paused")
+    await act(request, "PausePack", message, f"{what} paused", f"{what} not paused")
+    raise web.HTTPSeeOther("/lanes")
 
 
 async def resume(request: web.Request) -> web.Response:
     edge.require(request, "ResumePack")
     form = Params(await request.post())
-    pack = form.integer("pack", minimum=1)
-    if pack is None:
-        raise BadInput("pack", "choose a pack")
-    queue_class = form.text("queue_class", max_len=200)
-    if queue_class == "*":
-        queue_class = ""
+    pack, queue_class, what = _pack_class(form)
     message = pb.ResumePackRequest(
         installed_pack_id=pack, queue_class=queue_class, request_id=form.text("request_id", max_len=200)
     )
-    what = f"queue class {queue_class} of pack {pack}" if queue_class else f"pack {pack}"
-    return await _act(request, "ResumePack", message, f"{what} resumed")
+    await act(request, "ResumePack", message, f"{what} resumed", f"{what} not resumed")
+    raise web.HTTPSeeOther("/lanes")
 
 
 async def circuit(request: web.Request) -> web.Response:
@@ -105,7 +87,9 @@ async def circuit(request: web.Request) -> web.Response:
     message = kind(
         installed_pack_id=pack,
         target=target,
-        reason=_reason(form),
+        reason=form.reason(),
         request_id=form.text("request_id", max_len=200),
     )
-    return await _act(request, method, message, f"circuit {target} of pack {pack}: {change}d")
+    what = f"circuit {target} of pack {pack}"
+    await act(request, method, message, f"{what}: {change}d", f"{what} not {change}d")
+    raise web.HTTPSeeOther("/lanes")
