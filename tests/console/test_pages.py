@@ -189,3 +189,37 @@ async def test_pause_resume_and_circuit_from_the_lanes_page(
     assert state == "open"
     _, page, _ = await op.get("/lanes")
     assert "crm down" in page and "Close circuit" in page
+
+
+async def test_bulk_replay_of_a_failed_receipt_group(
+    console: Console, seed: Seed, db: psycopg.Connection
+) -> None:
+    await stage(seed, db)
+    other = await seed.receipt("shop", "orders", status="failed", error_class="bad_json", error_summary="x")
+    op = await console.login(OPERATOR)
+    _, failures, _ = await op.get("/failures")
+    link = re.search(r'href="(/failures/receipts\?[^"]+)">Review 3<', failures)
+    assert link, "the failed-receipt group links to its receipts"
+    status, page, _ = await op.get(html.unescape(link.group(1)))
+    assert status == 200 and "Replay 3 failed receipts" in page
+    view = await console.login(VIEW)  # read-only: the same list, no action
+    status, view_page, _ = await view.get(html.unescape(link.group(1)))
+    assert status == 200 and "3 failed receipts in this group" in view_page
+    assert "Replay 3" not in view_page and _forms(view_page) == ["/logout"]
+    fields = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
+    assert fields["job_id"] and fields["count"] == "3" and fields["error_class"] == "required_missing"
+    fields = {k: html.unescape(v) for k, v in fields.items()}
+    status, _, headers = await op.post("/failures/receipts/replay", fields)
+    assert status == 303 and headers["Location"] == f"/jobs/{fields['job_id']}"
+    done = await _wait_job(op, f"/jobs/{fields['job_id']}")
+    assert "3 replayed, 0 refused, of 3" in done
+    cur = await seed.conn.execute(
+        "SELECT router_status, count(*) FROM connector_ingress_receipt"
+        " WHERE router_status IN ('failed', 'pending') GROUP BY 1 ORDER BY 1"
+    )
+    states = await cur.fetchall()
+    assert states == [("failed", 1), ("pending", 3)]  # the other group's receipt is untouched
+    assert (
+        await seed.one("SELECT router_status FROM connector_ingress_receipt WHERE receipt_id = %s", (other,))
+        == "failed"
+    )

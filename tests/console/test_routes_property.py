@@ -28,11 +28,13 @@ MARK = "<q'\"x>"
 GET_ROUTES = [
     "/", "/deliveries", "/deliveries/{id}", "/work/{id}", "/failures", "/failures/group", "/jobs",
     "/jobs/{id}", "/lanes", "/cutover", "/processes", "/login", "/login/link/{id}", "/nope/{id}",
+    "/failures/receipts",
     "/static/{id}",
 ]  # fmt: skip
 POST_ROUTES = [
     "/work/{id}/replay", "/work/{id}/cancel", "/failures/estimate", "/jobs", "/jobs/{id}/cancel",
     "/packs/pause", "/packs/resume", "/circuits/{id}", "/cutover/{id}/{id}/{id}", "/login",
+    "/failures/receipts/replay",
 ]  # fmt: skip
 NAMES = [
     "pack", "window", "receipt_id", "work_id", "delivery_id", "idempotency_key", "correlation", "namespace",
@@ -99,6 +101,8 @@ ROUTE_NAMES = {
     "/jobs": ["pack", "work_type", "failure_class", "summary", "scope", "action", "ids", "count", "job_id",
               "reason"],
     "/packs/pause": ["pack", "queue_class", "reason", "request_id"],
+    "/failures/receipts": ["namespace", "route", "error_class", "summary"],
+    "/failures/receipts/replay": ["namespace", "route", "error_class", "summary", "job_id", "count"],
     "/packs/resume": ["pack", "queue_class", "request_id"],
     "/circuits/{id}": ["pack", "target", "reason", "request_id"],
 }  # fmt: skip

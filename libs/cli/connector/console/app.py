@@ -9,8 +9,17 @@ from aiohttp import web
 from connector.console import auth
 from connector.console import web as edge
 from connector.console.client import AdminClient
-from connector.console.jobs import JobStore
-from connector.console.pages import actions, cutover, deliveries, failures, lanes, overview, processes
+from connector.console.jobs import JOBS_KEY, JobStore
+from connector.console.pages import (
+    actions,
+    cutover,
+    deliveries,
+    failures,
+    lanes,
+    overview,
+    processes,
+    receipts,
+)
 from connector.console.sessions import SessionStore
 from connector.console.ui import CLIENT_KEY, HERE, JINJA_KEY, OPTIONS_KEY, environment, render_error
 
@@ -35,10 +44,10 @@ def build_app(
     app[edge.SECURE_KEY] = secure_cookies
     app[JINJA_KEY] = environment()
     app[OPTIONS_KEY] = dict(options or {})
-    app[failures.JOBS_KEY] = JobStore()
+    app[JOBS_KEY] = JobStore()
 
     async def close_jobs(app: web.Application) -> None:
-        await app[failures.JOBS_KEY].close()
+        await app[JOBS_KEY].close()
 
     app.on_cleanup.append(close_jobs)
     r = app.router
@@ -56,6 +65,8 @@ def build_app(
     r.add_get("/failures", failures.failures)
     r.add_get("/failures/group", failures.group)
     r.add_post("/failures/estimate", failures.estimate)
+    r.add_get("/failures/receipts", receipts.receipts_group)
+    r.add_post("/failures/receipts/replay", receipts.replay_group)
     r.add_get("/jobs", failures.jobs_page)
     r.add_post("/jobs", failures.start_job)
     r.add_get("/jobs/{job_id}", failures.job_page)

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from connector.console.client import AdminClient, ApiError, stream_items
 from connector.v1 import admin_service_pb2 as pb
 
@@ -28,6 +30,8 @@ log = logging.getLogger("connector.console")
 
 #: Items a cancel job handles at most (its worklist is read up front).
 CANCEL_LIMIT = 10_000
+#: The admin RPC each kind of job runs (its role is the job's: to start it, to stop it).
+JOB_RPCS = {"replay": "ReplayDeadLetters", "cancel": "CancelWorkItem", "replay-receipts": "ReplayReceipt"}
 
 
 @dataclass(slots=True)
@@ -62,6 +66,8 @@ class Job:
 
 
 class JobStore:
+    """The console's jobs (in memory, the last ``keep``)."""
+
     def __init__(self, *, keep: int = 100) -> None:
         self.keep = keep
         self._jobs: dict[str, Job] = {}
@@ -150,3 +156,6 @@ def cancel_work(client: AdminClient, token: str, ids: list[int], reason: str) ->
                 job.refused_by_reason[exc.reason] += 1
 
     return work
+
+
+JOBS_KEY = web.AppKey("jobs", JobStore)

@@ -13,12 +13,12 @@ from aiohttp import web
 
 from connector.console import web as edge
 from connector.console.client import stream_items
-from connector.console.jobs import CANCEL_LIMIT, Job, JobStore, cancel_work, replay_work
+from connector.console.jobs import CANCEL_LIMIT, JOB_RPCS, JOBS_KEY, Job, cancel_work, replay_work
+from connector.console.pages import receipts
 from connector.console.params import BadInput, Params
 from connector.console.ui import CLIENT_KEY, call, render
 from connector.v1 import admin_service_pb2 as pb
 
-JOBS_KEY = web.AppKey("jobs", JobStore)
 ACTIONS = {"replay": "ReplayDeadLetters", "cancel": "CancelWorkItem"}
 GROUP_FIELDS = ("pack", "work_type", "failure_class", "summary")
 
@@ -27,7 +27,10 @@ async def failures(request: web.Request) -> web.Response:
     params = Params(request.query)
     pack = params.integer("pack", minimum=0) or 0
     groups = await call(request, "ListFailureGroups", pb.ListFailureGroupsRequest(installed_pack_id=pack))
-    return render(request, "failures.html", groups=groups, pack=pack, group_query=group_query)
+    return render(
+        request, "failures.html", groups=groups, pack=pack, group_query=group_query,
+        receipt_query=receipts.group_query,
+    )  # fmt: skip
 
 
 def group_query(g: Any) -> str:
@@ -192,12 +195,13 @@ def _job(request: web.Request) -> Job:
 
 
 async def job_page(request: web.Request) -> web.Response:
-    return render(request, "job.html", job=_job(request))
+    job = _job(request)
+    return render(request, "job.html", job=job, rpc=JOB_RPCS[job.kind])
 
 
 async def job_cancel(request: web.Request) -> web.Response:
     job = _job(request)
-    edge.require(request, ACTIONS[job.kind])
+    edge.require(request, JOB_RPCS[job.kind])
     request.app[JOBS_KEY].cancel(job.id)
     raise web.HTTPSeeOther(f"/jobs/{job.id}")
 
