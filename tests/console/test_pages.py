@@ -48,8 +48,14 @@ async def test_every_page_shows_the_cluster(console: Console, seed: Seed, db: ps
         assert status == 200, (path, status, text[:800])
         pages[path.split("?")[0]] = html.unescape(text)
     overview = pages["/"]
-    assert "Unrouted receipts" in overview and "shop" in overview and "crm" in overview
-    assert "paused" in overview
+    # the cards: from the figures (GetFigures) where the admin API serves them, else from the queue counts
+    assert ("Accepted / s" if hasattr(pb, "GetFiguresRequest") else "Unrouted receipts") in overview
+    assert "shop" in overview and "crm" in overview
+    assert 'hx-get="/overview/queues?pack=0"' in overview  # the queue table: loaded once, not polled
+    status, queues, _ = await op.get("/overview/queues?pack=0")
+    assert status == 200 and "paused" in queues and "(whole pack)" in queues
+    status, live, _ = await op.get("/overview/live?pack=0&window=hour", headers={"HX-Request": "true"})
+    assert status == 200 and live.lstrip().startswith('<div id="live"') and "<html" not in live
     deliveries = pages["/deliveries"]
     assert f'href="/deliveries/{scene.receipt_of_dead}"' in deliveries and "dead" in deliveries
     delivery = pages[f"/deliveries/{scene.receipt_of_dead}"]

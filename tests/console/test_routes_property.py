@@ -28,8 +28,7 @@ MARK = "<q'\"x>"
 GET_ROUTES = [
     "/", "/deliveries", "/deliveries/{id}", "/work/{id}", "/failures", "/failures/group", "/jobs",
     "/jobs/{id}", "/lanes", "/cutover", "/processes", "/login", "/login/link/{id}", "/nope/{id}",
-    "/failures/receipts",
-    "/static/{id}",
+    "/failures/receipts", "/overview/live", "/overview/queues", "/static/{id}",
 ]  # fmt: skip
 POST_ROUTES = [
     "/work/{id}/replay", "/work/{id}/cancel", "/failures/estimate", "/jobs", "/jobs/{id}/cancel",
@@ -88,6 +87,8 @@ def _enc(value: str) -> str:
 #: The names each page reads (drawn most of the time, so a page meets values it actually uses).
 ROUTE_NAMES = {
     "/": ["pack", "window"],
+    "/overview/live": ["pack", "window"],
+    "/overview/queues": ["pack"],
     "/deliveries": ["receipt_id", "work_id", "delivery_id", "idempotency_key", "correlation", "namespace",
                     "route", "kind", "routing", "state", "since", "until", "page", "size"],
     "/deliveries/{id}": ["payload"],

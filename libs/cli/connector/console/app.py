@@ -57,6 +57,8 @@ def build_app(
     r.add_get("/login/link/{nonce}", auth.login_link)
     r.add_post("/logout", auth.logout)
     r.add_get("/", overview.overview)
+    r.add_get("/overview/live", overview.live)
+    r.add_get("/overview/queues", overview.queues)
     r.add_get("/deliveries", deliveries.deliveries)
     r.add_get("/deliveries/{receipt_id}", deliveries.delivery)
     r.add_get("/work/{work_id}", actions.work_item)

@@ -21,7 +21,7 @@
   var KINDS = {
     rates: [["accepted", "--c1", "/s"], ["refused", "--c4", "/s"], ["executed", "--c2", "/s"], ["failed", "--c3", "/s"]],
     latency: [["ack_p99", "--c1", "s"], ["delivery_p95", "--c2", "s"], ["delay_p95", "--c3", "s"]],
-    backlog: [["backlog", "--c2", ""]]
+    backlog: [["backlog", "--c2", ""], ["oldest_ready", "--c3", "s"]]
   };
   function draw(el) {
     if (el.dataset.drawn || typeof uPlot === "undefined") return;
