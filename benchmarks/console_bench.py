@@ -146,6 +146,8 @@ async def measure(url: str, requests: int) -> list[dict[str, Any]]:
     assert receipt is not None and delivery is not None
     pages = {
         "overview": "/",
+        "overview live refresh": "/overview/live?pack=0&window=hour",
+        "overview queue table": "/overview/queues?pack=0",
         "deliveries (scan, namespace)": "/deliveries?namespace=shop",
         "deliveries (provider id)": f"/deliveries?delivery_id={delivery[0]}",
         "deliveries (dead, last day)": "/deliveries?state=dead&since=1d",
