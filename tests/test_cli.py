@@ -182,7 +182,7 @@ def test_db_upgrade_without_database_url_fails_clearly() -> None:
 
 
 def test_dlq_show_says_which_timeline_a_token_was_claimed_on() -> None:
-    """A token claimed after a failover carries the timeline in its high bits (ADR 016)."""
+    """A token claimed after a failover carries the timeline in its high bits (ADR 018)."""
     from connector.cli.admin.dlq import token_note
     from connector.common.store.tokens import token_timeline
 

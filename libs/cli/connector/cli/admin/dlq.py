@@ -43,7 +43,7 @@ from connector.v1 import types_pb2
 
 def token_note(token: int) -> str:
     """A fencing token claimed after a failover carries the server's timeline in its high bits
-    (docs/adr/016-identity-across-failover.md): say which, and the row's claim count."""
+    (docs/adr/018-identity-across-failover.md): say which, and the row's claim count."""
     if token < 2**31:
         return ""
     return f" (timeline {(token >> 31) + 1}, claim {token & (2**31 - 1)})"

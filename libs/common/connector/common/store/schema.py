@@ -905,7 +905,7 @@ ON connector_legacy_outcome_receipt
 FOR EACH ROW EXECUTE FUNCTION connector_legacy_outcome_receipt_final()
 """,
     # The server's WAL timeline (1 until a promotion), the high bits of every fencing token
-    # (store/tokens.py, docs/adr/016-identity-across-failover.md). A server without WAL functions
+    # (store/tokens.py, docs/adr/018-identity-across-failover.md). A server without WAL functions
     # (Aurora: its storage replicates, a failover loses no commit) answers 1. It raises on a standby,
     # where a claim could not write anyway.
     """

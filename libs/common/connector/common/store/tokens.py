@@ -1,5 +1,5 @@
-"""Fencing tokens that stay unique across the database server's timelines (docs/adr/016-fencing-
-across-failover.md).
+"""Fencing tokens that stay unique across the database server's timelines
+(docs/adr/018-identity-across-failover.md).
 
 A claim — a WorkItem lease (``work_items.claim``), a receipt routing claim (``receipts.routing``),
 a legacy Event lease (``store.legacy``) — writes its row's next token with ``token_next``: the
