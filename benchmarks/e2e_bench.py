@@ -659,6 +659,20 @@ def _server_stats(conn: Any) -> dict[str, float]:
     return out
 
 
+def _figures_stats(conn: Any) -> dict[str, float]:
+    """Row writes to the figures rollups (``connector_figures``; none on a tree without them):
+    inserted, updated (of which in place, HOT), and both together (``written``)."""
+    with contextlib.suppress(Exception):
+        row = conn.execute(
+            "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+            " WHERE relname = 'connector_figures'"
+        ).fetchone()
+        if row is not None:
+            return {"inserted": float(row[0]), "updated": float(row[1]), "hot_updated": float(row[2]),
+                    "deleted": float(row[3]), "written": float(row[0]) + float(row[1])}  # fmt: skip
+    return {}
+
+
 def _vacuum_loop(url: str, every_s: float, stop: threading.Event) -> None:
     """``--vacuum-every``: a stand-in for autovacuum (off on the shared server) during the load."""
     import psycopg
@@ -709,6 +723,8 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "CONNECTOR_EXECUTOR_UPKEEP_MODE": args.upkeep,
         "CONNECTOR_MATERIALIZER_UPKEEP_MODE": args.upkeep,
     }
+    if getattr(args, "figures", "on") == "off":
+        env["CONNECTOR_INGRESS_FIGURES_FLUSH_S"] = env["CONNECTOR_EXECUTOR_FIGURES_FLUSH_S"] = "0"
     ingress_args = ["ingress", "--http-port", str(http_port), "--grpc-port", str(_free_port()),
                     "--metrics-port", str(metrics["ingress"])]  # fmt: skip
     procs = {
@@ -741,6 +757,7 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
             sampler.start()
             time.sleep(0.1)  # a first sample before the load starts
             server_before = _server_stats(conn)
+            figures_before = _figures_stats(conn)
             scraped_before = _scrape(metrics)
             gen = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.e2e_bench", "--loadgen", json.dumps(cfg)],
@@ -756,6 +773,7 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 raise RuntimeError(f"load generator exited with code {gen.returncode}")
             load = json.loads(out.strip().splitlines()[-1])
             server_after = _server_stats(conn)
+            figures_after = _figures_stats(conn)
             scraped_after = _scrape(metrics)
             dead_tuples = _dead_tuples(conn)
             _check_alive(procs)
@@ -794,10 +812,16 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
     cpu["postgres shared"] = shared
     rate = figures["executed_per_s"]
     per = {k: round(cpu[k] / rate * 1e6, 1) for k in SERVICES if k in cpu and rate > 0}
+    rollups = {
+        k: round((figures_after[k] - figures_before[k]) / load_s, 2)
+        for k in figures_before
+        if k in figures_after
+    }
     return {
         "stage_internals": _histogram_means(scraped_before, scraped_after),
         "dead_tuples_at_load_end": dead_tuples,
         "server_per_s": server,
+        "figures_rows_per_s": rollups,
         "cpu_us_per_delivery": per,
         "vacuum_every_s": args.vacuum_every,
         "upkeep": args.upkeep,
@@ -867,6 +891,14 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     srv = res["server_per_s"]
     if srv:
         print("  server-wide per s of load: " + ", ".join(f"{k} {v:,.1f}" for k, v in srv.items()))
+    rollups = res.get("figures_rows_per_s") or {}
+    rate = f["executed_per_s"]
+    if rollups:
+        print(
+            "  figures rollups (connector_figures) per s of load: "
+            + ", ".join(f"{k} {v:,.2f}" for k, v in rollups.items())
+            + f"; per 1,000 deliveries: {1000 * rollups.get('written', 0.0) / max(1e-9, rate):.3f} rows"
+        )
     per = res["cpu_us_per_delivery"]
     print("  CPU per executed delivery: " + ", ".join(f"{k} {v:.0f} us" for k, v in per.items()))
     print(f"  exactly once              {res['counts']}; drained: {res['drained']}")
@@ -889,6 +921,9 @@ def _scenario_key(args: argparse.Namespace) -> tuple[str, str]:
     if args.upkeep != "auto":
         prefix += f".upkeep-{args.upkeep}"
         parts.append(f"upkeep {args.upkeep}")
+    if getattr(args, "figures", "on") == "off":
+        prefix += ".figures-off"
+        parts.append("figures flushes off")
     return prefix, (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -925,6 +960,8 @@ def _rows(args: argparse.Namespace, res: dict[str, Any]) -> list[dict[str, Any]]
         "cpu_cores": res["cpu_cores"],
         "cpu_us_per_delivery": res["cpu_us_per_delivery"],
         "server_per_s": res["server_per_s"],
+        "figures_rows_per_s": res.get("figures_rows_per_s", {}),
+        "figures_flush": getattr(args, "figures", "on"),
         "stage_internals": res["stage_internals"],
         "dead_tuples_at_load_end": res["dead_tuples_at_load_end"],
         "counts": res["counts"],
@@ -992,6 +1029,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=("auto", "on", "off"),
         default="auto",
         help="the services' own VACUUM/ANALYZE (CONNECTOR_*_UPKEEP_MODE; ADR 008). Default: auto, as shipped",
+    )
+    parser.add_argument(
+        "--figures",
+        choices=("on", "off"),
+        default="on",
+        help="the services' figures flushes (CONNECTOR_*_FIGURES_FLUSH_S; docs/metrics.md). Default: on, as"
+        " shipped; off: nothing written to connector_figures (the in-memory recording stays)",
     )
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -200,6 +200,13 @@ WRITERS: dict[str, frozenset[str]] = {
     "pause_insert": frozenset({ADMIN}),
     "pause_delete": frozenset({ADMIN}),
     "pause_project": frozenset({ADMIN}),
+    # figures (docs/metrics.md "Figures without Prometheus"): every ingress and executor process adds
+    # its figures (the maintenance job); the leading executor's sampler writes the gauges, its job
+    # seals closed periods and deletes old rows
+    "figures_flush": frozenset({MAINTENANCE}),
+    "figures_sample": frozenset({EXECUTOR_ROLE}),
+    "figures_seal": frozenset({MAINTENANCE}),
+    "figures_retire": frozenset({MAINTENANCE}),
 }
 
 # Store functions that are not writers although they mention a write (none yet); kept explicit.

@@ -338,7 +338,8 @@ async def test_sampler_gauges_per_pack_and_target(db, adb) -> None:
     seed.seed_items(db, pack, 1, circuit_keys=[KEY], circuit={"consecutive_failures": 1, "open_s": 30})
     seed.seed_items(db, pack, 1, circuit_keys=["http://other:80"], circuit={"consecutive_failures": 1})
     rows = await _claim(adb, pack)
-    mine = [r for r in rows if r[-1] == KEY]
+    circuit_key = work_items.claim.CLAIM_COLUMNS.index("circuit_key")
+    mine = [r for r in rows if r[circuit_key] == KEY]
     await _finish(adb, mine, [FAILURE])  # KEY opens
     await stats_sampler.sample_once(adb, 1.0)
 

@@ -13,6 +13,7 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
+from connector.common.core.figures import Recorder
 from connector.common.store.work_items.claim import CLAIM_COLUMNS
 from connector.common.store.work_items.finalize import FinalizeResult
 from connector.executor.work.finalizer import Finalizer
@@ -100,6 +101,7 @@ class FinalizerStandIn:
         self.held_by_pack: dict[int, int] = {}
         self.wake = asyncio.Event()
         self.stats = {"stale": 0, "completed": 0, "deadlocks": 0, "abandoned": 0}
+        self.figures = Recorder()
         self.spaced = 0
 
     def error(self, loop: str, exc: BaseException) -> None:

@@ -12,6 +12,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FiguresWindow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FIGURES_WINDOW_UNSPECIFIED: _ClassVar[FiguresWindow]
+    FIGURES_WINDOW_HOUR: _ClassVar[FiguresWindow]
+    FIGURES_WINDOW_DAY: _ClassVar[FiguresWindow]
+
 class CircuitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CIRCUIT_STATE_UNSPECIFIED: _ClassVar[CircuitState]
@@ -62,6 +68,9 @@ class ReconcileRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECONCILE_RUN_STATE_RUNNING: _ClassVar[ReconcileRunState]
     RECONCILE_RUN_STATE_DONE: _ClassVar[ReconcileRunState]
     RECONCILE_RUN_STATE_FAILED: _ClassVar[ReconcileRunState]
+FIGURES_WINDOW_UNSPECIFIED: FiguresWindow
+FIGURES_WINDOW_HOUR: FiguresWindow
+FIGURES_WINDOW_DAY: FiguresWindow
 CIRCUIT_STATE_UNSPECIFIED: CircuitState
 CIRCUIT_STATE_CLOSED: CircuitState
 CIRCUIT_STATE_OPEN: CircuitState
@@ -330,6 +339,106 @@ class GetQueueStatsResponse(_message.Message):
     circuits: _containers.RepeatedCompositeFieldContainer[Circuit]
     circuits_truncated: bool
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ..., debounce: _Optional[_Iterable[_Union[DebounceStats, _Mapping]]] = ..., debounce_truncated: _Optional[bool] = ..., circuits: _Optional[_Iterable[_Union[Circuit, _Mapping]]] = ..., circuits_truncated: _Optional[bool] = ...) -> None: ...
+
+class GetFiguresRequest(_message.Message):
+    __slots__ = ("window", "installed_pack_ids", "current_only")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_PACK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    window: FiguresWindow
+    installed_pack_ids: _containers.RepeatedScalarFieldContainer[int]
+    current_only: bool
+    def __init__(self, window: _Optional[_Union[FiguresWindow, str]] = ..., installed_pack_ids: _Optional[_Iterable[int]] = ..., current_only: _Optional[bool] = ...) -> None: ...
+
+class LatencyQuantiles(_message.Message):
+    __slots__ = ("p50", "p95", "p99", "count")
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P95_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    p50: _duration_pb2.Duration
+    p95: _duration_pb2.Duration
+    p99: _duration_pb2.Duration
+    count: int
+    def __init__(self, p50: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., p95: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., p99: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class FiguresGauges(_message.Message):
+    __slots__ = ("backlog", "in_flight", "oldest_ready_age", "open_circuits", "pauses", "active_executors", "ingress_processes", "receipts_unrouted", "oldest_unrouted_age")
+    BACKLOG_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_READY_AGE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_CIRCUITS_FIELD_NUMBER: _ClassVar[int]
+    PAUSES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    INGRESS_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_UNROUTED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNROUTED_AGE_FIELD_NUMBER: _ClassVar[int]
+    backlog: int
+    in_flight: int
+    oldest_ready_age: _duration_pb2.Duration
+    open_circuits: int
+    pauses: int
+    active_executors: int
+    ingress_processes: int
+    receipts_unrouted: int
+    oldest_unrouted_age: _duration_pb2.Duration
+    def __init__(self, backlog: _Optional[int] = ..., in_flight: _Optional[int] = ..., oldest_ready_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., open_circuits: _Optional[int] = ..., pauses: _Optional[int] = ..., active_executors: _Optional[int] = ..., ingress_processes: _Optional[int] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class FiguresPoint(_message.Message):
+    __slots__ = ("start_time", "seconds", "accepted", "duplicates", "rejected", "unavailable", "executed", "succeeded", "failed", "dead_lettered", "ack_latency", "delivery_latency", "scheduling_delay", "gauges")
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTED_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    ACK_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_DELAY_FIELD_NUMBER: _ClassVar[int]
+    GAUGES_FIELD_NUMBER: _ClassVar[int]
+    start_time: _timestamp_pb2.Timestamp
+    seconds: float
+    accepted: int
+    duplicates: int
+    rejected: int
+    unavailable: int
+    executed: int
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    ack_latency: LatencyQuantiles
+    delivery_latency: LatencyQuantiles
+    scheduling_delay: LatencyQuantiles
+    gauges: FiguresGauges
+    def __init__(self, start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seconds: _Optional[float] = ..., accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., rejected: _Optional[int] = ..., unavailable: _Optional[int] = ..., executed: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., ack_latency: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., delivery_latency: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., scheduling_delay: _Optional[_Union[LatencyQuantiles, _Mapping]] = ..., gauges: _Optional[_Union[FiguresGauges, _Mapping]] = ...) -> None: ...
+
+class FiguresSeries(_message.Message):
+    __slots__ = ("installed_pack_id", "pack_name", "points", "current")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    PACK_NAME_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    pack_name: str
+    points: _containers.RepeatedCompositeFieldContainer[FiguresPoint]
+    current: FiguresPoint
+    def __init__(self, installed_pack_id: _Optional[int] = ..., pack_name: _Optional[str] = ..., points: _Optional[_Iterable[_Union[FiguresPoint, _Mapping]]] = ..., current: _Optional[_Union[FiguresPoint, _Mapping]] = ...) -> None: ...
+
+class GetFiguresResponse(_message.Message):
+    __slots__ = ("window", "step", "end_time", "series")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    window: FiguresWindow
+    step: _duration_pb2.Duration
+    end_time: _timestamp_pb2.Timestamp
+    series: _containers.RepeatedCompositeFieldContainer[FiguresSeries]
+    def __init__(self, window: _Optional[_Union[FiguresWindow, str]] = ..., step: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., series: _Optional[_Iterable[_Union[FiguresSeries, _Mapping]]] = ...) -> None: ...
 
 class DebounceStats(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "work_type", "key", "window", "max_wait", "waiting", "parked", "next_due_in", "last_executed_work_id")

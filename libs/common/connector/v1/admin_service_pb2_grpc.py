@@ -75,6 +75,11 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.GetQueueStatsRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.GetQueueStatsResponse.FromString,
                 _registered_method=True)
+        self.GetFigures = channel.unary_unary(
+                '/connector.v1.AdminService/GetFigures',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.GetFiguresRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.GetFiguresResponse.FromString,
+                _registered_method=True)
         self.ListBlockedLanes = channel.unary_unary(
                 '/connector.v1.AdminService/ListBlockedLanes',
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.ListBlockedLanesRequest.SerializeToString,
@@ -256,6 +261,17 @@ class AdminServiceServicer:
 
     def GetQueueStats(self, request, context):
         """Queue depth by state and queue class, oldest ready age, in-flight, retry/dead rates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFigures(self, request, context):
+        """Throughput and latency of the whole cluster over the last hour (60 one-minute points) or day
+        (288 five-minute points), in total and per pack: answers, executions, ack / delivery latency,
+        scheduling delay, backlog, circuits, pauses (role ViewConnectorEvents). From per-period rollups
+        every ingress and executor process adds to once per flush interval (never per delivery) and one
+        executor's samples; no Prometheus needed (docs/metrics.md "Figures without Prometheus").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -509,6 +525,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetQueueStats,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.GetQueueStatsRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.GetQueueStatsResponse.SerializeToString,
+            ),
+            'GetFigures': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFigures,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.GetFiguresRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.GetFiguresResponse.SerializeToString,
             ),
             'ListBlockedLanes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListBlockedLanes,
@@ -831,6 +852,33 @@ class AdminService:
             '/connector.v1.AdminService/GetQueueStats',
             connector_dot_v1_dot_admin__service__pb2.GetQueueStatsRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.GetQueueStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFigures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/connector.v1.AdminService/GetFigures',
+            connector_dot_v1_dot_admin__service__pb2.GetFiguresRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.GetFiguresResponse.FromString,
             options,
             channel_credentials,
             insecure,

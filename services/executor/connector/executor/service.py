@@ -36,6 +36,7 @@ from connector.common.core.settings import (
     PoolSettings,
     load,
 )
+from connector.common.maintenance.figures import FiguresConfig, FiguresJob
 from connector.common.maintenance.retention import Retention, RetentionConfig
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
 from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
@@ -94,6 +95,7 @@ class ExecutorService(ServiceBootstrap):
         self.admin_pool: AsyncConnectionPool | None = None
         self.upkeep: Upkeep | None = None
         self.retention: Retention | None = None
+        self.figures: FiguresJob | None = None
         self.engine: Engine | None = None
         self.grpc: GrpcServer | None = None
         self.grpc_port = 0
@@ -123,6 +125,14 @@ class ExecutorService(ServiceBootstrap):
         await self._start_grpc(url)
         self.engine = Engine(pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
         await self.engine.start()
+        self.figures = FiguresJob(
+            url,
+            SERVICE,
+            self.engine.figures,
+            # Only a process that samples may lead: the leader's sampler writes the gauges.
+            FiguresConfig(cfg.figures_flush_s, cfg.stats_interval_s > 0, cfg.figures_retention_s),
+        )
+        self.figures.start()
         if cfg.stats_interval_s > 0:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="executor-stats")
         self.upkeep = Upkeep(url, SERVICE, UPKEEP_TABLES, UpkeepConfig.from_settings(cfg))
@@ -205,7 +215,8 @@ class ExecutorService(ServiceBootstrap):
         while True:
             try:
                 async with self.pool.connection() as conn:
-                    await stats_sampler.sample_once(conn, self._heartbeat_s)
+                    leader = self.figures is not None and self.figures.leader
+                    await stats_sampler.sample_once(conn, self._heartbeat_s, figures_leader=leader)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -225,6 +236,9 @@ class ExecutorService(ServiceBootstrap):
             self.engine = None
 
     async def _stop_background(self) -> None:
+        if self.figures is not None:  # after the drain: its final flush counts the last outcomes
+            await self.figures.stop()
+            self.figures = None
         if self.retention is not None:
             await self.retention.stop()
             self.retention = None

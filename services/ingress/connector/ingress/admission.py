@@ -22,6 +22,11 @@ from prometheus_client import Counter
 
 from connector.common.core import logs, tracing
 from connector.common.core.eventlog import events, safe_token
+from connector.common.core.figures import ACCEPTED as FIG_ACCEPTED
+from connector.common.core.figures import CLUSTER, Recorder
+from connector.common.core.figures import DUPLICATE as FIG_DUPLICATE
+from connector.common.core.figures import REJECTED as FIG_REJECTED
+from connector.common.core.figures import UNAVAILABLE as FIG_UNAVAILABLE
 from connector.common.packs.jsonvalues import MAX_VALUE_CHARS, scalar_text
 from connector.ingress import metrics, verify
 from connector.ingress.receipts import PendingReceipt, ReceiptWriter, Unavailable
@@ -58,6 +63,13 @@ REJECT_STATUS: Final[dict[str, int]] = {
     NAMESPACE_LIMIT: 429,
 }
 VERIFY_STATUS: Final = 401
+#: An outcome's index in the figures' answer counts (connector.common.core.figures).
+FIGURE_OF: Final[dict[str, int]] = {
+    ACCEPTED: FIG_ACCEPTED,
+    DUPLICATE: FIG_DUPLICATE,
+    REJECTED: FIG_REJECTED,
+    UNAVAILABLE: FIG_UNAVAILABLE,
+}
 #: Failure status when no route is known (the route's own ``failure_status`` otherwise).
 DEFAULT_FAILURE_STATUS: Final = 503
 
@@ -184,6 +196,9 @@ class Admission:
         #: One line per accepted / duplicate delivery too (``CONNECTOR_LOG_DELIVERIES``: ``connector
         #: up`` turns it on; off in the service, where it would be a line per delivery).
         self.log_deliveries = logs.DELIVERIES
+        #: Answers and ack latency per pack, flushed to the cluster's figures by the service's
+        #: figures job (docs/metrics.md "Figures without Prometheus"); in memory only.
+        self.figures = Recorder()
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -209,6 +224,9 @@ class Admission:
         if rchild is None:
             rchild = self._route_counters[rkey] = metrics.ROUTE_DELIVERIES.labels(*rkey)
         rchild.inc()
+        self.figures.answered(
+            route.installed_pack_id if route is not None else CLUSTER, FIGURE_OF[outcome.outcome]
+        )
         if outcome.outcome != ACCEPTED and outcome.outcome != DUPLICATE:
             if route is not None and (outcome.outcome == UNAVAILABLE or outcome.reason in LOSABLE_REFUSALS):
                 metrics.route_refused(route.namespace, route.route_key, route.redelivery)

@@ -568,6 +568,7 @@ def build_server(
     base = public_base_url.rstrip("/") if public_base_url else None
     count = admission.count
     ack_seconds = metrics.ACK_SECONDS.labels(TRANSPORT)
+    acked = admission.figures.acked
     max_body = admission.max_body_bytes
     limits = limits or HttpLimits()
     guard = ConnectionGuard(limits, retry_after_s=admission.retry_after_s, nofile=nofile)
@@ -643,7 +644,9 @@ def build_server(
         )
         if outcome.ok:
             count(TRANSPORT, outcome)
-            ack_seconds.observe(time.time() - received)
+            took = time.time() - received
+            ack_seconds.observe(took)
+            acked(route.installed_pack_id, took)
             return _answer(outcome, rid)
         return refused(request, outcome, rid)
 

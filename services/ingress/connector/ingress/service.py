@@ -30,6 +30,7 @@ from connector.common.core import db, logs, runtime
 from connector.common.core.grpc_server import GrpcServer
 from connector.common.core.service import ServiceBootstrap
 from connector.common.core.settings import DatabaseSettings, IngressSettings, load
+from connector.common.maintenance.figures import FiguresConfig, FiguresJob
 from connector.ingress import metrics
 from connector.ingress.admission import Admission
 from connector.ingress.api import ingress_servicer
@@ -69,6 +70,7 @@ class IngressService(ServiceBootstrap):
         self.admission: Admission | None = None
         #: The reconciler (docs/reconcile.md): leads passes when this process holds its lock.
         self.reconciler: Reconciler | None = None
+        self.figures: FiguresJob | None = None
         self._runner: web.ServerRunner | None = None
         self._grpc: GrpcServer | None = None
         self.http_port = 0
@@ -117,6 +119,10 @@ class IngressService(ServiceBootstrap):
                 tick_s=s.reconcile_tick_s,
             )
             self.reconciler.start()
+        self.figures = FiguresJob(
+            url, SERVICE, admission.figures, FiguresConfig(flush_s=s.figures_flush_s), pool=pool
+        )
+        self.figures.start()
         writer = self.writer
         metrics.QUEUE_DEPTH.set_function(lambda: writer.depth)
         metrics.INFLIGHT.set_function(lambda: admission.inflight_total)
@@ -196,6 +202,9 @@ class IngressService(ServiceBootstrap):
         if self.writer is not None:
             await self.writer.stop()
             self.writer = None
+        if self.figures is not None:  # after the last answer: its final flush counts them
+            await self.figures.stop()
+            self.figures = None
         if self.routes is not None:
             await self.routes.stop()
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from connector.cli.admin import actions, cutover, dlq, find, generations, queues, reconcile
+from connector.cli.admin import actions, cutover, dlq, find, generations, queues, reconcile, top
 from connector.cli.admin.client import (
     Client,
     CliError,
@@ -163,6 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.add_commands(groups, common)
     find.add_commands(groups, common, _paging, parse_time)
     reconcile.add_commands(groups, common, parse_time)
+    top.add_command(groups, common)
 
 
 def cli(args: argparse.Namespace) -> int:
@@ -174,7 +175,8 @@ def cli(args: argparse.Namespace) -> int:
         else:
             print(
                 "usage: connector admin"
-                " {dlq,receipts,stats,lanes,packs,cutover,processes,cancel,pause,resume,find,trace,reconcile}"
+                " {dlq,receipts,stats,top,lanes,packs,cutover,processes,cancel,pause,resume,find,trace,"
+                "reconcile}"
                 " ... (see --help)",
                 file=sys.stderr,
             )

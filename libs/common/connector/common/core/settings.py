@@ -157,6 +157,10 @@ class IngressSettings(PoolSettings):
     public_base_url: str | None = None
     #: Seconds in-flight requests get to finish on shutdown.
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    #: How often this process adds its figures (answers, ack latency) to the cluster's per-minute
+    #: rollups (docs/metrics.md "Figures without Prometheus"): one statement per interval, never one
+    #: per delivery; 0 = not at all.
+    figures_flush_s: float = Field(default=10.0, ge=0, le=60)
 
 
 class MaterializerSettings(UpkeepSettings):
@@ -235,6 +239,12 @@ class ExecutorSettings(UpkeepSettings):
     flow_key_idle_s: float = Field(default=3_600.0, ge=0)
     #: Receipts per sweep chunk (one transaction each).
     retention_batch: int = Field(default=1_000, ge=1, le=100_000)
+    #: How often this process adds its figures (executions, latencies) to the cluster's per-minute
+    #: rollups (docs/metrics.md "Figures without Prometheus"): one statement per interval, never one
+    #: per item; 0 = not at all (nor does it lead the gauge samples, sealing and retention).
+    figures_flush_s: float = Field(default=10.0, ge=0, le=60)
+    #: Five-minute figures rows are kept this long (minute rows: at most 6 hours).
+    figures_retention_s: float = Field(default=604_800.0, ge=86_400)
 
     @model_validator(mode="after")
     def _margin_inside_the_lease(self) -> ExecutorSettings:

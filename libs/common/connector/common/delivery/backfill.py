@@ -94,7 +94,7 @@ async def backfill(
                 int(e["delivery_seq"]),
             )
             # The receipt's trace context: the backfilled attempts join the delivery's trace.
-            rows.extend(work_row(*ids, w, e["traceparent"]) for w in plan.work)
+            rows.extend(work_row(*ids, w, e["traceparent"], e["accepted_at"]) for w in plan.work)
         if dry_run:
             report.work_items += len(rows)
             continue

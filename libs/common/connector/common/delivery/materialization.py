@@ -519,9 +519,10 @@ def work_row(
     delivery_seq: int,
     w: WorkDraft,
     traceparent: str | None = None,
+    accepted_at: float | None = None,
 ) -> WorkRow:
     """The WorkItem row of one fan-out entry of an event (``traceparent``: the trace context its
-    attempts continue, docs/tracing.md)."""
+    attempts continue, docs/tracing.md; ``accepted_at``: its receipt's, Unix seconds)."""
     return WorkRow(
         event_id=event_id,
         installed_pack_id=installed_pack_id,
@@ -536,6 +537,7 @@ def work_row(
         target_lane_key=w.target_lane_key,
         dead_blocks_lane=w.dead_blocks_lane,
         traceparent=traceparent,
+        accepted_at=accepted_at,
         run_after=w.run_after,
         rate=None
         if w.rate_key is None or (r := w.rate_limit) is None
@@ -577,6 +579,7 @@ def work_rows(
             d.receipt.receipt_id,
             w,
             traceparents[d.receipt.receipt_id] if traceparents else d.receipt.traceparent,
+            d.receipt.accepted_at,
         )
         for d in sorted(drafts, key=lambda d: d.receipt.receipt_id)
         for w in d.work

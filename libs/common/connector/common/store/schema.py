@@ -343,6 +343,10 @@ work_item = Table(
     _ts("updated_at", nullable=False, default_now=True),
     _ts("started_at"),
     _ts("finished_at"),
+    # The receipt's durable acceptance (``connector_ingress_receipt.accepted_at``), copied at
+    # materialization: the executor measures receipt -> executed from it without a join on the claim
+    # path (docs/metrics.md "Figures"). NULL for a WorkItem created otherwise.
+    _ts("accepted_at"),
     UniqueConstraint("event_id", "work_type"),
     CheckConstraint(sql_in("state", WORK_STATES), name="state"),
     CheckConstraint(
@@ -820,6 +824,46 @@ reconcile_run = Table(
     Column("result", JSONB, nullable=True),
     CheckConstraint(sql_in("state", RECONCILE_RUN_STATES), name="state"),
     Index("ix_connector_reconcile_run_pending", "run_id", postgresql_where=text("state = 'pending'")),
+)
+
+
+# Figures (docs/metrics.md "Figures without Prometheus"): one row per period (``step_s`` 60 or 300
+# seconds, ``start`` aligned to it) and installed pack (0: the whole cluster). Every ingress and
+# executor process adds its counts and latency histograms (bucket counts of
+# ``core.figures.BOUNDS_S``, trailing zeros trimmed) once per flush interval; one executor writes the
+# sampled gauges (NULL: not sampled) and, once the period closed, its quantiles (``quantiles``: p50,
+# p95, p99 and count of ack, delivery and delay; NULL while open or after a late flush). Rows older
+# than the retention are deleted by that executor. Never written per delivery.
+FIGURES_COUNTS = ("accepted", "duplicates", "rejected", "unavailable", "succeeded", "failed", "dead_lettered")
+figures = Table(
+    "connector_figures",
+    metadata,
+    Column("step_s", SmallInteger, nullable=False),
+    Column("installed_pack_id", BigInteger, nullable=False),
+    _ts("start", nullable=False),
+    *(Column(name, BigInteger, nullable=False, server_default=text("0")) for name in FIGURES_COUNTS),
+    *(
+        Column(name, ARRAY(BigInteger), nullable=False, server_default=text("'{}'"))
+        for name in ("ack_hist", "delivery_hist", "delay_hist")
+    ),
+    # Flushes added to the row: sealing writes its quantiles only if none came in between.
+    Column("flushes", Integer, nullable=False, server_default=text("0")),
+    Column("quantiles", ARRAY(Float), nullable=True),
+    Column("backlog", BigInteger, nullable=True),
+    Column("in_flight", BigInteger, nullable=True),
+    Column("oldest_ready_s", Float, nullable=True),
+    Column("open_circuits", Integer, nullable=True),
+    Column("pauses", Integer, nullable=True),
+    Column("executors", Integer, nullable=True),
+    Column("ingress_processes", Integer, nullable=True),
+    Column("unrouted", BigInteger, nullable=True),
+    Column("oldest_unrouted_s", Float, nullable=True),
+    _ts("flushed_at"),
+    _ts("sampled_at"),
+    PrimaryKeyConstraint("step_s", "installed_pack_id", "start"),
+    CheckConstraint("step_s IN (60, 300)", name="step_s"),
+    # Updated in place several times a minute (additive flushes): room on the page for HOT updates.
+    postgresql_with={"fillfactor": 70},
 )
 
 

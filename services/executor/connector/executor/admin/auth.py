@@ -57,6 +57,7 @@ METHOD_ROLES: dict[str, Role | None] = {
     "GetWorkItem": Role.VIEW,
     "ListReceiptFailures": Role.VIEW,
     "GetQueueStats": Role.VIEW,
+    "GetFigures": Role.VIEW,
     "ListBlockedLanes": Role.VIEW,
     "ListPacks": Role.VIEW,
     "GetCutoverState": Role.VIEW,

@@ -24,6 +24,7 @@ from connector.executor import cutover
 from connector.executor.admin import (
     actions,
     convert,
+    figures,
     find,
     packs,
     pagination,
@@ -490,6 +491,28 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         response.debounce_truncated = result.debounce_truncated
         response.circuits.extend(convert.circuit(r) for r in result.circuits)
         response.circuits_truncated = result.circuits_truncated
+        return response
+
+    async def GetFigures(self, request: pb.GetFiguresRequest, context: Any) -> pb.GetFiguresResponse:
+        if request.window not in (pb.FIGURES_WINDOW_UNSPECIFIED, *figures.WINDOWS):
+            raise invalid_argument(
+                f"window must be FIGURES_WINDOW_HOUR or FIGURES_WINDOW_DAY, not {request.window}",
+                field="window",
+            )
+        packs = list(dict.fromkeys(request.installed_pack_ids))
+        if len(packs) > figures.MAX_PACKS:
+            raise invalid_argument(
+                f"at most {figures.MAX_PACKS} installed_pack_ids per call", field="installed_pack_ids"
+            )
+        if any(p < 0 for p in packs):
+            raise invalid_argument("installed_pack_ids must not be negative", field="installed_pack_ids")
+        async with connection(self._pool) as conn:  # one statement: the read names the packs it found
+            response = await figures.figures_get(
+                conn, request.window, packs, current_only=request.current_only
+            )
+        missing = set(packs) - {0} - {s.installed_pack_id for s in response.series}
+        if missing:
+            raise not_found(Reason.PACK_NOT_FOUND, f"pack {min(missing)} not found")
         return response
 
     async def ListBlockedLanes(

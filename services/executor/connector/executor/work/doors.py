@@ -21,12 +21,13 @@ door                  reads                                      changes
                                                                  ``finalizer.finish``,
                                                                  ``lease_watch.expire``
 ``FinalizerDoor``     ``capacity``, ``claiming``, ``rnd``        ``held``, ``held_by_pack``,
-                                                                 ``wake``, ``stats``, ``abandon``,
-                                                                 ``space``; scheduler hints
+                                                                 ``wake``, ``stats``, ``figures``,
+                                                                 ``abandon``, ``space``; scheduler
+                                                                 hints
 ``LeaseKeeperDoor``   ``cfg.lease_s``, ``held``, ``pool``        ``ready``, ``stats``, ``abandon``
 ``LeaseWatchDoor``    ``cfg.lease_s``, ``held``                  ``lease_keeper.lose``
-``ReclaimerDoor``     ``cfg`` (reclaim settings), ``rnd``,       ``wake``, ``stats``; scheduler
-                      ``pool``                                   hints
+``ReclaimerDoor``     ``cfg`` (reclaim settings), ``rnd``,       ``wake``, ``stats``, ``figures``;
+                      ``pool``                                   scheduler hints
 ``ListenerDoor``      ``pool``                                   ``rediscover``, ``wake``;
                                                                  scheduler hints
 ====================  =========================================  =================================
@@ -49,6 +50,7 @@ from typing import Any, Protocol
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.core.figures import Recorder
 from connector.executor.handlers import Outcome
 from connector.executor.handlers.registry import HandlerRegistry
 from connector.executor.work.inflight import InFlight
@@ -209,6 +211,8 @@ class FinalizerDoor(Loop, Connections, Protocol):
     def wake(self) -> asyncio.Event: ...
     @property
     def stats(self) -> dict[str, int]: ...
+    @property
+    def figures(self) -> Recorder: ...
 
     def abandon(self, f: InFlight) -> None: ...
 
@@ -252,6 +256,8 @@ class ReclaimerDoor(Loop, Protocol):
     def wake(self) -> asyncio.Event: ...
     @property
     def stats(self) -> dict[str, int]: ...
+    @property
+    def figures(self) -> Recorder: ...
 
 
 class ListenerDoor(Loop, Protocol):

@@ -48,6 +48,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.core.figures import Recorder
 from connector.common.core.listener import Listener
 from connector.common.core.runtime import cancel_tasks
 from connector.executor import metrics as m
@@ -137,6 +138,9 @@ class Engine:
         self.rnd = random.Random()
         self.min_claim = max(1, min(cfg.claim_batch, self.capacity) // 4)
         self.known_packs: set[int] = set()
+        #: Executions and their latencies for the cluster's figures (``connector.executor.figures``;
+        #: in memory, flushed by the service's figures job).
+        self.figures = Recorder()
         self._on_error = on_error
         # Test signals (instead of sleeps): counts that tests may wait on.
         self.stats = {

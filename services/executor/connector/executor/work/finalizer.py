@@ -27,6 +27,7 @@ from connector.common.core.runtime import cancel_tasks
 from connector.common.store import circuits, work_items
 from connector.common.store.lanes import Lane, LaneKind
 from connector.common.store.work_items.finalize import FailOp
+from connector.executor import figures
 from connector.executor import metrics as m
 from connector.executor.handlers import Outcome, backoff_delay
 from connector.executor.work.doors import FinalizerDoor
@@ -253,6 +254,7 @@ class Finalizer:
         self._wake_groups(batch, res)
         self._let_go(batch)
         self._count_outcomes(batch, res)
+        figures.finalized(self.engine.figures, batch.items, batch.fail, res)
         m.HELD.set(len(self.engine.held))
         self.engine.space()
 

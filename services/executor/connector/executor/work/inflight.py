@@ -17,15 +17,19 @@ from connector.executor.handlers import HandlerContext
 _CONCURRENCY_KEY = CLAIM_COLUMNS.index("concurrency_key")
 _DEBOUNCE_KEY = CLAIM_COLUMNS.index("debounce_key")
 _CIRCUIT_KEY = CLAIM_COLUMNS.index("circuit_key")
+_DUE_S = CLAIM_COLUMNS.index("due_s")
+_ACCEPTED_S = CLAIM_COLUMNS.index("accepted_s")
 
 
 class InFlight(HandlerContext):
     __slots__ = (
+        "accepted_s",
         "cancel",
         "circuit_key",
         "concurrency_key",
         "debounce_key",
         "done",
+        "due_s",
         "runtime",
         "started",
         "t0",
@@ -40,6 +44,10 @@ class InFlight(HandlerContext):
         self.debounce_key: str | None = row[_DEBOUNCE_KEY]
         #: The item's circuit (its handler target, docs/adr/013-circuit-breakers.md): its outcome feeds it.
         self.circuit_key: str | None = row[_CIRCUIT_KEY]
+        #: When it was due and when its receipt was accepted (Unix seconds, database clock; the
+        #: figures' scheduling delay and receipt -> executed latency).
+        self.due_s: float = row[_DUE_S]
+        self.accepted_s: float | None = row[_ACCEPTED_S]
         self.runtime: Any = None  # the work type's runtime (handler, retry policy, timeout)
         self.started = False
         self.done = False  # an outcome (or a release) is recorded; nothing more to write

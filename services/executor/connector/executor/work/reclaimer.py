@@ -15,6 +15,7 @@ import asyncio
 import psycopg
 
 from connector.common.store import debounce, flow, work_items
+from connector.executor import figures
 from connector.executor import metrics as m
 from connector.executor.work.doors import ReclaimerDoor
 
@@ -57,6 +58,7 @@ class Reclaimer:
                 if c:
                     m.RECLAIMED.labels(st).inc(c)
             e.stats["reclaimed"] += len(rows)
+            figures.reclaimed(e.figures, rows)
             e.scheduler.mark_ready({r.installed_pack_id for r in rows})
             e.wake.set()
         return rows

@@ -52,16 +52,26 @@ class ClaimedRow(NamedTuple):
     debounce_key: str | None
     #: The circuit (handler target) its outcome feeds (docs/adr/013-circuit-breakers.md).
     circuit_key: str | None
+    #: Its due time (``run_after``) and its receipt's acceptance (``accepted_at``, NULL when not
+    #: known), Unix seconds on the database clock: the figures' scheduling delay and receipt ->
+    #: executed latency (docs/metrics.md "Figures without Prometheus").
+    due_s: float
+    accepted_s: float | None
 
 
 CLAIM_COLUMNS = ClaimedRow._fields
+#: Returned columns that are expressions rather than a column of the same name.
+_CLAIM_EXPRESSIONS = {
+    "due_s": "extract(epoch FROM w.run_after)::float8 AS due_s",
+    "accepted_s": "extract(epoch FROM w.accepted_at)::float8 AS accepted_s",
+}
 
 #: What every claim statement writes on a row it takes (the lease, the next fencing token, one
 #: attempt) and returns of it (``ClaimedRow``).
 _TAKE = f"""SET state = 'processing', lease_token = {token_next("w.lease_token")}, lease_owner = %(owner)s,
       lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
       attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()"""
-_TAKEN = ", ".join("w." + c for c in CLAIM_COLUMNS)
+_TAKEN = ", ".join(_CLAIM_EXPRESSIONS.get(c, "w." + c) for c in CLAIM_COLUMNS)
 #: The select list of the flow and rate statements' per-group count rows over ``h (pack, qc, due,
 #: why)``: ``(NULL, count, pack, ms until the first due, queue class, marker, NULL…)``.
 _HELD_BACK = f"""SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int,

@@ -38,10 +38,13 @@ WORK_ITEM_INSERT_COLUMNS = (
 # is the due time: now, or a delay's instant (``not_before``, NULL without one; ``greatest`` ignores
 # NULL; a past one is due now). Priority is not in it: the claim orders by ``vocabulary.claim_rank``
 # (due time less ``priority_head_s``, docs/adr/014-priorities.md), so it survives retries and delays.
-_INSERT_INPUT = (*WORK_ITEM_INSERT_COLUMNS, ("not_before", "timestamptz"))
+# ``accepted_s``: the receipt's ``accepted_at`` as Unix seconds (what the receipt claim returns),
+# NULL when unknown (the figures' receipt -> executed latency, docs/metrics.md).
+_INSERT_INPUT = (*WORK_ITEM_INSERT_COLUMNS, ("not_before", "timestamptz"), ("accepted_s", "float8"))
 WORK_ITEM_INSERT_BATCH = f"""
-INSERT INTO connector_work_item ({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, run_after)
-SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, greatest(now(), not_before)
+INSERT INTO connector_work_item ({", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, run_after, accepted_at)
+SELECT {", ".join(c for c, _ in WORK_ITEM_INSERT_COLUMNS)}, greatest(now(), not_before),
+       to_timestamp(accepted_s)
 FROM unnest({", ".join(f"%({c})b::{t}[]" for c, t in _INSERT_INPUT)})
   WITH ORDINALITY AS w({", ".join(c for c, _ in _INSERT_INPUT)}, ord)
 ORDER BY ord
@@ -82,6 +85,8 @@ class WorkRow:
     #: Circuit (the handler target) and breaker policy (docs/adr/013-circuit-breakers.md); its row
     #: is declared in the same transaction (``circuits.circuit_declare``).
     circuit: CircuitKey | None = None
+    #: The receipt's durable acceptance (Unix seconds, database clock); None: unknown.
+    accepted_at: float | None = None
 
     @property
     def lanes(self) -> list[Lane]:
@@ -114,6 +119,7 @@ async def work_item_insert_batch(conn: Conn, rows: Sequence[WorkRow]) -> int:
             w.debounce.debounce_key if w.debounce is not None else None,
             w.circuit.circuit_key if w.circuit is not None else None,
             w.run_after,
+            w.accepted_at,
         )
         for w in rows
     ]

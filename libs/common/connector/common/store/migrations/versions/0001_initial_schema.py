@@ -118,6 +118,37 @@ def upgrade() -> None:
     sa.CheckConstraint('window_s > 0 AND max_wait_s >= window_s', name=op.f('ck_connector_debounce_window')),
     sa.PrimaryKeyConstraint('installed_pack_id', 'work_type', 'debounce_key', name=op.f('pk_connector_debounce'))
     )
+    op.create_table('connector_figures',
+    sa.Column('step_s', sa.SmallInteger(), nullable=False),
+    sa.Column('installed_pack_id', sa.BigInteger(), nullable=False),
+    sa.Column('start', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('accepted', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('duplicates', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('rejected', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('unavailable', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('succeeded', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('failed', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('dead_lettered', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('ack_hist', postgresql.ARRAY(sa.BigInteger()), server_default=sa.text("'{}'"), nullable=False),
+    sa.Column('delivery_hist', postgresql.ARRAY(sa.BigInteger()), server_default=sa.text("'{}'"), nullable=False),
+    sa.Column('delay_hist', postgresql.ARRAY(sa.BigInteger()), server_default=sa.text("'{}'"), nullable=False),
+    sa.Column('flushes', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('quantiles', postgresql.ARRAY(sa.Float()), nullable=True),
+    sa.Column('backlog', sa.BigInteger(), nullable=True),
+    sa.Column('in_flight', sa.BigInteger(), nullable=True),
+    sa.Column('oldest_ready_s', sa.Float(), nullable=True),
+    sa.Column('open_circuits', sa.Integer(), nullable=True),
+    sa.Column('pauses', sa.Integer(), nullable=True),
+    sa.Column('executors', sa.Integer(), nullable=True),
+    sa.Column('ingress_processes', sa.Integer(), nullable=True),
+    sa.Column('unrouted', sa.BigInteger(), nullable=True),
+    sa.Column('oldest_unrouted_s', sa.Float(), nullable=True),
+    sa.Column('flushed_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('sampled_at', sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint('step_s IN (60, 300)', name=op.f('ck_connector_figures_step_s')),
+    sa.PrimaryKeyConstraint('step_s', 'installed_pack_id', 'start', name=op.f('pk_connector_figures')),
+    postgresql_with={'fillfactor': 70}
+    )
     op.create_table('connector_ingress_receipt',
     sa.Column('receipt_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
     sa.Column('namespace', sa.Text(), nullable=False),
@@ -384,6 +415,7 @@ def upgrade() -> None:
     sa.Column('updated_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('accepted_at', sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("state <> 'coalesced' OR covered_by IS NOT NULL", name=op.f('ck_connector_work_item_coalesced_has_cover')),
     sa.CheckConstraint("state <> 'processing' OR (lease_owner IS NOT NULL AND lease_until IS NOT NULL)", name=op.f('ck_connector_work_item_processing_has_lease')),
     sa.CheckConstraint("state IN ('pending', 'blocked', 'processing', 'retry', 'succeeded', 'dead', 'awaiting_legacy_outcome', 'reconciled_legacy_terminal', 'cancelled', 'coalesced')", name=op.f('ck_connector_work_item_state')),
@@ -457,6 +489,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_ingress_receipt_routable', table_name='connector_ingress_receipt', postgresql_where=sa.text("router_status IN ('pending', 'retry')"))
     op.drop_index('ix_connector_ingress_receipt_failed', table_name='connector_ingress_receipt', postgresql_where=sa.text("router_status = 'failed'"))
     op.drop_table('connector_ingress_receipt')
+    op.drop_table('connector_figures')
     op.drop_table('connector_debounce')
     op.drop_index('ix_connector_cutover_receipt_installed_pack_id_generation', table_name='connector_cutover_receipt')
     op.drop_table('connector_cutover_receipt')
