@@ -68,6 +68,35 @@ async def test_dead_letters_and_failed_receipts_are_grouped(admin: Admin, seed: 
     assert small.truncated and [(g.failure_class, g.count) for g in small.dead_letters] == [
         ("handler_error", 2)
     ]
+    # Pages (AIP-158): one group of each kind per page, in the same order as the whole answer.
+    pages, token = [], ""
+    while True:
+        page = await admin.stub.ListFailureGroups(
+            pb.ListFailureGroupsRequest(page_size=1, page_token=token), metadata=Admin.md(VIEW)
+        )
+        pages.append(([g.count for g in page.dead_letters], [g.count for g in page.receipt_failures]))
+        token = page.next_page_token
+        if not token:
+            break
+    assert pages == [([5], [3]), ([2], [1]), ([1], [])]
+    first_page = await admin.stub.ListFailureGroups(
+        pb.ListFailureGroupsRequest(page_size=1), metadata=Admin.md(VIEW)
+    )
+    await expect_error(  # a token is bound to the filters it was issued for
+        admin.stub.ListFailureGroups(
+            pb.ListFailureGroupsRequest(
+                page_size=1, installed_pack_id=crm, page_token=first_page.next_page_token
+            ),
+            metadata=Admin.md(VIEW),
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    await expect_error(
+        admin.stub.ListFailureGroups(
+            pb.ListFailureGroupsRequest(page_token="x.y.z"), metadata=Admin.md(VIEW)
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
     await expect_error(
         admin.stub.ListFailureGroups(pb.ListFailureGroupsRequest(scan_limit=-1), metadata=Admin.md(VIEW)),
         grpc.StatusCode.INVALID_ARGUMENT,

@@ -1445,14 +1445,16 @@ class GetCallerResponse(_message.Message):
     def __init__(self, key_id: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., may_see_payload: _Optional[bool] = ...) -> None: ...
 
 class ListFailureGroupsRequest(_message.Message):
-    __slots__ = ("installed_pack_id", "scan_limit", "page_size")
+    __slots__ = ("installed_pack_id", "scan_limit", "page_size", "page_token")
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
     SCAN_LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
     scan_limit: int
     page_size: int
-    def __init__(self, installed_pack_id: _Optional[int] = ..., scan_limit: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., scan_limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class DeadLetterGroup(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "work_type", "failure_class", "failure_summary", "count", "first_time", "last_time", "sample_work_id")
@@ -1497,11 +1499,13 @@ class ReceiptFailureGroup(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., route_key: _Optional[str] = ..., error_class: _Optional[str] = ..., error_summary: _Optional[str] = ..., count: _Optional[int] = ..., first_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_receipt_id: _Optional[int] = ...) -> None: ...
 
 class ListFailureGroupsResponse(_message.Message):
-    __slots__ = ("dead_letters", "receipt_failures", "truncated")
+    __slots__ = ("dead_letters", "receipt_failures", "truncated", "next_page_token")
     DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetterGroup]
     receipt_failures: _containers.RepeatedCompositeFieldContainer[ReceiptFailureGroup]
     truncated: bool
-    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetterGroup, _Mapping]]] = ..., receipt_failures: _Optional[_Iterable[_Union[ReceiptFailureGroup, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetterGroup, _Mapping]]] = ..., receipt_failures: _Optional[_Iterable[_Union[ReceiptFailureGroup, _Mapping]]] = ..., truncated: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...

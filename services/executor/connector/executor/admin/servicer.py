@@ -735,12 +735,29 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise invalid_argument(f"{field} must not be negative", field=field)
         scan = min(request.scan_limit or FAILURE_SCAN_DEFAULT, FAILURE_SCAN_MAX)
         limit = min(request.page_size or FAILURE_GROUPS_DEFAULT, FAILURE_GROUPS_MAX)
+        # Pages of groups by position in the answer's order (most frequent first): the groups are
+        # computed afresh from the newest rows per call, so a page token carries the offset.
+        filters = {"pack": pack, "scan": scan}
+        key = self.pages.decode("ListFailureGroups", request.page_token, filters, arity=1)
+        try:
+            offset = int(key[0]) if key is not None else 0
+        except (TypeError, ValueError):
+            raise pagination.bad_page_token() from None
+        if offset < 0 or offset > FAILURE_SCAN_MAX:
+            raise pagination.bad_page_token()
         async with connection(self._pool) as conn:
-            dead = await work_items.admin.work_item_dead_group(conn, pack, scan=scan, limit=limit)
-            failed = await receipts.admin.receipt_failed_group(conn, pack, scan=scan, limit=limit)
+            dead = await work_items.admin.work_item_dead_group(
+                conn, pack, scan=scan, limit=offset + limit + 1
+            )
+            failed = await receipts.admin.receipt_failed_group(
+                conn, pack, scan=scan, limit=offset + limit + 1
+            )
         response = pb.ListFailureGroupsResponse(
             truncated=any(r["pack_truncated"] for r in dead) or any(r["namespace_truncated"] for r in failed)
         )
+        if len(dead) > offset + limit or len(failed) > offset + limit:
+            response.next_page_token = self.pages.encode("ListFailureGroups", [offset + limit], filters)
+        dead, failed = dead[offset : offset + limit], failed[offset : offset + limit]
         for r in dead:
             response.dead_letters.append(
                 pb.DeadLetterGroup(
