@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def upgrade(args: argparse.Namespace) -> int:
     db = settings.load(settings.DatabaseSettings)
-    url = db.url()
+    url = db.conninfo()
     before = migrate.current(url)
     migrate.upgrade(url, args.revision)
     after = migrate.current(url)

@@ -58,7 +58,7 @@ def apply(args: argparse.Namespace) -> int:
     db = settings.load(settings.DatabaseSettings)
     actor = args.actor or f"cli:{getpass.getuser()}"
     try:
-        run = _apply(db.url(), manifest, activate=args.activate, dry_run=args.dry_run, actor=actor)
+        run = _apply(db.conninfo(), manifest, activate=args.activate, dry_run=args.dry_run, actor=actor)
         return asyncio.run(run)
     except psycopg.OperationalError as exc:
         print(f"database unavailable ({type(exc).__name__}); nothing installed", file=sys.stderr)

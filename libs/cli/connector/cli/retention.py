@@ -96,7 +96,7 @@ def sweep(args: argparse.Namespace) -> int:
         print(f"connector retention sweep: {exc}", file=sys.stderr)
         return 2
     cfg = settings.load(settings.ExecutorSettings)
-    url = settings.load(settings.DatabaseSettings).url()
+    url = settings.load(settings.DatabaseSettings).conninfo()
     delivered_s = older_s if older_s is not None else float(cfg.retention_delivered_s)
     admin_s = float(cfg.retention_admin_requests_s)
     batch = batch or int(cfg.retention_batch)

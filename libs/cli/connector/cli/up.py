@@ -224,13 +224,14 @@ async def _main(args: argparse.Namespace) -> int:
     materializer_cfg = settings.load(settings.MaterializerSettings)
     executor_cfg = settings.load(settings.ExecutorSettings)
     url = _database_url(db)
-    migrate.upgrade(url)
-    _say(f"database schema at {migrate.current(url)}")
+    conninfo = db.conninfo(url)  # with the connect timeout and keepalives (docs/deploy.md "Failover")
+    migrate.upgrade(conninfo)
+    _say(f"database schema at {migrate.current(conninfo)}")
     data_dir = _absolute(db.data_dir)
     secret_file = _demo_secret(data_dir)
     token_file = _admin_token(data_dir)
     if not args.no_demo:
-        pack_id = await _install_demo(url, secret_file)
+        pack_id = await _install_demo(conninfo, secret_file)
         _say(f"demo pack installed and active: demo ({pack_id}), namespace 'demo', route 'events'")
 
     executor_service = ExecutorService(db, executor_cfg, url=url)
@@ -295,7 +296,7 @@ async def _main(args: argparse.Namespace) -> int:
             return
         msg_id = await _post_demo(http_base, secret_file.read_text().strip())
         _say(f"posted a signed demo delivery ({msg_id}) to {http_base}/v1/webhooks/demo/events")
-        result = await _wait_executed(url, msg_id, args.timeout)
+        result = await _wait_executed(conninfo, msg_id, args.timeout)
         _say(f"demo delivery executed: receipt {result['receipt_id']} -> work items {result['work']}")
         _say(_shell_hint(env_file, demo=True))
         if args.once:

@@ -110,7 +110,7 @@ class ExecutorService(ServiceBootstrap):
 
     async def _start(self) -> None:
         cfg = self.cfg
-        url = self._url or self.db.url()
+        url = self.db.conninfo(self._url)
         pool = await self._open_pool(
             self.db,
             PoolSettings(

@@ -80,7 +80,7 @@ class IngressService(ServiceBootstrap):
 
     async def _start(self) -> None:
         s = self.settings
-        url = self._url or self.db.url()
+        url = self.db.conninfo(self._url)
         pool_db = self.db.model_copy(update={"statement_timeout_ms": s.statement_timeout_ms})
         pool = await self._open_pool(pool_db, s, url=url)
         await self._register(capability="none")

@@ -24,7 +24,7 @@ def cli(args: argparse.Namespace) -> int:
     db = settings.load(settings.DatabaseSettings)
 
     async def main() -> BackfillReport:
-        async with await psycopg.AsyncConnection.connect(db.url(), autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(db.conninfo(), autocommit=True) as conn:
             return await backfill(
                 conn,
                 installed_pack_id=args.pack_id,

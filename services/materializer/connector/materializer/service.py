@@ -77,7 +77,7 @@ class MaterializerService(ServiceBootstrap):
 
     @property
     def url(self) -> str:
-        return self._url or self.db.url()
+        return self.db.conninfo(self._url)
 
     def _on_started(self) -> None:
         log.info(

@@ -50,12 +50,22 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 def conninfo_with(
-    url: str, *, application_name: str, statement_timeout_ms: int, disable_jit: bool = False
+    url: str,
+    *,
+    application_name: str,
+    statement_timeout_ms: int,
+    disable_jit: bool = False,
+    lock_timeout_ms: int = 0,
 ) -> str:
+    """``url`` (a conninfo or URL) with this connection's name and startup options. The network
+    parameters (connect timeout, keepalives, ``tcp_user_timeout``) come with ``url`` itself: a
+    service takes it from ``DatabaseSettings.conninfo()``."""
     extra = {"application_name": application_name}
     options = []
     if statement_timeout_ms:
         options.append(f"-c statement_timeout={statement_timeout_ms}")
+    if lock_timeout_ms and (not statement_timeout_ms or lock_timeout_ms < statement_timeout_ms):
+        options.append(f"-c lock_timeout={lock_timeout_ms}")
     if disable_jit:
         options.append("-c jit=off")
     if options:
@@ -79,10 +89,11 @@ async def open_pool(
     outage does not fail on a dead connection. Only for pools off the hot path (the admin API's):
     a claim or receipt batch would pay the round trip on every batch."""
     conninfo = conninfo_with(
-        url or db.url(),
+        db.conninfo(url),
         application_name=f"connector-{service}",
         statement_timeout_ms=db.statement_timeout_ms,
         disable_jit=db.disable_jit,
+        lock_timeout_ms=db.lock_timeout_ms,
     )
     p: AsyncConnectionPool = AsyncConnectionPool(
         conninfo,

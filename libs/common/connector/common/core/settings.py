@@ -9,7 +9,9 @@ problem.
 from __future__ import annotations
 
 from typing import Literal, TypeVar
+from urllib.parse import parse_qsl
 
+import psycopg
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -36,15 +38,32 @@ class DatabaseSettings(BaseSettings):
     #: "database unavailable" (seconds).
     connect_timeout_s: float = Field(default=10.0, gt=0)
 
+    #: libpq parameters added to every connection unless the URL sets them (docs/deploy.md
+    #: "Failover"): a dead or silent server is noticed within seconds instead of the kernel's ~2 h
+    #: (keepalives) or ~15 min (unacknowledged data). 0 = not added (libpq's default: none).
+    #: Seconds per host to establish a connection (a multi-host URL tries the next host after it).
+    db_connect_timeout_s: int = Field(default=3, ge=0)
+    #: TCP keepalives on idle connections: first probe after ``idle`` s, then every ``interval`` s,
+    #: dropped after ``count`` unanswered probes.
+    db_keepalives_idle_s: int = Field(default=5, ge=0)
+    db_keepalives_interval_s: int = Field(default=2, ge=0)
+    db_keepalives_count: int = Field(default=3, ge=0)
+    #: Milliseconds sent data may stay unacknowledged before the connection is dropped (a statement
+    #: sent to a server that went silent fails after this instead of waiting for ever).
+    db_tcp_user_timeout_ms: int = Field(default=6_000, ge=0)
+    #: ``lock_timeout`` of every pooled connection (milliseconds, 0 = none): a statement waiting on
+    #: a lock fails with SQLSTATE 55P03 after this, below the statement timeout.
+    lock_timeout_ms: int = Field(default=10_000, ge=0)
+
     @field_validator("database_url")
     @classmethod
     def _scheme(cls, v: SecretStr | None) -> SecretStr | None:
-        if v is None or not v.get_secret_value():
+        if v is None or not v.get_secret_value().strip():
             return None
-        raw = v.get_secret_value()
-        if not raw.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-            raise ValueError("must be a postgresql:// URL")
-        return SecretStr(raw.replace("postgresql+psycopg://", "postgresql://", 1))
+        raw = v.get_secret_value().strip()
+        if raw.startswith("postgresql+psycopg://"):
+            raw = raw.replace("postgresql+psycopg://", "postgresql://", 1)
+        return SecretStr(check_libpq_url(raw))
 
     def url(self) -> str:
         if self.database_url is None:
@@ -54,6 +73,62 @@ class DatabaseSettings(BaseSettings):
                 " `. .data/env` sets it)"
             )
         return self.database_url.get_secret_value()
+
+    def network_params(self) -> dict[str, str]:
+        """The connection parameters this process adds unless the URL sets them (0 = not added)."""
+        out = {"keepalives": "1"}
+        for key, value in (
+            ("connect_timeout", self.db_connect_timeout_s),
+            ("keepalives_idle", self.db_keepalives_idle_s),
+            ("keepalives_interval", self.db_keepalives_interval_s),
+            ("keepalives_count", self.db_keepalives_count),
+            ("tcp_user_timeout", self.db_tcp_user_timeout_ms),
+        ):
+            if value:
+                out[key] = str(value)
+        return out
+
+    def conninfo(self, url: str | None = None) -> str:
+        """The libpq connection string of ``url`` (default: ``CONNECTOR_DATABASE_URL``) with
+        ``network_params()`` added where it does not set them. Every pool and every direct
+        connection of a service or command opens with this (docs/deploy.md "Failover")."""
+        params = psycopg.conninfo.conninfo_to_dict(url or self.url())
+        for key, value in self.network_params().items():
+            params.setdefault(key, value)
+        return psycopg.conninfo.make_conninfo("", **params)
+
+
+#: What the settings say about a URL libpq would not take as meant.
+LIBPQ_FORMS = (
+    "write postgresql://user:password@host1:5432,host2:5432/db?target_session_attrs=read-write"
+    " (libpq's multi-host URL) or the key=value form host=host1,host2 port=5432,5432 dbname=db"
+)
+
+
+def check_libpq_url(raw: str) -> str:
+    """``raw`` when libpq parses it as meant: a ``postgresql://`` / ``postgres://`` URL (multi-host
+    included) or the ``key=value`` form. Refused with one line: another scheme, a string libpq cannot
+    parse, and SQLAlchemy's ``?host=h:p&host=h:p`` multi-host form (libpq would read ``h:p`` as a
+    host name and fail at connect time). The message never repeats the string (it may hold a
+    password)."""
+    is_url = "://" in raw.split("=", 1)[0] or raw.startswith(("postgresql://", "postgres://"))
+    if is_url and not raw.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"must be a postgresql:// URL: {LIBPQ_FORMS}")
+    if not is_url and "=" not in raw:
+        raise ValueError(f"must be a postgresql:// URL or libpq key=value string: {LIBPQ_FORMS}")
+    if is_url and "?" in raw:
+        query = parse_qsl(raw.split("?", 1)[1], keep_blank_values=True)
+        hosts = [v for k, v in query if k == "host"]
+        if len(hosts) > 1 or any(":" in h and not h.startswith("/") for h in hosts):
+            raise ValueError(
+                "the SQLAlchemy form ?host=h:p&host=h:p is not libpq's (it would fail to connect):"
+                f" {LIBPQ_FORMS}"
+            )
+    try:
+        psycopg.conninfo.conninfo_to_dict(raw)
+    except psycopg.ProgrammingError:
+        raise ValueError(f"libpq cannot parse it: {LIBPQ_FORMS}") from None
+    return raw
 
 
 class LogSettings(BaseSettings):

@@ -71,7 +71,7 @@ class LegacyService(ServiceBootstrap):
         self._watch: asyncio.Task[None] | None = None
 
     async def _start(self) -> None:
-        url = self._url or self.db.url()
+        url = self.db.conninfo(self._url)
         pool = await self._open_pool(
             self.db,
             PoolSettings(pool_min_size=1, pool_max_size=max(4, self.cfg.workers + 3), pool_timeout_s=5.0),
