@@ -9,7 +9,9 @@ in turn (after a warm-up) and the rows are the p50 / p95 of the whole request as
 the console's rendering, its admin RPCs and their statements. Target: p95 <= 100 ms per page (issue
 #25). The data: 30 days of receipts (1 % failed, 0.1 % pending), their events and WorkItems (85 %
 succeeded, 5 % pending, 2 % retry, 4 % dead with one of 20 failure summaries, 1 % processing, 3 %
-blocked; 40 % in one of 500 source lanes), two packs.
+blocked; 40 % in source lanes keyed by event id modulo n / 50: 8,000 lanes at 1M), two packs, and a
+day of figures (the cluster and both packs: minutes for 6 h, five minutes for 24 h, closed periods
+sealed).
 """
 
 from __future__ import annotations
@@ -93,23 +95,75 @@ def seed(url: str, n: int) -> None:
               delivery_seq, source_lane_key, lease_owner, lease_until, run_after, finished_at, attempts,
               failure_class, failure_summary, outcome)
             SELECT e.event_id, e.installed_pack_id, 1, 'sync', s, e.delivery_seq,
-                   CASE WHEN e.event_id % 5 IN (0, 3) THEN 'sync:o' || (e.event_id % 500) END,
+                   CASE WHEN e.event_id %% 5 IN (0, 3) THEN 'sync:o' || (e.event_id %% %(lanes)s) END,
                    CASE WHEN s = 'processing' THEN 'x' END,
                    CASE WHEN s = 'processing' THEN now() + interval '1 minute' END,
                    now() - interval '1 minute', CASE WHEN s IN ('dead', 'succeeded') THEN e.created_at END,
                    CASE WHEN s = 'dead' THEN 5 ELSE 1 END,
                    CASE WHEN s IN ('dead', 'retry') THEN 'downstream_rejected' END,
-                   CASE WHEN s IN ('dead', 'retry') THEN 'crm answered 422 (' || (e.event_id % 20) || ')' END,
+                   CASE WHEN s IN ('dead', 'retry')
+                        THEN 'crm answered 422 (' || (e.event_id %% 20) || ')' END,
                    CASE WHEN s = 'dead' THEN 'failed' WHEN s = 'succeeded' THEN 'succeeded' END
             FROM (SELECT event_id, installed_pack_id, delivery_seq, created_at, CASE
-                    WHEN event_id % 100 < 85 THEN 'succeeded' WHEN event_id % 100 < 90 THEN 'pending'
-                    WHEN event_id % 100 < 92 THEN 'retry' WHEN event_id % 100 < 96 THEN 'dead'
-                    WHEN event_id % 100 < 97 THEN 'processing' ELSE 'blocked' END AS s
+                    WHEN event_id %% 100 < 85 THEN 'succeeded' WHEN event_id %% 100 < 90 THEN 'pending'
+                    WHEN event_id %% 100 < 92 THEN 'retry' WHEN event_id %% 100 < 96 THEN 'dead'
+                    WHEN event_id %% 100 < 97 THEN 'processing' ELSE 'blocked' END AS s
                   FROM connector_event) e
-            """
+            """,
+            {"lanes": max(50, n // 50)},
         )
-        for table in ("connector_ingress_receipt", "connector_event", "connector_work_item"):
+        seed_figures(db)
+        for table in (
+            "connector_ingress_receipt",
+            "connector_event",
+            "connector_work_item",
+            "connector_figures",
+        ):
             db.execute(f"VACUUM ANALYZE {table}")
+
+
+def seed_figures(db: psycopg.Connection[Any]) -> None:
+    """A day of figures for the cluster and both packs, as the processes' flushes and the leader's
+    samples leave them (minutes for the last 6 h, five minutes for the last day; every bucket of
+    every histogram observed), the closed periods sealed by the leader's own code."""
+    from connector.common.core.figures import BUCKETS, sealed
+    from connector.common.store import figures as store
+
+    hist = (
+        "ARRAY(SELECT 1 + (b * 7 + extract(epoch FROM s.start)::int) %% 50"
+        " FROM generate_series(1, %(buckets)s) b)"
+    )
+    db.execute(
+        f"""
+        INSERT INTO connector_figures (step_s, installed_pack_id, start, accepted, rejected, succeeded,
+          failed, dead_lettered, ack_hist, delivery_hist, delay_hist, flushes, backlog, in_flight,
+          oldest_ready_s, open_circuits, pauses, executors, ingress_processes, unrouted, oldest_unrouted_s,
+          flushed_at, sampled_at)
+        SELECT s.step_s, p.pack, s.start, 400 * s.step_s, s.step_s, 390 * s.step_s, 4 * s.step_s,
+               s.step_s / 60,
+               {hist}, {hist}, {hist}, 6, 70000, 200, 3.5, 1, 1,
+               CASE WHEN p.pack = 0 THEN 2 END, CASE WHEN p.pack = 0 THEN 2 END,
+               CASE WHEN p.pack = 0 THEN 12 END, CASE WHEN p.pack = 0 THEN 0.4 END, s.start, s.start
+        FROM (VALUES (0), (1), (2)) p(pack)
+        CROSS JOIN LATERAL (
+          SELECT 60 AS step_s, t AS start FROM generate_series(
+            to_timestamp(floor(extract(epoch FROM now()) / 60) * 60) - interval '6 hours',
+            now(), interval '1 minute') t
+          UNION ALL
+          SELECT 300, t FROM generate_series(
+            to_timestamp(floor(extract(epoch FROM now()) / 300) * 300) - interval '1 day',
+            now(), interval '5 minutes') t) s
+        """,
+        {"buckets": BUCKETS},
+    )
+
+    async def seal() -> None:
+        async with await psycopg.AsyncConnection.connect(db.info.dsn, autocommit=True) as conn:
+            while rows := await store.figures_unsealed(conn, grace_s=0.0, horizon_s=2 * 86_400.0, limit=2000):
+                if not await store.figures_seal(conn, [(r, sealed(r.histograms)) for r in rows]):
+                    break
+
+    asyncio.run(seal())
 
 
 async def measure(url: str, requests: int) -> list[dict[str, Any]]:
@@ -147,6 +201,8 @@ async def measure(url: str, requests: int) -> list[dict[str, Any]]:
     pages = {
         "overview": "/",
         "overview live refresh": "/overview/live?pack=0&window=hour",
+        "overview (day)": "/?window=day",
+        "overview live refresh (pack, day)": "/overview/live?pack=1&window=day",
         "overview queue table": "/overview/queues?pack=0",
         "deliveries (scan, namespace)": "/deliveries?namespace=shop",
         "deliveries (provider id)": f"/deliveries?delivery_id={delivery[0]}",

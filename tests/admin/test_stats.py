@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from connector.common.store import authority, receipts, work_items
+from connector.executor.admin import servicer as servicer_module
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -191,12 +192,31 @@ async def test_queue_stats(admin: Admin, seed: Seed) -> None:
         grpc.StatusCode.NOT_FOUND,
         "PACK_NOT_FOUND",
     )
+    # The keys view (the console's Lanes page) counts nothing: no queue rows, receipt counts zero;
+    # the pauses, keys and circuits are the full view's.
+    await seed.conn.execute(
+        "INSERT INTO connector_pause (installed_pack_id, queue_class, reason, actor)"
+        " VALUES (%s, '*', 'INC-1', 'test')",
+        (pack,),
+    )
+    full = await admin.stub.GetQueueStats(pb.GetQueueStatsRequest(), metadata=Admin.md(VIEW))
+    keys = await admin.stub.GetQueueStats(
+        pb.GetQueueStatsRequest(view=pb.QUEUE_STATS_VIEW_KEYS), metadata=Admin.md(VIEW)
+    )
+    assert not keys.queues
+    assert (keys.receipts_unrouted, keys.receipts_failed, keys.active_claimants) == (0, 0, 0)
+    assert [p.reason for p in keys.pauses] == [p.reason for p in full.pauses] == ["INC-1"]
+    assert full.queues and full.receipts_failed == 1  # control: the full view counts
+    await expect_error(
+        admin.stub.GetQueueStats(pb.GetQueueStatsRequest(view=7), metadata=Admin.md(VIEW)),  # type: ignore[arg-type]
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
 
 
 # --- ListBlockedLanes -----------------------------------------------------------------------------
 
 
-async def test_blocked_lanes(admin: Admin, seed: Seed) -> None:
+async def test_blocked_lanes(admin: Admin, seed: Seed, monkeypatch: pytest.MonkeyPatch) -> None:
     pack = await seed.pack()
     other = await seed.pack("crm")
     dead_head = await seed.item(pack, state="dead", source_lane="o:1")
@@ -241,6 +261,24 @@ async def test_blocked_lanes(admin: Admin, seed: Seed) -> None:
         (pb.LANE_KIND_SOURCE, "o:5"),
         (pb.LANE_KIND_TARGET_MUTATION, "acct:1"),
     ]
+    # A page reads at most LANES_SCAN lanes (one index descent each, blocked or not): with 2, the
+    # pages end early (a token after the last lane read) and together list the same lanes, in order.
+    monkeypatch.setattr(servicer_module, "LANES_SCAN", 2)
+    short: list[tuple[int, int, str]] = []
+    token, pages = "", 0
+    while True:
+        page = await admin.stub.ListBlockedLanes(
+            pb.ListBlockedLanesRequest(page_size=100, page_token=token), metadata=Admin.md(VIEW)
+        )
+        pages += 1
+        assert len(page.lanes) <= 2
+        short.extend((b.installed_pack_id, b.kind, b.lane_key) for b in page.lanes)
+        token = page.next_page_token
+        if not token:
+            break
+    assert short == [(b.installed_pack_id, b.kind, b.lane_key) for b in response.lanes]
+    assert pages >= 4  # 8 lanes holding members over two packs, 2 read per page
+    monkeypatch.undo()
     page = await admin.stub.ListBlockedLanes(
         pb.ListBlockedLanesRequest(installed_pack_id=pack, page_size=1), metadata=Admin.md(VIEW)
     )
@@ -388,11 +426,14 @@ def _plans() -> list[tuple[str, str, dict[str, Any]]]:
             ("rates", work_items.stats.work_item_stats_rates_sql(pack), p),
             ("classes", work_items.stats.work_item_stats_classes_sql(pack), p),
             ("processing", work_items.stats.work_item_stats_processing_sql(pack), p),
-            ("lanes", work_items.stats.work_item_lanes_blocked_sql(pack, after=False), p),
-            (
-                "lanes-page",
-                work_items.stats.work_item_lanes_blocked_sql(pack, after=True),
-                {**p, "k_pack": 1, "k_kind": "s", "k_key": "lane:1"},
+            *(
+                (
+                    f"lanes-{kind}-{after}",
+                    work_items.stats.work_item_lanes_walk_sql(kind, after),
+                    {**p, "pack": 1, "after": "lane:1", "scan": 1000},
+                )
+                for kind in (False, True)
+                for after in (False, True)
             ),
             ("cutover", authority.cutover_state_list_sql(pack), p),
             ("receipts", receipts.admin.RECEIPT_STATS, p),  # pack: its namespace's receipts

@@ -240,7 +240,7 @@ async def test_the_console_in_a_browser(browser_path: str, stack: Stack, pw: Any
         expect = {
             "overview": [
                 "Accepted / s" if hasattr(pb, "GetFiguresRequest") else "Unrouted receipts",
-                "Queues",
+                "Packs",
             ],
             "deliveries": [str(scene.receipt_of_dead), "dead"],
             "delivery": ["Timeline", "Why not running", "Replay work item"],

@@ -10,6 +10,7 @@ import re
 
 import grpc
 import psycopg
+import pytest
 
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc
@@ -51,9 +52,10 @@ async def test_every_page_shows_the_cluster(console: Console, seed: Seed, db: ps
     # the cards: from the figures (GetFigures) where the admin API serves them, else from the queue counts
     assert ("Accepted / s" if hasattr(pb, "GetFiguresRequest") else "Unrouted receipts") in overview
     assert "shop" in overview and "crm" in overview
-    assert 'hx-get="/overview/queues?pack=0"' in overview  # the queue table: loaded once, not polled
+    assert 'hx-get="/overview/queues?pack=0"' in overview  # the pack table: loaded once, not polled
     status, queues, _ = await op.get("/overview/queues?pack=0")
-    assert status == 200 and "paused" in queues and "(whole pack)" in queues
+    # from the sampled figures (nothing counted): the cluster's row and one per pack
+    assert status == 200 and all(t in queues for t in ("cluster", ">shop<", ">crm<", "connector admin stats"))
     status, live, _ = await op.get("/overview/live?pack=0&window=hour", headers={"HX-Request": "true"})
     assert status == 200 and live.lstrip().startswith('<div id="live"') and "<html" not in live
     deliveries = pages["/deliveries"]
@@ -229,3 +231,43 @@ async def test_bulk_replay_of_a_failed_receipt_group(
         await seed.one("SELECT router_status FROM connector_ingress_receipt WHERE receipt_id = %s", (other,))
         == "failed"
     )
+
+
+async def test_failure_groups_scan_the_newest_rows(
+    console: Console, seed: Seed, db: psycopg.Connection
+) -> None:
+    """The Failures page groups the newest 2,000 rows of each pack (ListFailureGroups scan_limit) and
+    says when older ones exist, with a link that groups the newest 10,000; ``scan`` is validated."""
+    scene = await stage(seed, db)
+    op = await console.login(OPERATOR)
+    status, text, _ = await op.get("/failures")
+    assert status == 200 and "older ones exist" not in text  # control: every dead letter grouped
+    status, text, _ = await op.get("/failures?scan=1")
+    text = html.unescape(text)
+    assert status == 200 and "only the newest 1 of each pack were grouped" in text
+    assert "group the newest 10,000" in text and f"Review {len(scene.dead)}" not in text
+    status, text, _ = await op.get("/failures?scan=10001")
+    assert status == 400 and "scan" in text
+
+
+async def test_lanes_page_follows_the_lane_walk(
+    console: Console, seed: Seed, db: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocked lanes are read head by head, at most LANES_SCAN lanes per page: with 1, the page ends
+    early with a "More lanes" link, and following the links reaches the blocked lane."""
+    from connector.executor.admin import servicer
+
+    scene = await stage(seed, db)
+    op = await console.login(OPERATOR)
+    status, whole, _ = await op.get("/lanes")
+    assert status == 200 and "post:inv-7" in whole and "More lanes" not in whole  # control
+    monkeypatch.setattr(servicer, "LANES_SCAN", 1)
+    path, seen, pages = "/lanes", "", 0
+    while path and pages < 50:
+        status, text, _ = await op.get(path)
+        assert status == 200, text[:500]
+        seen += text
+        pages += 1
+        found = re.search(r'<a href="(/lanes\?pack=0&amp;page=[^"]+)">More lanes</a>', text)
+        path = html.unescape(found.group(1)) if found else ""
+    assert pages > 1 and "post:inv-7" in seen and str(scene.blocked_head) in seen

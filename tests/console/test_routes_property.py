@@ -92,7 +92,7 @@ ROUTE_NAMES = {
     "/deliveries": ["receipt_id", "work_id", "delivery_id", "idempotency_key", "correlation", "namespace",
                     "route", "kind", "routing", "state", "since", "until", "page", "size"],
     "/deliveries/{id}": ["payload"],
-    "/failures": ["pack"],
+    "/failures": ["pack", "scan"],
     "/failures/group": ["pack", "work_type", "failure_class", "summary", "page"],
     "/lanes": ["pack", "page"],
     "/login": ["next", "token", "login_csrf"],

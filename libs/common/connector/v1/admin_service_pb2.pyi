@@ -12,6 +12,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class QueueStatsView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    QUEUE_STATS_VIEW_UNSPECIFIED: _ClassVar[QueueStatsView]
+    QUEUE_STATS_VIEW_FULL: _ClassVar[QueueStatsView]
+    QUEUE_STATS_VIEW_KEYS: _ClassVar[QueueStatsView]
+
 class FiguresWindow(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FIGURES_WINDOW_UNSPECIFIED: _ClassVar[FiguresWindow]
@@ -68,6 +74,9 @@ class ReconcileRunState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECONCILE_RUN_STATE_RUNNING: _ClassVar[ReconcileRunState]
     RECONCILE_RUN_STATE_DONE: _ClassVar[ReconcileRunState]
     RECONCILE_RUN_STATE_FAILED: _ClassVar[ReconcileRunState]
+QUEUE_STATS_VIEW_UNSPECIFIED: QueueStatsView
+QUEUE_STATS_VIEW_FULL: QueueStatsView
+QUEUE_STATS_VIEW_KEYS: QueueStatsView
 FIGURES_WINDOW_UNSPECIFIED: FiguresWindow
 FIGURES_WINDOW_HOUR: FiguresWindow
 FIGURES_WINDOW_DAY: FiguresWindow
@@ -270,10 +279,12 @@ class ReplayReceiptResponse(_message.Message):
     def __init__(self, receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
 
 class GetQueueStatsRequest(_message.Message):
-    __slots__ = ("installed_pack_id",)
+    __slots__ = ("installed_pack_id", "view")
     INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     installed_pack_id: int
-    def __init__(self, installed_pack_id: _Optional[int] = ...) -> None: ...
+    view: QueueStatsView
+    def __init__(self, installed_pack_id: _Optional[int] = ..., view: _Optional[_Union[QueueStatsView, str]] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ("installed_pack_id", "pack_name", "queue_class", "depth_by_state", "oldest_ready_age", "in_flight", "retry_rate", "dead_rate", "due", "paused")

@@ -21,15 +21,21 @@ from connector.v1 import admin_service_pb2 as pb
 
 ACTIONS = {"replay": "ReplayDeadLetters", "cancel": "CancelWorkItem"}
 GROUP_FIELDS = ("pack", "work_type", "failure_class", "summary")
+#: Rows grouped per pack (dead letters) and namespace (failed receipts): the newest 2,000 by default
+#: (an incident list: what is failing now), the newest 10,000 on request ("group older ones too").
+SCAN_DEFAULT, SCAN_DEEP = 2_000, 10_000
 
 
 async def failures(request: web.Request) -> web.Response:
     params = Params(request.query)
     pack = params.integer("pack", minimum=0) or 0
-    groups = await call(request, "ListFailureGroups", pb.ListFailureGroupsRequest(installed_pack_id=pack))
+    scan = params.integer("scan", minimum=1, maximum=SCAN_DEEP) or SCAN_DEFAULT
+    groups = await call(
+        request, "ListFailureGroups", pb.ListFailureGroupsRequest(installed_pack_id=pack, scan_limit=scan)
+    )
     return render(
         request, "failures.html", groups=groups, pack=pack, group_query=group_query,
-        receipt_query=receipts.group_query,
+        receipt_query=receipts.group_query, scan=scan, scan_deep=SCAN_DEEP,
     )  # fmt: skip
 
 

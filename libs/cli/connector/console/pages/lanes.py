@@ -1,5 +1,6 @@
-"""Lanes and keys: blocked lanes with their head and why (ListBlockedLanes); rate-limit, concurrency
-and debounce keys, circuit breakers and pauses (GetQueueStats); open / close a circuit and pause /
+"""Lanes and keys: blocked lanes with their head and why (ListBlockedLanes: reads lane heads only);
+rate-limit, concurrency and debounce keys, circuit breakers and pauses (GetQueueStats' keys view,
+which counts nothing; the pack names from ListPacks); open / close a circuit and pause /
 resume a pack or queue class, each with a reason (PausePack, ResumePack, OpenCircuit, CloseCircuit)."""
 
 from __future__ import annotations
@@ -24,15 +25,23 @@ async def lanes(request: web.Request) -> web.Response:
             installed_pack_id=pack, page_size=100, page_token=params.text("page", max_len=8192)
         ),
     )
-    stats = await call(request, "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=pack))
+    # The keys view: pauses, keys and circuits, nothing counted (the queue's depth is the overview's,
+    # from the sampled figures).
+    stats = await call(
+        request,
+        "GetQueueStats",
+        pb.GetQueueStatsRequest(installed_pack_id=pack, view=pb.QUEUE_STATS_VIEW_KEYS),
+    )
+    listed = await call(request, "ListPacks", pb.ListPacksRequest(page_size=500))
+    names = [(p.installed_pack_id, p.name) for p in listed.packs]
     return render(
         request,
         "lanes.html",
         blocked=blocked,
         stats=stats,
         pack=pack,
-        packs=[(q.installed_pack_id, q.pack_name) for q in stats.queues if not q.queue_class],
-        pack_names={q.installed_pack_id: q.pack_name for q in stats.queues if not q.queue_class},
+        packs=names,
+        pack_names=dict(names),
         lane_kind=lambda v: pb.LaneKind.Name(v).removeprefix("LANE_KIND_").lower().replace("_", " "),
         circuit_state=lambda v: pb.CircuitState.Name(v).removeprefix("CIRCUIT_STATE_").lower(),
         nonce=uuid.uuid4().hex,

@@ -3,10 +3,12 @@
 The live part (cards and charts, refreshed every 5 s while the tab is visible) is one GetFigures
 call: per-minute rollups every process flushes and one executor's sampled gauges (backlog, in flight,
 oldest ready age, open circuits, pauses, executors, unrouted receipts), one bounded statement whatever
-the number of packs or charts, no Prometheus needed. The queue table (depth by state and queue
-class, rates, paused) is GetQueueStats, which counts the queue at each call: it is loaded once with
-the page (``/overview/queues``), never polled. An admin API without GetFigures (older executors):
-the cards come from GetQueueStats and there are no charts.
+the number of packs or charts, no Prometheus needed; for the whole cluster it asks for the cluster's
+series alone (``installed_pack_ids=[0]``). The per-pack table is one GetFigures call too
+(``current_only``, every pack): loaded once with the page (``/overview/queues``), never polled.
+Nothing on the overview counts the queue (exact depth by state and queue class: ``connector admin
+stats``). An admin API without GetFigures (older executors): the cards and the table come from
+GetQueueStats (which counts) and there are no charts.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ async def _figures(request: web.Request, window: str, pack: int) -> tuple[Any, s
             "GetFigures",
             request_type(
                 window=getattr(pb, "FIGURES_WINDOW_DAY" if window == "day" else "FIGURES_WINDOW_HOUR"),
-                installed_pack_ids=[pack] if pack else [],
+                installed_pack_ids=[pack],  # [0]: the cluster alone (not every pack's series)
             ),
         )
     except ApiError as exc:
@@ -115,7 +117,24 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def queues(request: web.Request) -> web.Response:
-    """The queue table (GetQueueStats), loaded once with the overview."""
+    """The per-pack table, loaded once with the overview: the current figures of every pack (one
+    GetFigures call with ``current_only``: counts of the last minute or so and the sampled gauges;
+    nothing is counted). Against an admin API without GetFigures: GetQueueStats (which counts)."""
     _, pack = _scope(request)
+    request_type = getattr(pb, "GetFiguresRequest", None)
+    figures = None
+    if request_type is not None:
+        try:
+            figures = await call(
+                request, "GetFigures",
+                request_type(current_only=True, installed_pack_ids=[pack] if pack else []),
+            )  # fmt: skip
+        except ApiError as exc:
+            if exc.code != "UNIMPLEMENTED":
+                raise
+    if figures is not None:
+        return render(
+            request, "overview_queues.html", figures=figures, stats=None, pack=pack, rate=rate
+        )  # fmt: skip
     stats = await call(request, "GetQueueStats", pb.GetQueueStatsRequest(installed_pack_id=pack))
-    return render(request, "overview_queues.html", stats=stats, pack=pack)
+    return render(request, "overview_queues.html", figures=None, stats=stats, pack=pack, rate=rate)

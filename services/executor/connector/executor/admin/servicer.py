@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common.core.grpc_input import InputRules
 from connector.common.core.grpc_server import current_principal
 from connector.common.store import processes, receipts, work_items
+from connector.common.store.packs import pack_names
 from connector.executor import cutover
 from connector.executor.admin import (
     actions,
@@ -456,10 +457,17 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
 
     async def GetQueueStats(self, request: pb.GetQueueStatsRequest, context: Any) -> pb.GetQueueStatsResponse:
         pack = _optional_id(request.installed_pack_id, "installed_pack_id")
+        if request.view not in pb.QueueStatsView.values():
+            raise invalid_argument(
+                f"view must be QUEUE_STATS_VIEW_FULL or QUEUE_STATS_VIEW_KEYS, not {request.view}",
+                field="view",
+            )
         async with connection(self._pool) as conn:
             if pack is not None and not await stats.pack_exists(conn, pack):
                 raise not_found(Reason.PACK_NOT_FOUND, f"pack {pack} not found")
-            result = await stats.queue_stats(conn, pack, stale_s=self._stale_s)
+            result = await stats.queue_stats(
+                conn, pack, stale_s=self._stale_s, counts=request.view != pb.QUEUE_STATS_VIEW_KEYS
+            )
         response = pb.GetQueueStatsResponse(
             receipts_unrouted=result.receipts_unrouted,
             oldest_unrouted_age=convert.duration(result.oldest_unrouted_age),
@@ -529,25 +537,21 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             except (TypeError, ValueError):
                 raise pagination.bad_page_token() from None
         async with connection(self._pool) as conn:
-            rows = await work_items.stats.work_item_lanes_blocked(conn, pack, after=after, limit=size + 1)
+            packs = sorted(await pack_names(conn))
+            heads, resume = await _blocked_heads(conn, packs if pack is None else [pack], after, size)
         response = pb.ListBlockedLanesResponse()
-        for row in rows[:size]:
+        for pack_id, kind, row in heads:
             response.lanes.append(
                 pb.BlockedLane(
-                    installed_pack_id=row["w_installed_pack_id"],
-                    kind=pb.LANE_KIND_SOURCE if row["lane_kind"] == "s" else pb.LANE_KIND_TARGET_MUTATION,
+                    installed_pack_id=pack_id,
+                    kind=pb.LANE_KIND_SOURCE if kind == "s" else pb.LANE_KIND_TARGET_MUTATION,
                     lane_key=row["lane_key"],
                     head=convert.work_item(row),
                     waiting=int(row["waiting"]),
                 )
             )
-        if len(rows) > size:
-            last = rows[size - 1]
-            response.next_page_token = self.pages.encode(
-                "ListBlockedLanes",
-                [int(last["w_installed_pack_id"]), last["lane_kind"], last["lane_key"]],
-                filters,
-            )
+        if resume is not None:
+            response.next_page_token = self.pages.encode("ListBlockedLanes", list(resume), filters)
         return response
 
     # -- cutover --------------------------------------------------------------------------------
@@ -830,3 +834,34 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, method: str, request_id: str, response_type: type[M], body: Callable[[Any], Awaitable[M]]
     ) -> M:
         return await self._mutate(method, request_id, response_type, body)
+
+
+#: ListBlockedLanes: lanes read per page at most (one index descent each); a page that reaches it
+#: before it is full ends early, with a token that resumes after the last lane read.
+LANES_SCAN = 1000
+
+
+async def _blocked_heads(
+    conn: Any, packs: list[int], after: tuple[int, str, str] | None, size: int
+) -> tuple[list[tuple[int, str, dict[str, Any]]], tuple[int, str, str] | None]:
+    """Up to ``size`` blocked lane heads in (pack, kind, key) order after ``after``, walking each
+    pack's lanes of each kind (``work_item_lanes_walk``) within ``LANES_SCAN`` lanes read; and where
+    the next page starts (None: no more lanes)."""
+    heads: list[tuple[int, str, dict[str, Any]]] = []
+    budget = LANES_SCAN
+    for pack_id in packs:
+        for kind, _ in work_items.stats.LANE_COLUMNS:
+            if after is not None and (pack_id, kind) < after[:2]:
+                continue
+            start = after[2] if after is not None and (pack_id, kind) == after[:2] else None
+            rows, last, read, exhausted = await work_items.stats.work_item_lanes_walk(
+                conn, pack_id, kind, after=start, scan=budget, limit=size - len(heads) + 1
+            )
+            budget -= read
+            heads += [(pack_id, kind, r) for r in rows]
+            if len(heads) > size:  # one more than the page: the page ends at its last head
+                end_pack, end_kind, end = heads[size - 1]
+                return heads[:size], (end_pack, end_kind, end["lane_key"])
+            if last is not None and (not exhausted or budget <= 0):  # the scan budget ran out
+                return heads, (pack_id, kind, last)
+    return heads, None

@@ -1,6 +1,6 @@
 """Queue, lane and cutover statistics from indexed reads only (tests assert the plans with EXPLAIN),
 assembled from the store's statements: ``store.work_items.stats.work_item_stats_*`` and
-``work_item_lanes_blocked``, ``store.receipts.admin.receipt_stats``, ``store.authority.cutover_state_list``
+``work_item_lanes_walk``, ``store.receipts.admin.receipt_stats``, ``store.authority.cutover_state_list``
 and ``cutover_receipt_list``, ``store.packs.pack_exists``.
 
 Every count is driven from the small control tables (packs, generations) into equality ranges of
@@ -93,15 +93,27 @@ class QueueStats:
 RATE_KEYS_SHOWN = 200
 
 
-async def queue_stats(conn: AsyncConnection[Any], pack: int | None, *, stale_s: float) -> QueueStats:
+async def queue_stats(
+    conn: AsyncConnection[Any], pack: int | None, *, stale_s: float, counts: bool = True
+) -> QueueStats:
+    """The queue rows and receipt counts (with ``counts``: they count index ranges, so their cost
+    grows with the queue), pauses, keys and circuits (a bounded number of rows each)."""
     params: dict[str, Any] = {"pack": pack, "window": RATE_WINDOW_S, "stale_s": stale_s}
-    packs = {
-        int(r["installed_pack_id"]): r for r in await work_items.stats.work_item_stats_rates(conn, params)
-    }
-    depth = await work_items.stats.work_item_stats_depth(conn, params)
-    classes = await work_items.stats.work_item_stats_classes(conn, params)
-    processing = await work_items.stats.work_item_stats_processing(conn, params)
-    receipt_counts = await receipts.admin.receipt_stats(conn, params)
+    packs: dict[int, Any] = {}
+    depth: list[dict[str, Any]] = []
+    classes: list[dict[str, Any]] = []
+    processing: list[dict[str, Any]] = []
+    receipt_counts: dict[str, Any] | None = dict.fromkeys(
+        ("unrouted", "routing", "failed", "active_claimants"), 0
+    ) | {"oldest_unrouted_age": None}
+    if counts:
+        packs = {
+            int(r["installed_pack_id"]): r for r in await work_items.stats.work_item_stats_rates(conn, params)
+        }
+        depth = await work_items.stats.work_item_stats_depth(conn, params)
+        classes = await work_items.stats.work_item_stats_classes(conn, params)
+        processing = await work_items.stats.work_item_stats_processing(conn, params)
+        receipt_counts = await receipts.admin.receipt_stats(conn, params)
     assert receipt_counts is not None
     paused = await pauses.pause_list(conn, pack)
     rate_rows = await flow.rate_limit_stats(conn, pack, RATE_KEYS_SHOWN + 1)

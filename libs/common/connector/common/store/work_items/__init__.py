@@ -8,7 +8,7 @@ admin API's dead letters and WorkItem with their event and receipt (``work_item_
 ``work_item_get``, built from the aliased select lists ``WORK_ITEM_SELECT_COLUMNS``,
 ``events.EVENT_SELECT_COLUMNS``, ``receipts.admin.RECEIPT_SELECT_COLUMNS``), the replay checks' item,
 event and receipt (``work_item_replay_candidates``), and its queue and lane statistics driven from
-the pack and generation rows (``work_item_stats_*``, ``work_item_lanes_blocked``).
+the pack and generation rows (``work_item_stats_*``, ``work_item_lanes_walk``).
 
 The WorkItem row is the sole distributed execution authority. Rules every claim-path statement
 here follows:

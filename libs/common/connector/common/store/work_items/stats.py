@@ -1,6 +1,6 @@
 """Queue and lane statistics on ``connector_work_item``: the sampler's diagnostics and the admin
 API's stats, driven from the pack and generation rows (``work_item_stats_*``,
-``work_item_lanes_blocked``)."""
+``work_item_lanes_walk``)."""
 
 from __future__ import annotations
 
@@ -158,57 +158,60 @@ async def work_item_stats_processing(conn: Conn, params: dict[str, Any]) -> list
 
 
 HEAD_STATES = ("dead", "retry", "awaiting_legacy_outcome")
-_HEAD_VALUES = ", ".join(f"('{s}')" for s in HEAD_STATES)
+_HEAD_IN = ", ".join(f"'{s}'" for s in HEAD_STATES)
+#: The lane kinds in listing order, with their column (``LaneKind`` values).
+LANE_COLUMNS = (("s", "source_lane_key"), ("t", "target_mutation_lane_key"))
 
 
-def _lane_branch(kind: str, column: str) -> str:
+def work_item_lanes_walk_sql(target: bool, after: bool) -> str:
+    """The heads of one pack's lanes of one kind in key order, after a key or from the first: a loose
+    index scan of the lane's partial index (``ix_connector_work_item_source_lane`` / ``_target_lane``,
+    (pack, key, delivery_seq, work_id) over the holding members), one descent per lane, whose first
+    entry *is* the lane's head (its first holding member). The walk stops after ``%(scan)s`` lanes or
+    when ``%(limit)s`` heads hold their lane while not runnable (``HEAD_STATES``: dead and blocking,
+    retrying, rollback-fenced); it returns those heads (with how many members wait behind each) and
+    the last lane it read (``last``: where the next page resumes). Reads only lane heads: never the
+    members of a lane, never every dead or retrying item."""
+    column = "target_mutation_lane_key" if target else "source_lane_key"
+    first = f"w.{column} > %(after)s" if after else f"w.{column} IS NOT NULL"
+    hold_w, hold_m = lane_holding("w"), lane_holding("m")
+    step = f"""SELECT w.{column} AS lane_key, w.work_id, w.state FROM connector_work_item w
+    WHERE w.installed_pack_id = %(pack)s AND {{cond}} AND {hold_w}
+    ORDER BY w.{column}, w.delivery_seq, w.work_id LIMIT 1"""
     return f"""
-  SELECT c.*, '{kind}'::text AS lane_kind, c.{column} AS lane_key,
-    (SELECT count(*) FROM connector_work_item m
-     WHERE m.installed_pack_id = c.installed_pack_id AND m.{column} = c.{column}
-       AND m.{column} IS NOT NULL AND {lane_holding("m")}
-       AND (m.delivery_seq, m.work_id) > (c.delivery_seq, c.work_id)) AS waiting
-  FROM cand c
-  WHERE c.{column} IS NOT NULL
-    AND NOT EXISTS (
-      SELECT 1 FROM connector_work_item e
-      WHERE e.installed_pack_id = c.installed_pack_id AND e.{column} = c.{column}
-        AND e.{column} IS NOT NULL AND {lane_holding("e")}
-        AND (e.delivery_seq, e.work_id) < (c.delivery_seq, c.work_id))"""
-
-
-def work_item_lanes_blocked_sql(pack: int | None, after: bool) -> str:
-    """Lane heads (first holding member in (delivery_seq, work_id) order) that are dead (and hold
-    their lane by policy), retrying, or rollback-fenced. Candidates come from the state index per
-    (pack, generation, state); head and waiting checks from the lane partial indexes."""
-    keyset = "(l.installed_pack_id, l.lane_kind, l.lane_key) > (%(k_pack)s, %(k_kind)s, %(k_key)s)"
-    return f"""
-WITH cand AS (
-  SELECT w.* FROM connector_pack_generation g
-  CROSS JOIN (VALUES {_HEAD_VALUES}) AS s(state)
-  CROSS JOIN LATERAL (
-    SELECT w.* FROM connector_work_item w
-    WHERE w.installed_pack_id = g.installed_pack_id AND w.generation = g.generation
-      AND w.state = s.state AND w.state <> 'succeeded'  -- (the partial state index's predicate)
-      AND (w.source_lane_key IS NOT NULL OR w.target_mutation_lane_key IS NOT NULL)
-      AND (w.state <> 'dead' OR w.dead_blocks_lane)
-    OFFSET 0) w  -- a fence: keep the per-(pack, generation, state) index range (no hash join)
-  WHERE {pack_filter("g", pack)}
-), lanes AS ({_lane_branch("s", "source_lane_key")}
-  UNION ALL{_lane_branch("t", "target_mutation_lane_key")}
+WITH RECURSIVE walk (lane_key, work_id, state, n, found) AS (
+  (SELECT h.lane_key, h.work_id, h.state, 1, (h.state IN ({_HEAD_IN}))::int
+   FROM ({step.format(cond=first)}) h)
+  UNION ALL
+  SELECT h.lane_key, h.work_id, h.state, walk.n + 1, walk.found + (h.state IN ({_HEAD_IN}))::int
+  FROM walk CROSS JOIN LATERAL ({step.format(cond=f"w.{column} > walk.lane_key")}) h
+  WHERE walk.n < %(scan)s AND walk.found < %(limit)s
+), seen AS (
+  SELECT walk.*, walk.n = max(walk.n) OVER () AS last FROM walk
 )
-SELECT {WORK_ITEM_SELECT_COLUMNS.replace("w.", "l.")}, l.lane_kind, l.lane_key, l.waiting
-FROM lanes l
-WHERE {keyset if after else "true"}
-ORDER BY l.installed_pack_id, l.lane_kind, l.lane_key
-LIMIT %(limit)s
+SELECT {WORK_ITEM_SELECT_COLUMNS}, seen.lane_key, seen.n, seen.found, seen.last,
+  seen.state IN ({_HEAD_IN}) AS blocked,
+  CASE WHEN seen.state IN ({_HEAD_IN}) THEN
+    (SELECT count(*) FROM connector_work_item m
+     WHERE m.installed_pack_id = %(pack)s AND m.{column} = seen.lane_key AND {hold_m}
+       AND (m.delivery_seq, m.work_id) > (w.delivery_seq, w.work_id)) END AS waiting
+FROM seen JOIN connector_work_item w ON w.work_id = seen.work_id
+WHERE seen.state IN ({_HEAD_IN}) OR seen.last
+ORDER BY seen.n
 """
 
 
-async def work_item_lanes_blocked(
-    conn: Conn, pack: int | None, *, after: tuple[int, str, str] | None, limit: int
-) -> list[dict[str, Any]]:
-    params: dict[str, Any] = {"pack": pack, "limit": limit}
-    if after is not None:
-        params.update(k_pack=after[0], k_kind=after[1], k_key=after[2])
-    return await fetch_dicts(conn, work_item_lanes_blocked_sql(pack, after is not None), params)
+async def work_item_lanes_walk(
+    conn: Conn, pack: int, kind: str, *, after: str | None, scan: int, limit: int
+) -> tuple[list[dict[str, Any]], str | None, int, bool]:
+    """One pack's lanes of ``kind`` (``"s"`` / ``"t"``) after ``after``: (blocked heads in key order,
+    each with ``lane_key`` and ``waiting``; the last lane key read (None: none); lanes read; whether
+    the walk found no more lanes). ``limit`` heads at most, ``scan`` lanes at most."""
+    params: dict[str, Any] = {"pack": pack, "after": after, "scan": scan, "limit": limit}
+    rows = await fetch_dicts(conn, work_item_lanes_walk_sql(kind == "t", after is not None), params)
+    if not rows:
+        return [], None, 0, True
+    last = rows[-1]
+    read = int(last["n"])
+    exhausted = read < scan and int(last["found"]) < limit
+    return [r for r in rows if r["blocked"]], str(last["lane_key"]), read, exhausted
