@@ -64,6 +64,12 @@ BATCH_FAILURES = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+COMMIT_DEADLINE_EXCEEDED = Counter(
+    "connector_ingress_commit_deadline_exceeded_total",
+    "Deliveries answered unavailable because their receipt was not committed within"
+    " CONNECTOR_INGRESS_COMMIT_DEADLINE_S of joining the commit queue",
+    registry=REGISTRY,
+)
 DEADLOCK_RETRIES = Counter(
     "connector_ingress_group_commit_deadlock_retries_total",
     "Group commits retried after a deadlock between concurrent duplicate deliveries",

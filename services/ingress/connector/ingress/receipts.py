@@ -17,6 +17,13 @@ is the at-least-once contract. A delivery that waited in the queue longer than `
 is answered unavailable without being written, and a full queue refuses new deliveries at once:
 load shedding, not unbounded latency.
 
+The commit deadline (``commit_deadline_s``, ``CONNECTOR_INGRESS_COMMIT_DEADLINE_S``, ADR 020): a
+delivery not committed this long after it joined the queue is answered unavailable (503 +
+Retry-After, gRPC UNAVAILABLE) *while it waits* — still queued, or in a batch whose statement hangs
+on a silent server. One watchdog task checks the queue's head and the batches being written a few
+times per deadline; nothing is added per delivery. An expired delivery's batch may still commit
+later: the provider's retry is then answered as a duplicate (the at-least-once contract).
+
 Duplicates inside one batch insert once (the first in arrival order wins, later ones answer as
 duplicates of it). Rows are inserted in arrival order, so ``receipt_id`` is the delivery sequence.
 Two concurrent batches that carry the same two keys in opposite orders can deadlock; the loser is
@@ -49,6 +56,7 @@ DB_TIMEOUT: Final = "db_timeout"
 DB_ERROR: Final = "db_error"
 OVERLOADED: Final = "overloaded"
 SHUTTING_DOWN: Final = "shutting_down"
+COMMIT_DEADLINE: Final = "commit_deadline"
 INTERNAL: Final = "internal"
 
 
@@ -200,6 +208,7 @@ class ReceiptWriter:
         max_queue: int = 8192,
         queue_timeout_s: float = 2.0,
         pool_timeout_s: float = 2.0,
+        commit_deadline_s: float = 0.0,
     ) -> None:
         self._pool = pool
         self._writers = max(1, writers)
@@ -212,6 +221,13 @@ class ReceiptWriter:
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        #: 0 = no deadline (a delivery waits for its batch, however long the database takes).
+        self._deadline = commit_deadline_s
+        #: Batches being written (their items in arrival order), for the deadline watchdog.
+        self._writing: list[list[PendingReceipt]] = []
+        self._watchdog: asyncio.Task[None] | None = None
+        #: Monotonic time of the last committed batch (``/readyz``: are commits progressing?).
+        self.last_commit = time.monotonic()
 
     @property
     def depth(self) -> int:
@@ -222,6 +238,8 @@ class ReceiptWriter:
         self._tasks = [
             asyncio.create_task(self._run(), name=f"ingress-receipt-writer-{i}") for i in range(self._writers)
         ]
+        if self._deadline > 0:
+            self._watchdog = asyncio.create_task(self._watch(), name="ingress-commit-deadline")
 
     async def stop(self) -> None:
         """Commit what is queued, then stop the writers."""
@@ -230,6 +248,11 @@ class ReceiptWriter:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         # Anything left (writers crashed): answer it, never leave a request hanging.
         while self._pending:
             _resolve(self._pending.popleft(), CommitResult(None, False, SHUTTING_DOWN))
@@ -262,12 +285,36 @@ class ReceiptWriter:
                 if not pending:
                     continue
             batch = [pending.popleft() for _ in range(min(len(pending), self._max_batch))]
+            writing = self._writing
+            writing.append(batch)
             try:
                 await self._commit(batch)
             except Exception as exc:  # never lose a writer; never leave a request hanging
                 log.error("receipt writer failed", extra={"error_class": type(exc).__name__})
                 for item in batch:
                     _resolve(item, CommitResult(None, False, INTERNAL))
+            finally:
+                writing.remove(batch)
+
+    async def _watch(self) -> None:
+        """The commit deadline: answer what waited ``commit_deadline_s`` since it joined the queue."""
+        deadline = self._deadline
+        tick = min(0.1, deadline / 10)
+        pending = self._pending
+        expired = metrics.COMMIT_DEADLINE_EXCEEDED
+        while True:
+            await asyncio.sleep(tick)
+            limit = time.monotonic() - deadline
+            while pending and pending[0].enqueued <= limit:  # the queue is in arrival order
+                item = pending.popleft()
+                if _resolve(item, CommitResult(None, False, COMMIT_DEADLINE)):
+                    expired.inc()
+            for batch in self._writing:
+                if batch[0].enqueued > limit:
+                    continue
+                for item in batch:
+                    if item.enqueued <= limit and _resolve(item, CommitResult(None, False, COMMIT_DEADLINE)):
+                        expired.inc()
 
     async def _commit(self, batch: list[PendingReceipt]) -> None:
         deadline = time.monotonic() - self._queue_timeout
@@ -310,6 +357,7 @@ class ReceiptWriter:
                 return self._failed(batch, reason)
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             metrics.BATCH_SIZE.observe(len(batch))
+            self.last_commit = time.monotonic()
             return results
         return self._failed(batch, DB_ERROR)  # pragma: no cover - loop always returns
 
@@ -319,8 +367,10 @@ class ReceiptWriter:
         return [CommitResult(None, False, reason) for _ in batch]
 
 
-def _resolve(item: PendingReceipt, result: CommitResult) -> None:
+def _resolve(item: PendingReceipt, result: CommitResult) -> bool:
+    """Answer ``item`` unless it was answered already (True when this call answered it)."""
     future = item.future
     if future is not None and not future.done():
-        with contextlib.suppress(asyncio.InvalidStateError):
-            future.set_result(result)
+        future.set_result(result)
+        return True
+    return False

@@ -97,6 +97,7 @@ class IngressService(ServiceBootstrap):
             max_queue=s.group_commit_max_queue,
             queue_timeout_s=s.pool_timeout_s,
             pool_timeout_s=s.pool_timeout_s,
+            commit_deadline_s=s.commit_deadline_s,
         )
         self.writer.start()
         admission = self.admission = Admission(

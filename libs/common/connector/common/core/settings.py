@@ -219,6 +219,10 @@ class IngressSettings(PoolSettings):
     #: Per-namespace admission limit: deliveries in flight (not yet committed) before 429.
     namespace_max_inflight: int = Field(default=2_000, ge=1)
     retry_after_s: int = Field(default=5, ge=1)
+    #: A delivery whose receipt is not committed this many seconds after it joined the commit queue
+    #: is answered 503 + Retry-After (gRPC UNAVAILABLE) at once, while it waits: a provider never
+    #: waits longer on a hung or silent database (GitHub gives up at 10 s). 0 = no deadline.
+    commit_deadline_s: float = Field(default=5.0, ge=0, le=60)
     #: Statement timeout of the ingress pool (ms); a receipt insert slower than this answers 503.
     statement_timeout_ms: int = Field(default=5_000, ge=0)
     #: Fallback refresh of the route table (it also refreshes on NOTIFY ``connector_packs``).
