@@ -123,6 +123,22 @@ def test_each_endpoint_is_clean_and_exports_only_its_own_families(db_url: str, t
         if s.name.endswith("_count") and s.labels == {"pack": "bench-e2e", "work_type": "noop"}
     ]
     assert runs and runs[0].value >= 10, runs
+    # The seed's proof metrics, asserted (issue #28 item 6): claim latency observed once per claim
+    # statement, executor concurrency (slots, slots in use) exported within bounds, the retry rate
+    # counting the probe's retrying item.
+    value = {s.name + repr(sorted(s.labels.items())): s.value for f in executor.values() for s in f.samples}
+    claim_count = value["connector_executor_claim_seconds_count[]"]
+    claims = sum(s.value for s in executor["connector_executor_claim_statements"].samples)
+    assert claim_count >= 1 and claim_count == claims, (claim_count, claims)
+    assert value["connector_executor_claim_seconds_sum[]"] > 0
+    slots = value["connector_executor_slots[]"]
+    assert slots >= 1 and 0 <= value["connector_executor_slots_in_use[]"] <= slots
+    retries = {
+        s.labels["pack"]: s.value
+        for s in executor["connector_executor_outcomes"].samples
+        if s.labels["state"] == "retry"
+    }
+    assert retries.get("metrics-probe", 0) >= 1, retries
     assert re.search(
         r"^connector_materializer_receipts_total\{outcome=\"materialized\"\} (\d+)",
         texts["materializer"],

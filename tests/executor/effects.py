@@ -212,6 +212,24 @@ async def sleeps_forever(ctx: HandlerContext) -> None:
     await asyncio.sleep(3600)
 
 
+#: ``held`` handlers wait for this (set by the test; a fresh one per test: ``held_reset``).
+HELD_RELEASE: asyncio.Event | None = None
+
+
+def held_reset() -> asyncio.Event:
+    global HELD_RELEASE
+    HELD_RELEASE = asyncio.Event()
+    return HELD_RELEASE
+
+
+@work_handler(needs_event=False)
+async def held(ctx: HandlerContext) -> None:
+    """Runs until the test releases it (``held_reset().set()``): a slot in use, on the test's word."""
+    SEEN.append((ctx.work_id, ctx.attempt))
+    assert HELD_RELEASE is not None
+    await HELD_RELEASE.wait()
+
+
 DEBOUNCE_TABLE = """
 CREATE TABLE IF NOT EXISTS executor_test_debounce (
   seq bigserial PRIMARY KEY,

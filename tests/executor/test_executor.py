@@ -266,6 +266,60 @@ async def test_metrics_count_outcomes(db, executor_factory) -> None:
     assert sample("connector_executor_claim_statements_total", result="rows") > 0
 
 
+async def test_metrics_claim_latency_slots_in_use_and_retry_rate(db, executor_factory) -> None:
+    """The seed's proof metrics asserted, not only exported (issue #28 item 6): claim latency (one
+    observation per claim statement, its sum positive), executor concurrency (slots in use equal to
+    the handlers running, on the handlers' word; back to 0 when they finish) and the retry rate
+    (retry outcomes = the attempts that asked for a retry). Controls (by hand, docs/executor.md): the
+    gauge bound to a constant 0, or the claimer not observing its latency, fail this test."""
+    from connector.executor.metrics import REGISTRY
+
+    def sample(name: str, **labels) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    def claims() -> float:
+        return sum(sample("connector_executor_claim_statements_total", result=r) for r in ("rows", "empty"))
+
+    effects.SEEN.clear()
+    release = effects.held_reset()
+    pack = seed.seed_pack(db, "p", {"hold": _wt("held"), "bad": _wt("always_retry", max_attempts=3)})
+    bad = {"pack": "p", "work_type": "bad"}
+    before = {
+        "claims": claims(),
+        "count": sample("connector_executor_claim_seconds_count"),
+        "sum": sample("connector_executor_claim_seconds_sum"),
+        "inf": sample("connector_executor_claim_seconds_bucket", le="+Inf"),
+        "retry": sample("connector_executor_outcomes_total", **bad, state="retry"),
+        "dead": sample("connector_executor_outcomes_total", **bad, state="dead"),
+    }
+    seed.seed_items(db, pack, 2, work_type="bad", max_attempts=3)
+    svc = await executor_factory(workers=4)
+    await await_for(lambda: states(db) == {"dead": 2}, 20, "both retrying items dead")
+    await await_for(
+        lambda: sample("connector_executor_outcomes_total", **bad, state="dead") - before["dead"] >= 2,
+        10,
+        "outcomes counted",
+    )
+    attempts = db.execute("SELECT sum(attempts) FROM connector_work_item").fetchone()[0]
+    retries = sample("connector_executor_outcomes_total", **bad, state="retry") - before["retry"]
+    assert (attempts, retries) == (6, 4), "each attempt but the last asked for a retry: 4 of 6"
+
+    assert sample("connector_executor_slots") == 4
+    seed.seed_items(db, pack, 6, work_type="hold")
+    await await_for(lambda: len(effects.SEEN) - 6 == 4, 20, "four held handlers running")
+    assert svc.engine.running == 4
+    assert sample("connector_executor_slots_in_use") == 4, "every slot in use, as the handlers say"
+    release.set()
+    await await_for(lambda: states(db) == {"dead": 2, "succeeded": 6}, 20, "held items finished")
+    await await_for(lambda: sample("connector_executor_slots_in_use") == 0, 10, "slots free again")
+
+    n = claims() - before["claims"]
+    observed = sample("connector_executor_claim_seconds_count") - before["count"]
+    assert n >= 3 and observed == n, "one latency observation per claim statement"
+    assert sample("connector_executor_claim_seconds_bucket", le="+Inf") - before["inf"] == observed
+    assert sample("connector_executor_claim_seconds_sum") - before["sum"] > 0
+
+
 def test_event_claim_path_without_a_pack_is_refused_clearly(db_url) -> None:
     import os
     import subprocess
