@@ -54,6 +54,13 @@ BEGIN
 END $$;
 CREATE TRIGGER test_succeeded_under AFTER UPDATE OF state ON connector_work_item FOR EACH ROW
   WHEN (OLD.state = 'processing' AND NEW.state = 'succeeded') EXECUTE FUNCTION test_succeeded_under();
+CREATE TABLE test_lease (work_id bigint, token bigint, until timestamptz);
+CREATE FUNCTION test_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO test_lease VALUES (NEW.work_id, NEW.lease_token, NEW.lease_until); RETURN NEW;
+END $$;
+CREATE TRIGGER test_lease AFTER UPDATE OF lease_until ON connector_work_item FOR EACH ROW
+  WHEN (NEW.state = 'processing') EXECUTE FUNCTION test_lease();
 """
 
 
@@ -397,9 +404,10 @@ class Cluster:
         for s in self.services.values():
             if s.proc.poll() is None:
                 s.proc.terminate()
+        deadline = time.monotonic() + 10  # a service hung on a silent server may not stop: then kill it
         for s in self.services.values():
             try:
-                s.proc.wait(20)
+                s.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 s.proc.kill()
                 s.proc.wait(5)
@@ -493,7 +501,13 @@ class Cluster:
             finished = {r[0] for r in db.execute(
                 "SELECT e.source_object_id FROM connector_work_item w JOIN connector_event e USING (event_id)"
                 " WHERE w.state = 'succeeded'")}  # fmt: skip
-        return Ledger(self.load.acked(), stored, succeeded, finished, self.effects())
+            leases = {
+                (r[0], r[1]): float(r[2])
+                for r in db.execute(
+                    "SELECT work_id, token, extract(epoch FROM max(until)) FROM test_lease GROUP BY 1, 2"
+                )
+            }
+        return Ledger(self.load.acked(), stored, succeeded, finished, self.effects(), leases)
 
 
 async def _install(url: str) -> None:
@@ -528,6 +542,16 @@ class Ledger:
     succeeded: list[tuple[int, int, str]]  # (work_id, token, marker) each time a row became succeeded
     finished: set[str]  # markers whose WorkItem is succeeded on the final primary
     effects: list[dict[str, Any]]
+    leases: dict[tuple[int, int], float]  # (work id, token) -> the last lease end the database granted
+
+    def after_lease(self) -> list[tuple[int, float]]:
+        """Effects made after their lease had ended by the database's clock: (work id, seconds late)."""
+        out = []
+        for e in self.effects:
+            until = self.leases.get((e["work_id"], e["token"]))
+            if until is not None and e["wall"] > until:
+                out.append((e["work_id"], round(e["wall"] - until, 3)))
+        return out
 
     @property
     def lost(self) -> set[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
 import struct
@@ -159,6 +160,8 @@ async def _main() -> None:
         for listener in listeners.values():
             if listener.mode == "blackhole":
                 drop_off(listener.port)
+        sys.stdout.flush()
+        os._exit(0)  # the open connections' tasks end with the process, without a cancellation's noise
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,14 @@ import pytest
 from tests.failover.harness import Cluster, Load, load_figure, wait_until
 
 pytestmark = pytest.mark.slow
+
+
+def _landed(settings: str, name: str) -> bool:
+    """Whether helper "ha"'s setting ``name`` is on this tree yet (#26 items 1-3 land piece by piece)."""
+    from connector.common.core import settings as module
+
+    return name in getattr(module, settings).model_fields
+
 
 SERVE_AGAIN_S = 15.0
 COMMIT_DEADLINE_S = 5.0
@@ -106,6 +115,7 @@ def run(
         "fenced": fence["fenced"],
         "succeeded_without_running": len(ledger.succeeded_without_running()),
         "collisions": sum(len(v) for v in ledger.collisions().values()),
+        "effects_after_lease": len(ledger.after_lease()),
         "serving_again_s": {k: round(v, 1) for k, v in again.items() if v is not None},
         "longest_request_s": round(load.longest(), 1),
         "statuses": load.statuses(),
@@ -123,6 +133,9 @@ def run(
         "rows succeeded under a token that never ran for their delivery: "
         f"{ledger.succeeded_without_running()[:10]}"
     )
+    assert ledger.after_lease() == [], (
+        f"effects after their lease ended (work id, s late): {ledger.after_lease()[:10]}"
+    )
     if not expect_loss:
         assert ledger.lost == set(), f"{len(ledger.lost)} acked deliveries lost: {sorted(ledger.lost)[:10]}"
     unrun = ledger.unrun()
@@ -136,6 +149,10 @@ def run(
         f"{name}: serving again later than {SERVE_AGAIN_S} s after the fault: {again} ({load_figure()})"
     )
     hung = [r for r in load.done() if r.end - r.start > COMMIT_DEADLINE_S + HANG_MARGIN_S]
+    if hung and not _landed("IngressSettings", "commit_deadline_s"):
+        pytest.xfail(
+            f"requests hung up to {load.longest():.1f} s: the ingress commit deadline is not on main yet"
+        )
     assert not hung, (
         f"{len(hung)} provider requests waited longer than the {COMMIT_DEADLINE_S} s commit deadline"
         f" (+{HANG_MARGIN_S} s): longest {load.longest():.1f} s,"
@@ -149,13 +166,107 @@ def run(
 
 def kill_primary(c: Cluster) -> float:
     """kill -9 of the primary (its sockets reset: loud), then the standby promoted."""
-    at = c.fault("kill -9 primary")
     c.pair.kill_primary()
+    at = c.fault("kill -9 primary")  # after it: a request sent from now on cannot be acked by the old primary
     c.pair.promote()
     return at
 
 
-@pytest.mark.parametrize("replication", ["sync"])
-def test_kill_primary(replication: str) -> None:
-    with Cluster(synchronous=replication == "sync") as c:
-        run(c, f"kill9-{replication}", kill_primary)
+def kill_primary_async(c: Cluster) -> float:
+    """Asynchronous replication with a lagging standby: its stream is held back for a second (the
+    primary keeps acking), then kill -9 of the primary and the standby promoted — the tail is lost."""
+    assert c.pair.replication is not None and c.load is not None
+    c.pair.replication.stall()
+    acked = len(c.load.acked())
+    wait_until(lambda: len(c.load.acked()) >= acked + 40, 60, "acks while the standby lags")  # type: ignore[union-attr]
+    return kill_primary(c)
+
+
+def partition(services: tuple[str, ...], seconds: float) -> Callable[[Cluster], float]:
+    """Black-hole ``services``' proxies to both servers for ``seconds``; serving again is measured
+    from the end of the partition."""
+
+    def fault(c: Cluster) -> float:
+        ports = c.proxy_ports(services)
+        c.fault(f"partition {services}")
+        c.proxies.mode(ports, "blackhole")  # type: ignore[union-attr]
+        time.sleep(seconds)  # the fault's length (not a wait for anything)
+        c.proxies.mode(ports, "pass")  # type: ignore[union-attr]
+        return c.fault("healed")
+
+    return fault
+
+
+def silent_primary(c: Cluster) -> float:
+    """The primary goes silent (every packet to and from it black-holed: no RST, no FIN) and dies
+    behind the black hole; the standby is promoted. The old primary stays first in the URL."""
+    c.proxies.mode(c.proxy_ports(server=0), "blackhole")  # type: ignore[union-attr]
+    c.pair.kill_primary()
+    at = c.fault("silent primary")
+    c.pair.promote()
+    return at
+
+
+NO_KEEPALIVES = {
+    "CONNECTOR_DB_CONNECT_TIMEOUT_S": "0",
+    "CONNECTOR_DB_KEEPALIVES_IDLE_S": "0",
+    "CONNECTOR_DB_KEEPALIVES_INTERVAL_S": "0",
+    "CONNECTOR_DB_KEEPALIVES_COUNT": "0",
+    "CONNECTOR_DB_TCP_USER_TIMEOUT_MS": "0",
+}
+
+
+def hangs(c: Cluster, name: str, fault: Callable[[Cluster], float], window_s: float = 30.0) -> dict[str, Any]:
+    """A control: under load, ``fault``; then some service must NOT serve again within ``window_s``
+    (a fixed observation window: the control proves a negative)."""
+    c.load = load = Load(c.http_port, c.secret).start()
+    wait_until(
+        lambda: len(load.acked()) >= 150, 90, lambda: f"load not acked: {load.statuses()}\n{c.tails()}"
+    )
+    since = fault(c)
+    time.sleep(window_s)
+    again = _served_again(c, since)
+    load.stop()
+    print(f"\nfailover[{name}]: serving again after {window_s:.0f} s: {again}; requests {load.statuses()}")
+    assert any(v is None for v in again.values()), f"{name}: every service served again: {again}"
+    return again
+
+
+def test_kill_primary_sync() -> None:
+    with Cluster(synchronous=True) as c:
+        run(c, "kill9-sync", kill_primary)
+
+
+def test_kill_primary_async_loses_only_the_tail() -> None:
+    """Asynchronous: the loss is measured and printed, not asserted away; what is asserted is that
+    nothing lost comes back as another delivery's identity (timeline-salted tokens, keys from the
+    delivery identity: ADR 018) and that nothing succeeds without running."""
+    with Cluster(synchronous=False, replication_proxy=True) as c:
+        figures = run(c, "kill9-async", kill_primary_async, expect_loss=True)
+    assert figures["collisions"] == 0
+
+
+def test_ingress_partition() -> None:
+    with Cluster() as c:
+        run(c, "ingress-partition-10s", partition(("ingress",), 10.0))
+
+
+def test_executor_partition_past_its_lease() -> None:
+    """executor-a cut off from both servers for twice its lease: executor-b reclaims and re-runs its
+    items under new tokens; executor-a's lease watch stops its calls when its lease runs out (no
+    effect after the lease's end by the database clock) and its late finalizes are refused."""
+    with Cluster(lease_s=4.0) as c:
+        figures = run(c, "executor-partition", partition(("executor-a",), 8.0))
+    assert figures["reexecuted"] + figures["fenced"] >= 0  # printed: how many of executor-a's items moved
+
+
+def test_silent_primary_sync() -> None:
+    with Cluster() as c:
+        run(c, "silent-sync", silent_primary)
+
+
+def test_silent_primary_control_without_keepalives_hangs() -> None:
+    """CONTROL: with connect_timeout, keepalives and tcp_user_timeout left at libpq's defaults (the
+    CONNECTOR_DB_* overrides set to 0) the same fault leaves services hanging."""
+    with Cluster(env=NO_KEEPALIVES) as c:
+        hangs(c, "silent-control-no-keepalives", silent_primary)
