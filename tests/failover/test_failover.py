@@ -33,11 +33,14 @@ from tests.failover.harness import Cluster, Load, load_figure, wait_until
 pytestmark = pytest.mark.slow
 
 
-def _landed(settings: str, name: str) -> bool:
+def _landed(name: str) -> bool:
     """Whether helper "ha"'s setting ``name`` is on this tree yet (#26 items 1-3 land piece by piece)."""
+    from pydantic_settings import BaseSettings
+
     from connector.common.core import settings as module
 
-    return name in getattr(module, settings).model_fields
+    classes = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, BaseSettings)]
+    return any(name in c.model_fields for c in classes)
 
 
 SERVE_AGAIN_S = 15.0
@@ -78,6 +81,7 @@ def run(
     fault: Callable[[Cluster], float],
     *,
     expect_loss: bool = False,
+    then: Callable[[Cluster], object] | None = None,
 ) -> dict[str, Any]:
     """Load, ``fault`` (returns the instant serving-again is measured from), the checks; the figures."""
     pids = {n: s.proc.pid for n, s in c.services.items()}
@@ -93,13 +97,21 @@ def run(
         again.update(_served_again(c, since))
         return all(v is not None for v in again.values())
 
-    wait_until(
-        all_served, 90,
-        lambda: f"{name}: not every service served again after the fault: {again}"
-        " (s after it; None = not yet);"
-        f" requests {load.statuses()}\n{c.tails()}",
-        every=0.25,
-    )  # fmt: skip
+    pending = "demoted" in name and not _landed("evict_read_only")  # "ha"'s eviction not on main yet
+    try:
+        wait_until(
+            all_served, 30 if pending else 90,
+            lambda: f"{name}: not every service served again after the fault: {again}"
+            " (s after it; None = not yet);"
+            f" requests {load.statuses()}\n{c.tails()}",
+            every=0.25,
+        )  # fmt: skip
+    except AssertionError:
+        if pending:
+            pytest.xfail(f"{name}: not serving again ({again}): the read-only eviction is not on main yet")
+        raise
+    if then is not None:  # a second phase (the old primary back as a standby), under the same load
+        then(c)
     acked_then = len(load.acked())
     wait_until(lambda: len(load.acked()) >= acked_then + 150, 90, lambda: f"load stalled: {load.statuses()}")
     load.stop()
@@ -149,7 +161,7 @@ def run(
         f"{name}: serving again later than {SERVE_AGAIN_S} s after the fault: {again} ({load_figure()})"
     )
     hung = [r for r in load.done() if r.end - r.start > COMMIT_DEADLINE_S + HANG_MARGIN_S]
-    if hung and not _landed("IngressSettings", "commit_deadline_s"):
+    if hung and not _landed("commit_deadline_s"):
         pytest.xfail(
             f"requests hung up to {load.longest():.1f} s: the ingress commit deadline is not on main yet"
         )
@@ -270,3 +282,35 @@ def test_silent_primary_control_without_keepalives_hangs() -> None:
     CONNECTOR_DB_* overrides set to 0) the same fault leaves services hanging."""
     with Cluster(env=NO_KEEPALIVES) as c:
         hangs(c, "silent-control-no-keepalives", silent_primary)
+
+
+def demoted_primary(c: Cluster) -> float:
+    """The old primary is fenced read-only (``default_transaction_read_only`` and a reload: the
+    services' open sessions stay, and every write they send now answers SQLSTATE 25006), then the
+    standby is promoted. The services must drop their read-only connections by themselves."""
+    old = c.pair.primary.port
+    c.pair.sql(old, "ALTER SYSTEM SET default_transaction_read_only = on")
+    c.pair.sql(old, "SELECT pg_reload_conf()")
+    at = c.fault("old primary read-only")
+    c.pair.wait_replayed()
+    c.pair.promote()
+    return at
+
+
+def old_primary_back_as_standby(c: Cluster) -> None:
+    """Second phase: the old primary restarted, on its old port (first in every URL), as a streaming
+    standby of the new one (``pg_basebackup -R``): connections must keep skipping it."""
+    c.pair.demote_old_primary()
+    c.fault("old primary back as a standby")
+
+
+def test_demoted_primary_sync() -> None:
+    with Cluster() as c:
+        run(c, "demoted-sync", demoted_primary, then=old_primary_back_as_standby)
+
+
+def test_demoted_primary_control_without_eviction_keeps_a_pool() -> None:
+    """CONTROL: with CONNECTOR_EVICT_READ_ONLY=false the pools keep their sessions on the read-only
+    old primary: some service does not serve again."""
+    with Cluster(env={"CONNECTOR_EVICT_READ_ONLY": "false"}) as c:
+        hangs(c, "demoted-control-no-eviction", demoted_primary)
