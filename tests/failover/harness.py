@@ -179,11 +179,12 @@ class Load:
 
     def _signed(self, msg_id: str) -> bytes:
         body = json.dumps({"type": "failover.test", "id": msg_id, "sent": time.time()}).encode()
-        sig = self.signer.sign(msg_id, dt.datetime.now(tz=dt.UTC), body.decode())
+        now = int(time.time())  # one instant for the signature and its header
+        sig = self.signer.sign(msg_id, dt.datetime.fromtimestamp(now, tz=dt.UTC), body.decode())
         head = (
             f"POST /v1/webhooks/{NAMESPACE}/{ROUTE} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"webhook-id: {msg_id}\r\nwebhook-timestamp: {int(time.time())}\r\n"
+            f"webhook-id: {msg_id}\r\nwebhook-timestamp: {now}\r\n"
             f"webhook-signature: {sig}\r\n\r\n"
         )
         return head.encode() + body
