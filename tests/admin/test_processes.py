@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import grpc
+import pytest
 from pydantic import SecretStr
 
 from connector.common.core.process_registry import runtime_version
@@ -60,7 +61,7 @@ async def test_lists_processes_with_database_computed_age_and_stale_flag(admin: 
     ]
     assert {pid for pid, p in rows.items() if p.stale} == {"e2", "i2"}
     for p in response.processes:
-        assert p.hostname == "h" and p.version == "test"
+        assert p.hostname == "h" and p.version == "test" and p.revision == ""  # no revision known
         assert p.HasField("start_time") and p.HasField("heartbeat_time") and p.HasField("heartbeat_age")
     ages = {pid: p.heartbeat_age.ToTimedelta().total_seconds() for pid, p in rows.items()}
     assert 60 <= ages["e2"] < 90 and 3600 <= ages["i2"] < 3630 and 10 <= ages["m1"] < 15
@@ -133,8 +134,10 @@ async def test_stale_threshold_follows_the_heartbeat_interval(db_url: str, seed:
 
 
 async def test_running_services_register_and_only_executors_count_as_claimers(
-    db_url: str, seed: Seed
+    db_url: str, seed: Seed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the build's source revision (set by the image build), as connector_build_info exports it
+    monkeypatch.setenv("CONNECTOR_BUILD_REVISION", "0123456789abcdef0123456789abcdef01234567")
     pack = await seed.pack()
     executor = ExecutorService(
         DatabaseSettings(),
@@ -175,6 +178,7 @@ async def test_running_services_register_and_only_executors_count_as_claimers(
         }
         for p in response.processes:
             assert p.pid == os.getpid() and p.version == runtime_version() and not p.stale
+            assert p.revision == "0123456789abcdef0123456789abcdef01234567"
             assert p.heartbeat_age.ToTimedelta() < timedelta(seconds=15)
         only = await _list(stub, service="materializer")
         assert [p.process_id for p in only.processes] == [materializer.process_id]

@@ -77,7 +77,7 @@ async def test_every_page_shows_the_cluster(console: Console, seed: Seed, db: ps
     assert "legacy" in cutover and "quiescing" in cutover and "Complete the cutover" in cutover
     assert "Blocked (dry run)" in cutover or "every proof holds" in cutover
     processes = pages["/processes"]
-    assert "4242" in processes and "stale" in processes
+    assert "4242" in processes and "stale" in processes and "Revision" in processes
     # a read-only session: the same pages, no action anywhere
     view = await console.login(VIEW)
     for path in ("/", f"/deliveries/{scene.receipt_of_dead}", "/failures", "/lanes", "/cutover", "/processes",

@@ -1046,7 +1046,7 @@ class ListLegacyFailuresResponse(_message.Message):
     def __init__(self, failures: _Optional[_Iterable[_Union[LegacyFailure, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Process(_message.Message):
-    __slots__ = ("process_id", "service", "hostname", "pid", "version", "claim_capability", "start_time", "heartbeat_time", "heartbeat_age", "stale")
+    __slots__ = ("process_id", "service", "hostname", "pid", "version", "claim_capability", "start_time", "heartbeat_time", "heartbeat_age", "stale", "revision")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
@@ -1057,6 +1057,7 @@ class Process(_message.Message):
     HEARTBEAT_TIME_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     service: str
     hostname: str
@@ -1067,7 +1068,8 @@ class Process(_message.Message):
     heartbeat_time: _timestamp_pb2.Timestamp
     heartbeat_age: _duration_pb2.Duration
     stale: bool
-    def __init__(self, process_id: _Optional[str] = ..., service: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., claim_capability: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stale: _Optional[bool] = ...) -> None: ...
+    revision: str
+    def __init__(self, process_id: _Optional[str] = ..., service: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., claim_capability: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., heartbeat_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stale: _Optional[bool] = ..., revision: _Optional[str] = ...) -> None: ...
 
 class ListProcessesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "service")

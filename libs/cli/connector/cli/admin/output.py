@@ -54,7 +54,17 @@ def process_table(response: Any, out: TextIO | None = None) -> None:
     """``connector admin processes``: one row per registered process, by service then host and pid."""
     rows = sorted(response.processes, key=lambda p: (p.service, p.hostname, p.pid, p.process_id))
     table(
-        ["service", "process_id", "host", "pid", "version", "capability", "heartbeat_age", "stale"],
+        [
+            "service",
+            "process_id",
+            "host",
+            "pid",
+            "version",
+            "revision",
+            "capability",
+            "heartbeat_age",
+            "stale",
+        ],
         [
             (
                 p.service,
@@ -62,6 +72,7 @@ def process_table(response: Any, out: TextIO | None = None) -> None:
                 p.hostname,
                 p.pid,
                 p.version,
+                p.revision[:12] or "-",
                 p.claim_capability,
                 age(p.heartbeat_age, p.HasField("heartbeat_age")),
                 "yes" if p.stale else "",

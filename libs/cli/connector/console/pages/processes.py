@@ -1,5 +1,5 @@
-"""Processes: every registered service incarnation (ListProcesses): service, host, pid, version,
-claim capability, start, heartbeat age (the database's clock) and staleness."""
+"""Processes: every registered service incarnation (ListProcesses): service, host, pid, version, build
+revision, claim capability, start, heartbeat age (the database's clock) and staleness."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from importlib import metadata
 
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.core.metrics import build_info
 from connector.common.core.runtime import cancel_task
 from connector.common.store.processes import (
     ProcessRow,
@@ -45,6 +46,12 @@ def runtime_version() -> str:
         return metadata.version("connector-runtime")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "0+unknown"
+
+
+def build_revision() -> str:
+    """The source revision of this build, as ``connector_build_info`` exports it (empty: unknown)."""
+    revision = build_info()[1]
+    return "" if revision == "unknown" else revision
 
 
 class ProcessRegistration:
@@ -72,6 +79,7 @@ class ProcessRegistration:
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "version": version or runtime_version(),
+            "revision": build_revision(),
             "capability": capability,
         }
         self._task: asyncio.Task[None] | None = None

@@ -1,6 +1,7 @@
 """Every statement on ``connector_process``: the registry of running service processes.
 
-A row says what a process may claim (``claim_capability``), which version it runs and when it last
+A row says what a process may claim (``claim_capability``), which version (and source revision) it
+runs and when it last
 proved it is alive (``heartbeat_at``, always the *database* clock). Liveness is judged by heartbeat
 age; rows silent for longer than the prune age are deleted by any registered process. The cutover
 gates read it as the source of "zero claim-capable old processes" (docs/cutover.md). The actor that
@@ -20,9 +21,10 @@ from connector.common.store.rows import fetch_dicts
 Conn = AsyncConnection[Any]
 
 PROCESS_REGISTER = """
-INSERT INTO connector_process (process_id, service, hostname, pid, version, claim_capability,
+INSERT INTO connector_process (process_id, service, hostname, pid, version, revision, claim_capability,
   started_at, heartbeat_at)
-VALUES (%(process_id)s, %(service)s, %(hostname)s, %(pid)s, %(version)s, %(capability)s, now(), now())
+VALUES (%(process_id)s, %(service)s, %(hostname)s, %(pid)s, %(version)s, %(revision)s, %(capability)s, now(),
+  now())
 ON CONFLICT (process_id) DO UPDATE SET heartbeat_at = now()
 """
 
@@ -48,7 +50,7 @@ ORDER BY started_at, process_id
 # The admin API's page (keyset on the primary key), built from these fragments for the filters
 # present: heartbeat age and staleness come from the database clock.
 PROCESS_LIST_PAGE_COLUMNS = """
-  p.process_id, p.service, p.hostname, p.pid, p.version, p.claim_capability, p.started_at,
+  p.process_id, p.service, p.hostname, p.pid, p.version, p.revision, p.claim_capability, p.started_at,
   p.heartbeat_at, now() - p.heartbeat_at AS heartbeat_age,
   p.heartbeat_at < now() - make_interval(secs => %(stale_after_s)s::float8) AS stale"""
 PROCESS_LIST_PAGE = "SELECT {columns} FROM connector_process p{where} ORDER BY p.process_id LIMIT %(limit)s"

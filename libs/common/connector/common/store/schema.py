@@ -747,6 +747,9 @@ process = Table(
     Column("hostname", Text, nullable=False),
     Column("pid", Integer, nullable=False),
     Column("version", Text, nullable=False),
+    # The source revision of the build (``core.metrics.build_info``: CONNECTOR_BUILD_REVISION at image
+    # build); empty when unknown.
+    Column("revision", Text, nullable=False, server_default=text("''")),
     Column("claim_capability", Text, nullable=False),
     _ts("started_at", nullable=False, default_now=True),
     _ts("heartbeat_at", nullable=False, default_now=True),

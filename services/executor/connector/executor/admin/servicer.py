@@ -704,6 +704,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     hostname=row["hostname"],
                     pid=row["pid"],
                     version=row["version"],
+                    revision=row["revision"],
                     claim_capability=row["claim_capability"],
                     start_time=convert.ts(row["started_at"]),
                     heartbeat_time=convert.ts(row["heartbeat_at"]),

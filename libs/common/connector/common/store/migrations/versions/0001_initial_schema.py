@@ -206,6 +206,7 @@ def upgrade() -> None:
     sa.Column('hostname', sa.Text(), nullable=False),
     sa.Column('pid', sa.Integer(), nullable=False),
     sa.Column('version', sa.Text(), nullable=False),
+    sa.Column('revision', sa.Text(), server_default=sa.text("''"), nullable=False),
     sa.Column('claim_capability', sa.Text(), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
