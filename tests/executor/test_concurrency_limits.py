@@ -12,8 +12,10 @@ import random
 import time
 
 import psycopg
+import pytest
 
 from connector.common.store import flow, work_items
+from connector.common.store.vocabulary import PARKED
 from connector.common.store.work_items.finalize import FailBatch, FailOp
 from tests.executor import seed
 
@@ -120,6 +122,76 @@ async def test_a_reclaimed_lease_gives_its_slot_back_exactly_once(db, db_url, ad
     assert (await flow.concurrency_check(adb)).recounted == 0
 
 
+# The wake statement as it was before it waited for a held parked row (the control below).
+_WAKE_SKIPPING = flow.SLOTS_WAKE.replace("FOR UPDATE) p))", "FOR UPDATE SKIP LOCKED) p))")
+
+
+@pytest.mark.parametrize("wake", ["waits", "skips (control)"])
+async def test_a_parked_item_locked_by_a_stale_claim_is_still_woken(
+    db, db_url, adb, monkeypatch, wake
+) -> None:
+    """The lost wake-up that stranded a parked item (seen as a drain that never finished under load):
+    a claim whose snapshot predates a parking still sees the item due, and its candidate read
+    (``FOR UPDATE OF w SKIP LOCKED``) locks the item's newest version, finds it no longer due
+    (EvalPlanQual) and leaves it out, *but keeps the row lock* until its statement's transaction
+    ends. A finalizer that gives the key's slot back in that window used to skip the locked row
+    (``SKIP LOCKED``) and wake nobody: the key had a free slot, the item stayed parked. Here the stale
+    claim is held open on purpose (an advisory lock taken after its snapshot, before its row locks);
+    the wake now waits for it and wakes the item. Control: the skipping wake strands it."""
+    if wake != "waits":
+        monkeypatch.setattr(flow, "SLOTS_WAKE", _WAKE_SKIPPING)
+    pack = seed.seed_pack(db, "p", WT)
+    first, parked = seed.seed_items(db, pack, 2, concurrency_keys=["k", "k"], concurrency=1)
+    gate = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+    stale = await psycopg.AsyncConnection.connect(db_url)  # a transaction, like the claim statement's
+    try:
+        await gate.execute("SELECT pg_advisory_lock(4242)")
+        # The stale candidate read (of the second item only, so that it holds no other row): its
+        # snapshot sees the item due; it then waits on the gate before it locks anything.
+        read = asyncio.create_task(
+            stale.execute(
+                "SELECT w.work_id FROM connector_work_item w WHERE w.work_id = %s"
+                " AND w.state IN ('pending', 'retry') AND w.run_after <= now()"
+                " AND (SELECT pg_advisory_lock(4242)) IS NOT NULL FOR UPDATE OF w SKIP LOCKED",
+                (parked,),
+            )
+        )
+        await _until_waiting(db, stale.info.backend_pid, "advisory")
+        rows = await _claim(adb, pack, 10)  # a current claim: runs the first, parks the second
+        assert [r[0] for r in rows] == [first] and _parked(db) == 1
+        await gate.execute("SELECT pg_advisory_unlock(4242)")
+        assert await (await read).fetchall() == []  # not due any more: not returned...
+        free = db.execute(
+            "SELECT work_id FROM connector_work_item WHERE work_id = %s FOR UPDATE SKIP LOCKED", (parked,)
+        ).fetchall()
+        assert free == []  # ...yet the parked row stays locked by the stale read's transaction
+        done = asyncio.create_task(_complete(adb, rows))
+        if wake == "waits":
+            await _until_waiting(db, adb.info.backend_pid, "transactionid")
+            assert not done.done()
+            await stale.rollback()
+            res = await done
+            assert res.woken == 1 and _parked(db) == 0 and _slots(db) == {"k": 0}
+        else:
+            res = await done
+            assert res.woken == 0 and _parked(db) == 1 and _slots(db) == {"k": 0}  # stranded
+            await stale.rollback()
+    finally:
+        await stale.close()
+        await gate.close()
+
+
+async def _until_waiting(db: psycopg.Connection, pid: int, lock_type: str) -> None:
+    """Wait until backend ``pid`` waits for a lock of ``lock_type`` (pg_locks), on state, not time."""
+    deadline = time.monotonic() + 60
+    while not db.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted AND locktype = %s)",
+        (pid, lock_type),
+    ).fetchone()[0]:
+        assert time.monotonic() < deadline, f"backend {pid} never waited for a {lock_type} lock"
+        await asyncio.sleep(0.02)
+
+
 async def test_concurrent_claimers_and_finalizers_never_exceed_n(db, db_url) -> None:
     """Eight connections claim and complete in a loop over 10 random keys with 2 slots each; a
     sampler reads the processing rows per key the whole time. No snapshot ever shows more than 2 of
@@ -170,7 +242,11 @@ async def test_concurrent_claimers_and_finalizers_never_exceed_n(db, db_url) -> 
             await s.close()
 
     sample = asyncio.create_task(sampler())
-    await asyncio.wait_for(asyncio.gather(*(worker(p) for p in [pack] * 6 + [ctl] * 2)), 120)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(worker(p) for p in [pack] * 6 + [ctl] * 2)), 120)
+    except TimeoutError:
+        stop.set()
+        raise AssertionError(f"not drained in 120 s; per key: {_key_states(db, pack)}") from None
     stop.set()
     await sample
     assert (
@@ -181,6 +257,28 @@ async def test_concurrent_claimers_and_finalizers_never_exceed_n(db, db_url) -> 
     assert set(_slots(db).values()) == {0}
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
         assert (await flow.concurrency_check(c)).recounted == 0
+
+
+def _key_states(db: psycopg.Connection, pack: int) -> list[tuple]:
+    """Per concurrency key of ``pack``: (key, in_flight, max, processing, due, parked, succeeded), and
+    what every other connection to the database is doing (a failure message that says why)."""
+    keys = db.execute(
+        f"""SELECT k.concurrency_key, k.in_flight, k.max_in_flight,
+                  count(*) FILTER (WHERE w.state = 'processing'),
+                  count(*) FILTER (WHERE w.state IN ('pending', 'retry') AND w.run_after <> {PARKED}),
+                  count(*) FILTER (WHERE w.state IN ('pending', 'retry') AND w.run_after = {PARKED}),
+                  count(*) FILTER (WHERE w.state = 'succeeded')
+           FROM connector_concurrency_limit k
+           LEFT JOIN connector_work_item w
+             ON w.installed_pack_id = k.installed_pack_id AND w.concurrency_key = k.concurrency_key
+           WHERE k.installed_pack_id = %s GROUP BY 1, 2, 3 ORDER BY 1""",
+        (pack,),
+    ).fetchall()
+    activity = db.execute(
+        """SELECT state, wait_event_type, wait_event, left(query, 60), now() - query_start
+           FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+    ).fetchall()
+    return [*keys, *activity]
 
 
 def _left(db: psycopg.Connection, pack: int) -> int:

@@ -248,9 +248,14 @@ FROM l JOIN r ON r.pack = l.installed_pack_id AND r.concurrency_key = l.concurre
 WHERE k.installed_pack_id = l.installed_pack_id AND k.concurrency_key = l.concurrency_key
 """
 
-# Wake (make due) up to ``n`` parked items per key, oldest first, skipping rows another transaction
-# holds. A separate statement after SLOTS_RELEASE: it runs once the key rows are locked, so it sees
-# every item a claim parked before (the claim parks under the same key-row lock).
+# Wake (make due) up to ``n`` parked items per key, oldest first. A separate statement after
+# SLOTS_RELEASE: it runs once the key rows are locked, so it sees every item a claim parked before
+# (the claim parks under the same key-row lock). It *waits* for a parked row another transaction
+# holds, never skips it: a claim whose snapshot predates the parking still sees the item due, and
+# its candidate read locks the row's newest version, finds it no longer due and leaves it out, but
+# keeps the lock until its statement ends. Skipping that row woke nobody while the key had a free
+# slot, and the item stayed parked until the slot check (test_concurrency_limits, "stale claim").
+# The wait is a claim statement's length at most: claims never wait, so there is no cycle.
 SLOTS_WAKE = f"""
 UPDATE connector_work_item w SET run_after = now(), updated_at = clock_timestamp()
 WHERE w.work_id = ANY (ARRAY(
@@ -261,7 +266,7 @@ WHERE w.work_id = ANY (ARRAY(
     WHERE p.installed_pack_id = r.pack AND p.concurrency_key = r.concurrency_key
       AND p.state IN ('pending', 'retry') AND p.run_after = {PARKED}
     ORDER BY p.work_id LIMIT r.n
-    FOR UPDATE SKIP LOCKED) p))
+    FOR UPDATE) p))
   AND w.state IN ('pending', 'retry') AND w.run_after = {PARKED}
 """
 
