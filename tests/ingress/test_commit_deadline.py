@@ -5,8 +5,9 @@
 port is black-holed (iptables DROP both ways: the server gone silent, no RST). The next delivery
 joins the commit queue, its batch's statement hangs on the silent connection, and the deadline
 (2 s here, below the 6 s ``tcp_user_timeout`` so the reason tells which fired) answers it 503 +
-Retry-After with ``commit_deadline`` while the batch still waits. Once the path is back, the
-provider's retry is accepted (as new, or as a duplicate when the expired batch committed after all).
+Retry-After with ``commit_deadline`` while the batch still waits, and ``/readyz`` says 503 (no
+commit for a whole deadline while deliveries wait). Once the path is back, the provider's retry is
+accepted (as new, or as a duplicate when the expired batch committed after all) and ``/readyz`` 200.
 
 Control: deadline 0 and the TCP bounds off: the same request has no answer 15 s later.
 """
@@ -94,6 +95,14 @@ def _post(port: int, delivery: str, timeout: float) -> tuple[int, dict[str, str]
         return e.code, dict(e.headers), json.loads(e.read() or b"{}")
 
 
+def _readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
 def test_a_silent_database_answers_503_at_the_commit_deadline(db_url: str, proxy: ProxyProcess) -> None:
     proc, port = _start_ingress(db_url, proxy, {"CONNECTOR_INGRESS_COMMIT_DEADLINE_S": "2"})
     try:
@@ -105,12 +114,15 @@ def test_a_silent_database_answers_503_at_the_commit_deadline(db_url: str, proxy
         print(f"\nsilent database: {status} {body} after {took:.1f} s (deadline 2 s)")
         assert status == 503 and body.get("error") == "commit_deadline", (status, body)
         assert int(headers["Retry-After"]) > 0
+        # /readyz reports that commits are not progressing (not only whether a connection opens).
+        assert _readyz(port) == 503
         blackhole_off(proxy.port)
         # The provider's retry once the database is reachable again: accepted (new or duplicate).
         deadline = time.monotonic() + 120
         while (answer := _post(port, "deadline-1", 60))[0] != 200:
             assert time.monotonic() < deadline, f"the retry was never accepted: {answer}"
             time.sleep(0.5)
+        assert _readyz(port) == 200
     finally:
         proc.kill()
         proc.wait(10)

@@ -233,6 +233,18 @@ class ReceiptWriter:
     def depth(self) -> int:
         return len(self._pending)
 
+    def stalled_s(self) -> float:
+        """Seconds without progress while deliveries wait: since the later of the last commit and
+        the arrival of the longest-waiting uncommitted delivery (0 when none waits). ``/readyz``
+        says not ready when it passes the commit deadline (ADR 020)."""
+        oldest: float | None = self._pending[0].enqueued if self._pending else None
+        for batch in self._writing:
+            if oldest is None or batch[0].enqueued < oldest:
+                oldest = batch[0].enqueued
+        if oldest is None:
+            return 0.0
+        return time.monotonic() - max(oldest, self.last_commit)
+
     def start(self) -> None:
         self._closing = False
         self._tasks = [

@@ -176,8 +176,13 @@ class IngressService(ServiceBootstrap):
         )
 
     async def ready(self) -> bool:
-        """Ready when the route table is loaded and the database answers through our pool."""
-        if self.routes is None or not self.routes.loaded or self.pool is None:
+        """Ready when the route table is loaded, receipts are being committed (no delivery has
+        waited a whole commit deadline — 5 s without one — since the last commit: a hung or silent
+        database) and the database answers through our pool."""
+        if self.routes is None or not self.routes.loaded or self.pool is None or self.writer is None:
+            return False
+        stall_limit = self.settings.commit_deadline_s or 5.0
+        if self.writer.stalled_s() >= stall_limit:
             return False
         try:
             async with self.pool.connection(timeout=min(1.0, self.settings.pool_timeout_s)) as conn:

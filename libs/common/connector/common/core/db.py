@@ -8,11 +8,14 @@ psycopg connection, so no statement is compiled per call; their plans are assert
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import psycopg
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from connector.common.core import metrics
@@ -21,9 +24,13 @@ from connector.common.core.settings import DatabaseSettings, PoolSettings
 log = logging.getLogger(__name__)
 
 _POOLS: dict[str, AsyncConnectionPool] = {}
+#: Per pool name: a change of database server seen by its ``ServerWatch`` (core/server_watch.py).
+FAILOVERS_SEEN: dict[str, int] = {}
+#: Per pool name: connections closed because their server was read-only (SQLSTATE 25006).
+READ_ONLY_EVICTIONS: dict[str, int] = {}
 
 
-def _collect_pools() -> Iterable[GaugeMetricFamily]:
+def _collect_pools() -> Iterable[Metric]:
     size = GaugeMetricFamily("connector_db_pool_size", "Connections open in the pool", labels=["service"])
     avail = GaugeMetricFamily(
         "connector_db_pool_available", "Idle connections in the pool", labels=["service"]
@@ -32,13 +39,32 @@ def _collect_pools() -> Iterable[GaugeMetricFamily]:
         "connector_db_pool_waiting", "Requests waiting for a connection", labels=["service"]
     )
     maxsize = GaugeMetricFamily("connector_db_pool_max", "Pool maximum size", labels=["service"])
+    reconnects = CounterMetricFamily(
+        "connector_db_reconnects",
+        "Connections the pool opened after its first fill (a lost, drained or expired one replaced)",
+        labels=["service"],
+    )
+    failovers = CounterMetricFamily(
+        "connector_db_failovers_seen",
+        "Changes of database server seen (system identifier, timeline, address or recovery state)",
+        labels=["service"],
+    )
+    evicted = CounterMetricFamily(
+        "connector_db_read_only_evictions",
+        "Pooled connections closed because their server was read-only (SQLSTATE 25006, in recovery)",
+        labels=["service"],
+    )
     for service, pool in list(_POOLS.items()):
         stats = pool.get_stats()
         size.add_metric([service], stats.get("pool_size", 0))
         avail.add_metric([service], stats.get("pool_available", 0))
         waiting.add_metric([service], stats.get("requests_waiting", 0))
         maxsize.add_metric([service], pool.max_size)
-    return [size, avail, waiting, maxsize]
+        opened = getattr(pool, "opened", 0)
+        reconnects.add_metric([service], max(0, opened - pool.min_size))
+        failovers.add_metric([service], FAILOVERS_SEEN.get(service, 0))
+        evicted.add_metric([service], READ_ONLY_EVICTIONS.get(service, 0))
+    return [size, avail, waiting, maxsize, reconnects, failovers, evicted]
 
 
 _collector = metrics.register_callback(_collect_pools)
@@ -47,6 +73,87 @@ _collector = metrics.register_callback(_collect_pools)
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # Autocommit by default: every statement that needs a transaction opens one explicitly.
     await conn.set_autocommit(True)
+    pool = getattr(conn, "_pool", None)
+    if isinstance(pool, Pool):
+        pool.opened += 1
+
+
+class Pool(AsyncConnectionPool):
+    """A service's pool. With ``evict_read_only`` (``CONNECTOR_EVICT_READ_ONLY``, default true) a
+    connection whose statement fails because its server is read-only (SQLSTATE 25006: an old
+    primary fenced or back as a standby, a URL that landed on a standby) is closed at once and the
+    idle rest drained, so the next checkout connects anew and a multi-host URL with
+    ``target_session_attrs=read-write`` finds the writable server (ADR 020). Without it such a
+    connection stays in the pool and every write on it fails until it expires (an hour)."""
+
+    def __init__(self, *args: Any, service: str, evict_read_only: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.service = service
+        self.evict_read_only = evict_read_only
+        #: Connections opened (configured) so far: the reconnect counter's source.
+        self.opened = 0
+        self._drained_at_s = 0.0
+
+    @asynccontextmanager
+    async def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - the pool's API: its checkout wait
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with super().connection(timeout) as conn:
+            try:
+                yield conn
+            except pg_errors.ReadOnlySqlTransaction:
+                await evict_if_read_only(conn)
+                raise
+
+    async def drain_for(self, reason: str) -> None:
+        """Close the idle connections and open new ones (connections in use are replaced when
+        given back); at most once a second, one log line each time."""
+        now = time.monotonic()
+        if now - self._drained_at_s < 1.0:
+            return
+        self._drained_at_s = now
+        log.warning("database pool drained", extra={"service": self.service, "reason": reason})
+        with suppress(Exception):
+            await self.drain()
+
+
+#: The checkout check of off-hot-path pools: the connection answers, and its server takes writes.
+WRITABLE_CHECK = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'"
+
+
+async def check_writable(conn: psycopg.AsyncConnection[Any]) -> None:
+    """``check`` of pools off the hot path: one round trip; a connection whose server is read-only
+    is evicted (the pool then takes or opens another)."""
+    cur = await conn.execute(WRITABLE_CHECK)
+    row = await cur.fetchone()
+    if row is not None and row[0]:
+        await evict_if_read_only(conn)
+        raise pg_errors.ReadOnlySqlTransaction("the server is read-only: connection evicted")
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """SQLSTATE 25006 (read_only_sql_transaction): the server refuses writes (a standby, a fenced
+    or demoted old primary)."""
+    return isinstance(exc, pg_errors.ReadOnlySqlTransaction)
+
+
+async def evict_if_read_only(
+    conn: psycopg.AsyncConnection[Any] | None, exc: BaseException | None = None
+) -> bool:
+    """After ``exc`` (default: the caller already knows it was 25006): close ``conn`` when its
+    pool evicts read-only connections, drain that pool's idle rest. True when closed. For loops
+    that keep a pool connection (``getconn``): they replace a closed one on their next round."""
+    if conn is None or (exc is not None and not is_read_only(exc)):
+        return False
+    pool = getattr(conn, "_pool", None)
+    if not isinstance(pool, Pool) or not pool.evict_read_only:
+        return False
+    READ_ONLY_EVICTIONS[pool.service] = READ_ONLY_EVICTIONS.get(pool.service, 0) + 1
+    with suppress(Exception):
+        await conn.close()
+    await pool.drain_for("read_only")
+    return True
 
 
 def conninfo_with(
@@ -83,10 +190,11 @@ async def open_pool(
 ) -> AsyncConnectionPool:
     """Open the service's own pool (waits until ``pool_min_size`` connections are up).
 
-    ``check``: test every connection when it is taken from the pool (one empty-query round trip,
-    ``AsyncConnectionPool.check_connection``) and replace it when the server dropped it (a database
-    restart, ``pg_terminate_backend``, an idle timeout on the way), so the first call after an
-    outage does not fail on a dead connection. Only for pools off the hot path (the admin API's):
+    ``check``: test every connection when it is taken from the pool (one round trip,
+    ``check_writable``: also whether its server takes writes, unless ``CONNECTOR_EVICT_READ_ONLY``
+    is false) and replace it when the server dropped it (a database restart,
+    ``pg_terminate_backend``, an idle timeout on the way) or became read-only, so the first call
+    after an outage does not fail on a dead connection. Only for pools off the hot path (the admin API's):
     a claim or receipt batch would pay the round trip on every batch."""
     conninfo = conninfo_with(
         db.conninfo(url),
@@ -95,13 +203,17 @@ async def open_pool(
         disable_jit=db.disable_jit,
         lock_timeout_ms=db.lock_timeout_ms,
     )
-    p: AsyncConnectionPool = AsyncConnectionPool(
+    p = Pool(
         conninfo,
+        service=service,
+        evict_read_only=db.evict_read_only,
         min_size=pool.pool_min_size,
         max_size=max(pool.pool_max_size, pool.pool_min_size),
         timeout=pool.pool_timeout_s,
         configure=_configure,
-        check=AsyncConnectionPool.check_connection if check else None,
+        check=(check_writable if db.evict_read_only else AsyncConnectionPool.check_connection)
+        if check
+        else None,
         name=f"connector-{service}",
         open=False,
     )

@@ -14,6 +14,11 @@ must stay open) and one task. Its contract:
 * **Failures never end the loop**: a lost connection (or a failing callback) is reported to
   ``on_error``, the connection is closed and re-opened after ``backoff_s``, doubling up to
   ``backoff_max_s``, reset by the next successful connect.
+* **A change of server re-LISTENs**: ``Listener.reconnect_all()`` (called by ``ServerWatch`` when
+  the pool reaches another server) closes every live listener's session and connects again, so a
+  session left on an old primary (which may be silent) does not wait for its keepalives. While a
+  listener is away its owner's own polling covers (every owner also polls: notifications are
+  hints). One WARNING line when a session is lost, one INFO line when it is back.
 * **Test signals instead of sleeps**: ``connected`` (set while listening), ``connects``,
   ``wakeups``, ``errors``, and ``backend_pid`` (to terminate the session from a test).
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +46,8 @@ ErrorCallback = Callable[[BaseException], None]
 
 #: The statement of each channel (an identifier), named so a statement digest maps back to it.
 LISTEN_CHANNEL = "LISTEN {}"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,10 @@ async def _call(fn: Callable[..., Awaitable[None] | None] | None, *args: Any) ->
 class Listener:
     """See the module docstring. ``conninfo`` is a connection string (or a function returning one,
     read at every connect)."""
+
+    _live: weakref.WeakSet[Listener] = weakref.WeakSet()
+    #: Reconnects scheduled by ``reconnect_all`` (kept until done).
+    _pending: set[asyncio.Task[None]] = set()
 
     def __init__(
         self,
@@ -101,11 +114,31 @@ class Listener:
         if connect_now:
             await self._connect()
         self._task = asyncio.create_task(self._run(), name=self.cfg.name)
+        Listener._live.add(self)
 
     async def stop(self) -> None:
+        Listener._live.discard(self)
         task, self._task = self._task, None
         await cancel_task(task)
         await self._close()
+
+    async def reconnect(self) -> None:
+        """Drop the session and LISTEN again (in the background, with the usual back-off)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        await cancel_task(task)
+        await self._close()
+        self._task = asyncio.create_task(self._run(), name=self.cfg.name)
+
+    @classmethod
+    def reconnect_all(cls) -> None:
+        """``reconnect`` every running listener of this process (a change of database server)."""
+        for listener in list(cls._live):
+            if listener._task is not None:
+                task = asyncio.ensure_future(listener.reconnect())
+                cls._pending.add(task)
+                task.add_done_callback(cls._pending.discard)
 
     # ------------------------------------------------------------------------------------- loop
 
@@ -124,6 +157,8 @@ class Listener:
         reconnect = self.connects > 0
         self.connects += 1
         self.connected.set()
+        if reconnect:
+            log.info("LISTEN re-established", extra={"listener": self.cfg.name})
         await _call(self._on_connect, conn, reconnect)
 
     async def _close(self) -> None:
@@ -159,6 +194,11 @@ class Listener:
                 raise
             except Exception as exc:
                 self.errors += 1
+                if self.connected.is_set():
+                    log.warning(
+                        "LISTEN lost; polling until it is re-established",
+                        extra={"listener": self.cfg.name, "error_class": type(exc).__name__},
+                    )
                 if self._on_error is not None:
                     self._on_error(exc)
                 await self._close()

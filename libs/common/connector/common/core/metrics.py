@@ -212,14 +212,14 @@ def _bound_text(bound: float) -> str:
 
 
 class _CallbackCollector(Collector):
-    def __init__(self, fn: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+    def __init__(self, fn: Callable[[], Iterable[Metric]]) -> None:
         self._fn = fn
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         return self._fn()
 
 
-def register_callback(fn: Callable[[], Iterable[GaugeMetricFamily]]) -> Collector:
+def register_callback(fn: Callable[[], Iterable[Metric]]) -> Collector:
     """Register a collector evaluated at scrape time (gauges read from live objects) in ``SHARED``:
     its families must carry a ``service`` label."""
     collector = _CallbackCollector(fn)

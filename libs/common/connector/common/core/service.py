@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool
 from connector.common.core import db, metrics
 from connector.common.core.eventlog import events
 from connector.common.core.process_registry import ProcessRegistration
+from connector.common.core.server_watch import ServerWatch
 from connector.common.core.settings import DatabaseSettings, PoolSettings
 
 
@@ -54,6 +55,8 @@ class ServiceBootstrap:
     def __init__(self, *, heartbeat_s: float = 5.0) -> None:
         self._heartbeat_s = heartbeat_s
         self.pool: AsyncConnectionPool | None = None
+        #: Which database server the pool reaches; drains and re-LISTENs on a change (ADR 020).
+        self.server_watch: ServerWatch | None = None
         self.registration: ProcessRegistration | None = None
         self.metrics_port = 0
         self._metrics_server: Any = None
@@ -82,8 +85,17 @@ class ServiceBootstrap:
     async def _open_pool(
         self, db_settings: DatabaseSettings, pool: PoolSettings, *, url: str | None
     ) -> AsyncConnectionPool:
-        """Open this instance's own pool (``self.pool``, named after the service)."""
+        """Open this instance's own pool (``self.pool``, named after the service) and start its
+        ``ServerWatch`` (unless ``CONNECTOR_SERVER_WATCH_INTERVAL_S`` is 0)."""
         self.pool = await db.open_pool(self.name, db_settings, pool, url=url)
+        if db_settings.server_watch_interval_s > 0:
+            self.server_watch = ServerWatch(
+                self.name,
+                self.pool,
+                interval_s=db_settings.server_watch_interval_s,
+                evict_read_only=db_settings.evict_read_only,
+            )
+            self.server_watch.start()
         return self.pool
 
     def _registration(self, *, capability: str, service: str | None = None) -> ProcessRegistration:
@@ -134,6 +146,9 @@ class ServiceBootstrap:
         """Loops stopped after deregistering, before the pools close."""
 
     async def _close_pools(self) -> None:
+        watch, self.server_watch = self.server_watch, None
+        if watch is not None:
+            await watch.stop()
         pool, self.pool = self.pool, None
         await db.close_own_pool(self.name, pool)
 

@@ -54,6 +54,13 @@ class DatabaseSettings(BaseSettings):
     #: ``lock_timeout`` of every pooled connection (milliseconds, 0 = none): a statement waiting on
     #: a lock fails with SQLSTATE 55P03 after this, below the statement timeout.
     lock_timeout_ms: int = Field(default=10_000, ge=0)
+    #: A pooled connection whose server refuses writes (SQLSTATE 25006: a standby, an old primary
+    #: fenced or back as a standby) is closed at once and the idle pool drained; false keeps it.
+    evict_read_only: bool = True
+    #: How often each service's ``ServerWatch`` asks which server its pool reaches (seconds; 0 = no
+    #: watch): a change (system identifier, timeline, address, recovery) drains the idle pool and
+    #: re-establishes LISTEN sessions (docs/deploy.md "Failover").
+    server_watch_interval_s: float = Field(default=2.0, ge=0)
 
     @field_validator("database_url")
     @classmethod

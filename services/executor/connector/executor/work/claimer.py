@@ -18,6 +18,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from connector.common.core.db import evict_if_read_only
 from connector.common.store import work_items
 from connector.common.store.debounce import debounce_covered_batch
 from connector.common.store.packs import pack_generation_manifest, pack_names
@@ -115,6 +116,7 @@ class Claimer:
                 raise
             except Exception as exc:
                 e.error("claim", exc)
+                await evict_if_read_only(conn, exc)  # a read-only server: closed, replaced
                 if conn is not None and (conn.closed or conn.broken):
                     await e.give_back(conn)
                     conn = None

@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
+from connector.common.core.db import evict_if_read_only
 from connector.common.core.eventlog import events
 from connector.common.core.runtime import cancel_tasks
 from connector.common.store import circuits, work_items
@@ -224,6 +225,7 @@ class Finalizer:
                         e.stats["deadlocks"] += 1
                     except Exception as exc:
                         e.error("finalize", exc)
+                        await evict_if_read_only(conn, exc)  # a read-only server: closed, replaced
                         connection_lost = conn is None or conn.closed or conn.broken
                         if connection_lost:
                             await e.give_back(conn)
