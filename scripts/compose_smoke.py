@@ -117,9 +117,20 @@ def http(method: str, url: str, body: bytes | None = None, headers: dict[str, st
 
 
 class Stack:
-    def __init__(self, project: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        project: str,
+        env: dict[str, str],
+        files: list[Path] | None = None,
+        profiles: tuple[str, ...] = (),
+        db_service: str = "postgres",
+    ) -> None:
         self.project = project
         self.env = env
+        self.files = files or COMPOSE_FILES
+        self.profiles = profiles
+        #: The compose service whose container ``psql`` runs in (the HA smoke points it at the leader).
+        self.db_service = db_service
 
     def compose(
         self,
@@ -132,8 +143,10 @@ class Stack:
         """Run docker-compose on the smoke project; ``token`` is the admin token the ``admin``
         service gets (through the environment, never on a command line)."""
         cmd = ["docker-compose", "--ansi", "never", "-p", self.project]
-        for f in COMPOSE_FILES:
+        for f in self.files:
             cmd += ["-f", str(f)]
+        for profile in self.profiles:
+            cmd += ["--profile", profile]
         cmd += list(args)
         env = {**self.env, "SMOKE_ADMIN_TOKEN": token}
         proc = subprocess.run(  # noqa: S603 - our own fixed command line
@@ -178,13 +191,15 @@ class Stack:
 
     def psql(self, sql: str) -> list[list[str]]:
         """Rows of ``sql`` run by psql inside the postgres container (its port is not published)."""
-        postgres = self.containers("postgres")
+        postgres = self.containers(self.db_service)
         if not postgres:
-            raise SmokeError("no running postgres container")
+            raise SmokeError(f"no running {self.db_service} container")
         out = self.podman(
             "exec",
             postgres[0]["Names"][0],
             "psql",
+            "-h",
+            "/run/postgresql",
             "-U",
             "connector",
             "-d",
