@@ -140,14 +140,16 @@ def test_every_connector_container_gets_the_multi_host_url(
     assert len(set(urls.values())) == 1, urls
     url = urls["migrate"]
     assert ha_url_problems(url, merged) == []
-    # The settings take it as it is, and libpq's parser keeps both hosts when our options are added.
+    # The settings take it, and the connection string every pool opens with keeps both hosts and the
+    # read-write requirement, with the network bounds added (connect timeout, keepalives).
     monkeypatch.setenv("CONNECTOR_DATABASE_URL", url)
-    parsed = settings.load(settings.DatabaseSettings).url()
+    database = settings.load(settings.DatabaseSettings)
     conninfo = psycopg.conninfo.conninfo_to_dict(
-        db.conninfo_with(parsed, application_name="test", statement_timeout_ms=1000)
+        db.conninfo_with(database.conninfo(), application_name="test", statement_timeout_ms=1000)
     )
     assert (conninfo["host"], conninfo["port"]) == ("pg1,pg2", "5432,5432")
     assert conninfo["target_session_attrs"] == "read-write"
+    assert conninfo["connect_timeout"] and conninfo["keepalives"] == "1"
     assert conninfo["user"] == "connector" and conninfo["dbname"] == "connector"
 
 
