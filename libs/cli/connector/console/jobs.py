@@ -4,9 +4,10 @@ cancelled from their page.
 A replay job is one ``ReplayDeadLetters`` stream (the API replays in batches, in lane order, at a
 bounded rate, each batch its own transaction, and logs one audit line); cancelling the job cancels
 the stream, and the API stops between batches: what was replayed stays replayed, the rest stays dead.
-A cancel job calls ``CancelWorkItem`` per item (one audit line each, rate-limited by the API's event
-log). The job id is minted when the estimate is shown and is the API's request id (``job id`` for a
-replay, ``<job id>:<work id>`` per cancelled item): submitting the same confirmation twice shows the
+A cancel job is one ``CancelDeadLetters`` stream likewise (each item cancelled as CancelWorkItem
+does, one audit line each; what was cancelled stays cancelled). The job id is minted when the
+estimate is shown and is the API's request id (``<job id>:<receipt id>`` per replayed receipt):
+submitting the same confirmation twice shows the
 one job, and a retry after a console restart gets the API's stored answers instead of a second run.
 Jobs live in the console's memory (the last ``keep`` of them).
 """
@@ -28,10 +29,10 @@ from connector.v1 import admin_service_pb2 as pb
 
 log = logging.getLogger("connector.console")
 
-#: Items a cancel job handles at most (its worklist is read up front).
-CANCEL_LIMIT = 10_000
+#: Receipts a failed-receipt replay job handles at most (its worklist is read up front).
+RECEIPT_JOB_LIMIT = 10_000
 #: The admin RPC each kind of job runs (its role is the job's: to start it, to stop it).
-JOB_RPCS = {"replay": "ReplayDeadLetters", "cancel": "CancelWorkItem", "replay-receipts": "ReplayReceipt"}
+JOB_RPCS = {"replay": "ReplayDeadLetters", "cancel": "CancelDeadLetters", "replay-receipts": "ReplayReceipt"}
 
 
 @dataclass(slots=True)
@@ -137,23 +138,12 @@ def replay_work(client: AdminClient, token: str, request: pb.ReplayDeadLettersRe
     return work
 
 
-def cancel_work(client: AdminClient, token: str, ids: list[int], reason: str) -> Any:
+def cancel_work(client: AdminClient, token: str, request: pb.CancelDeadLettersRequest) -> Any:
     async def work(job: Job) -> None:
-        job.total = len(ids)
-        for work_id in ids:
-            try:
-                await client.call(
-                    "CancelWorkItem",
-                    pb.CancelWorkItemRequest(
-                        work_id=work_id, reason=reason, request_id=f"{job.id}:{work_id}"
-                    ),
-                    token,
-                )
-                job.done += 1
-            except ApiError as exc:
-                if exc.code in ("UNAVAILABLE", "UNAUTHENTICATED", "PERMISSION_DENIED"):
-                    raise
-                job.refused_by_reason[exc.reason] += 1
+        async for progress in stream_items(client.stream("CancelDeadLetters", request, token)):
+            job.total = int(progress.total)
+            job.done = int(progress.cancelled)
+            job.refused_by_reason = Counter({k: int(v) for k, v in progress.refused_by_reason.items()})
 
     return work
 

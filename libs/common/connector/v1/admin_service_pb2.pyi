@@ -246,6 +246,61 @@ class ReplayDeadLettersResponse(_message.Message):
     lane_keys: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, total: _Optional[int] = ..., replayed: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ..., eligible: _Optional[int] = ..., lanes: _Optional[int] = ..., lane_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class CancelDeadLettersRequest(_message.Message):
+    __slots__ = ("installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "failure_summary", "work_ids", "reason", "dry_run", "rate_limit", "request_id")
+    INSTALLED_PACK_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    WORK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    installed_pack_id: int
+    generation: int
+    work_type: str
+    failure_class: str
+    finish_time_after: _timestamp_pb2.Timestamp
+    finish_time_before: _timestamp_pb2.Timestamp
+    failure_summary: str
+    work_ids: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    dry_run: bool
+    rate_limit: int
+    request_id: str
+    def __init__(self, installed_pack_id: _Optional[int] = ..., generation: _Optional[int] = ..., work_type: _Optional[str] = ..., failure_class: _Optional[str] = ..., finish_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finish_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_summary: _Optional[str] = ..., work_ids: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., dry_run: _Optional[bool] = ..., rate_limit: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CancelDeadLettersResponse(_message.Message):
+    __slots__ = ("total", "cancelled", "refused", "refused_by_reason", "done", "eligible", "lanes", "lane_keys")
+    class RefusedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    LANE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    cancelled: int
+    refused: int
+    refused_by_reason: _containers.ScalarMap[str, int]
+    done: bool
+    eligible: int
+    lanes: int
+    lane_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, total: _Optional[int] = ..., cancelled: _Optional[int] = ..., refused: _Optional[int] = ..., refused_by_reason: _Optional[_Mapping[str, int]] = ..., done: _Optional[bool] = ..., eligible: _Optional[int] = ..., lanes: _Optional[int] = ..., lane_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListReceiptFailuresRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "namespace")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]

@@ -155,6 +155,11 @@ class AdminServiceStub:
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.SerializeToString,
                 response_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.FromString,
                 _registered_method=True)
+        self.CancelDeadLetters = channel.unary_stream(
+                '/connector.v1.AdminService/CancelDeadLetters',
+                request_serializer=connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersRequest.SerializeToString,
+                response_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersResponse.FromString,
+                _registered_method=True)
         self.PausePack = channel.unary_unary(
                 '/connector.v1.AdminService/PausePack',
                 request_serializer=connector_dot_v1_dot_admin__service__pb2.PausePackRequest.SerializeToString,
@@ -397,6 +402,17 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelDeadLetters(self, request, context):
+        """Bulk cancel of dead letters by filter, as ReplayDeadLetters replays them: the items matching
+        when the call starts, in lane order, in batches at a bounded rate, progress streamed, a dry run
+        that counts, request_id answering a retry with the first outcome, cancelling the call stops it
+        between items. Each item is cancelled as CancelWorkItem does (fenced, in its own transaction,
+        one audit line; the reason kept on the item) (role ReplayConnectorEvents).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PausePack(self, request, context):
         """Stop claiming a pack's work, or one queue class of it; durable until ResumePack. Items already
         claimed finish; no claim commits after the pause has committed (role ConnectorOperator).
@@ -605,6 +621,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CancelWorkItem,
                     request_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.FromString,
                     response_serializer=connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.SerializeToString,
+            ),
+            'CancelDeadLetters': grpc.unary_stream_rpc_method_handler(
+                    servicer.CancelDeadLetters,
+                    request_deserializer=connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersRequest.FromString,
+                    response_serializer=connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersResponse.SerializeToString,
             ),
             'PausePack': grpc.unary_unary_rpc_method_handler(
                     servicer.PausePack,
@@ -1284,6 +1305,33 @@ class AdminService:
             '/connector.v1.AdminService/CancelWorkItem',
             connector_dot_v1_dot_admin__service__pb2.CancelWorkItemRequest.SerializeToString,
             connector_dot_v1_dot_admin__service__pb2.CancelWorkItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/connector.v1.AdminService/CancelDeadLetters',
+            connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersRequest.SerializeToString,
+            connector_dot_v1_dot_admin__service__pb2.CancelDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,13 +13,13 @@ from aiohttp import web
 
 from connector.console import web as edge
 from connector.console.client import stream_items
-from connector.console.jobs import CANCEL_LIMIT, JOB_RPCS, JOBS_KEY, Job, cancel_work, replay_work
+from connector.console.jobs import JOB_RPCS, JOBS_KEY, Job, cancel_work, replay_work
 from connector.console.pages import receipts
 from connector.console.params import BadInput, Params
 from connector.console.ui import CLIENT_KEY, call, render
 from connector.v1 import admin_service_pb2 as pb
 
-ACTIONS = {"replay": "ReplayDeadLetters", "cancel": "CancelWorkItem"}
+ACTIONS = {"replay": "ReplayDeadLetters", "cancel": "CancelDeadLetters"}
 GROUP_FIELDS = ("pack", "work_type", "failure_class", "summary")
 #: Rows grouped per pack (dead letters) and namespace (failed receipts): the newest 2,000 by default
 #: (an incident list: what is failing now), the newest 10,000 on request ("group older ones too").
@@ -76,6 +76,12 @@ class Group:
             failure_summary=self.summary, work_ids=ids, **kw,
         )  # fmt: skip
 
+    def cancel_request(self, ids: list[int], **kw: Any) -> pb.CancelDeadLettersRequest:
+        return pb.CancelDeadLettersRequest(
+            installed_pack_id=self.pack or 0, work_type=self.work_type, failure_class=self.failure_class,
+            failure_summary=self.summary, work_ids=ids, **kw,
+        )  # fmt: skip
+
     def describe(self) -> str:
         parts = [self.name or f"pack {self.pack}"]
         parts += [p for p in (self.work_type, self.failure_class) if p]
@@ -117,21 +123,19 @@ async def estimate(request: web.Request) -> web.Response:
     """A dry run of the bulk action: nothing changes; the confirmation form names the count."""
     form = Params(await request.post())
     action = _action(form)
-    edge.require(request, ACTIONS[action])
-    edge.require(request, "ReplayDeadLetters")  # the estimate is ReplayDeadLetters' dry run
+    edge.require(request, ACTIONS[action])  # the estimate is the bulk RPC's own dry run
     g = Group(form)
     scope, ids = _selection(form)
+    message = (
+        g.replay_request(ids, dry_run=True) if action == "replay" else g.cancel_request(ids, dry_run=True)
+    )
     dry = None
     async for progress in stream_items(
-        request.app[CLIENT_KEY].stream(
-            "ReplayDeadLetters", g.replay_request(ids, dry_run=True), _token(request)
-        )
+        request.app[CLIENT_KEY].stream(ACTIONS[action], message, _token(request))
     ):
         dry = progress
     assert dry is not None
     count = int(dry.total)
-    if action == "cancel" and count > CANCEL_LIMIT:
-        raise BadInput("scope", f"a cancel job handles at most {CANCEL_LIMIT} items: narrow the group")
     return render(
         request,
         "estimate.html",
@@ -167,28 +171,15 @@ async def start_job(request: web.Request) -> web.Response:
     if action == "replay":
         work = replay_work(client, session.token, g.replay_request(ids, request_id=job_id))
     else:
-        reason = form.reason()
-        if not ids:
-            ids = await _all_ids(request, g)
-        work = cancel_work(client, session.token, ids, reason)
+        work = cancel_work(
+            client, session.token, g.cancel_request(ids, reason=form.reason(), request_id=job_id)
+        )
     which = "selected" if scope == "selected" else "all matching"
     what = f"{action} {confirmed} {noun} ({which} {g.describe()})"
     job = request.app[JOBS_KEY].start(
         Job(job_id, action, f"key:{session.caller.key_id}", what, confirmed), work
     )
     raise web.HTTPSeeOther(f"/jobs/{job.id}")
-
-
-async def _all_ids(request: web.Request, g: Group) -> list[int]:
-    ids: list[int] = []
-    token = ""
-    while len(ids) <= CANCEL_LIMIT:
-        page = await call(request, "ListDeadLetters", g.list_request(token))
-        ids += [int(d.work_item.work_id) for d in page.dead_letters]
-        token = page.next_page_token
-        if not token:
-            return ids
-    raise BadInput("scope", f"a cancel job handles at most {CANCEL_LIMIT} items: narrow the group")
 
 
 def _job(request: web.Request) -> Job:

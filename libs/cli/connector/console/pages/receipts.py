@@ -14,13 +14,13 @@ from aiohttp import web
 
 from connector.console import web as edge
 from connector.console.client import AdminClient, ApiError
-from connector.console.jobs import CANCEL_LIMIT, JOBS_KEY, Job
+from connector.console.jobs import JOBS_KEY, RECEIPT_JOB_LIMIT, Job
 from connector.console.params import BadInput, Params
 from connector.console.ui import CLIENT_KEY, call, render
 from connector.v1 import admin_service_pb2 as pb
 
 #: Receipts a replay job handles at most (its worklist is read up front).
-RECEIPT_LIMIT = CANCEL_LIMIT
+RECEIPT_LIMIT = RECEIPT_JOB_LIMIT
 
 
 class ReceiptGroup:

@@ -71,6 +71,7 @@ METHOD_ROLES: dict[str, Role | None] = {
     "ReplayDeadLetters": Role.REPLAY,
     "ReplayReceipt": Role.REPLAY,
     "CancelWorkItem": Role.REPLAY,
+    "CancelDeadLetters": Role.REPLAY,
     "PausePack": Role.OPERATOR,
     "ResumePack": Role.OPERATOR,
     "OpenCircuit": Role.OPERATOR,

@@ -214,6 +214,8 @@ async def work_item_replay(
 class BulkProgress:
     total: int
     replayed: int = 0
+    #: Bulk cancel (``bulk_cancel``): items cancelled.
+    cancelled: int = 0
     eligible: int = 0
     refused_by_reason: Counter[str] = field(default_factory=Counter)
     done: bool = False
@@ -277,6 +279,79 @@ async def bulk_replay(
                 "installed_pack_id": flt.installed_pack_id,
                 "total": progress.total,
                 "replayed": progress.replayed,
+                "refused": progress.refused,
+                "actor": actor,
+            },
+        )
+    yield progress
+
+
+async def bulk_cancel(
+    pool: AsyncConnectionPool,
+    flt: DeadLetterFilter,
+    *,
+    reason: str,
+    dry_run: bool,
+    rate_per_s: float,
+    batch_size: int,
+    actor: str,
+    request_id: str,
+) -> AsyncIterator[BulkProgress]:
+    """Cancel the dead letters matching ``flt`` when the call started, in lane order, as
+    ``actions.work_item_cancel`` cancels one (fenced, each item in its own transaction, one audit
+    line after its commit), at most ``rate_per_s`` items per second; yields progress after every batch
+    of ``batch_size``. An item that changed meanwhile (replayed, claimed, deleted) is refused and
+    counted by reason. Cancelling the consumer stops between items: what was cancelled stays
+    cancelled, the rest stays dead. A dry run checks every item and changes nothing."""
+    from connector.common.core.grpc_server import ServiceError
+    from connector.executor.admin import actions
+
+    async with connection(pool) as conn:
+        ids = await work_items.admin.work_item_list_dead_ids(conn, flt)
+    progress = BulkProgress(total=len(ids))
+    started = time.monotonic()
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start : start + batch_size]
+        done: list[actions.Cancelled] = []
+        async with connection(pool) as conn:
+            for work_id in chunk:
+                try:
+                    async with conn.transaction():
+                        c = await actions.work_item_cancel(
+                            conn, work_id, actor=actor, reason=reason, dry_run=dry_run
+                        )
+                except ServiceError as exc:
+                    progress.refused_by_reason[str(exc.reason)] += 1
+                    continue
+                if dry_run:
+                    progress.eligible += 1
+                    row = c.row
+                    progress.lanes.update(
+                        lanes_of(
+                            int(row["w_installed_pack_id"]),
+                            row["w_source_lane_key"],
+                            row["w_target_mutation_lane_key"],
+                        )
+                    )
+                else:
+                    progress.cancelled += 1
+                    done.append(c)
+        for c in done:  # committed: one audit line each, as CancelWorkItem writes
+            actions.log_cancelled(c, actor=actor, reason=reason, request_id=request_id)
+        if start + batch_size < len(ids):
+            yield progress
+            if not dry_run:
+                ahead = (start + len(chunk)) / rate_per_s - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+    progress.done = True
+    if not dry_run:
+        log.info(
+            "bulk cancel finished",
+            extra={
+                "installed_pack_id": flt.installed_pack_id,
+                "total": progress.total,
+                "cancelled": progress.cancelled,
                 "refused": progress.refused,
                 "actor": actor,
             },

@@ -90,12 +90,12 @@ FAILURE_GROUPS_DEFAULT, FAILURE_GROUPS_MAX = 100, 500
 
 
 def dead_letter_filter(
-    req: pb.ListDeadLettersRequest | pb.ReplayDeadLettersRequest,
+    req: pb.ListDeadLettersRequest | pb.ReplayDeadLettersRequest | pb.CancelDeadLettersRequest,
 ) -> work_items.admin.DeadLetterFilter:
     if req.generation < 0:
         raise invalid_argument("generation must not be negative", field="generation")
     work_ids: tuple[int, ...] | None = None
-    if isinstance(req, pb.ReplayDeadLettersRequest) and req.work_ids:
+    if isinstance(req, pb.ReplayDeadLettersRequest | pb.CancelDeadLettersRequest) and req.work_ids:
         if len(req.work_ids) > MAX_SELECTED_WORK_IDS:
             raise invalid_argument(f"at most {MAX_SELECTED_WORK_IDS} work_ids", field="work_ids")
         if any(i <= 0 for i in req.work_ids):
@@ -295,6 +295,53 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                         is None
                     ):
                         await requests.admin_request_put(conn, request_id, "ReplayDeadLetters", final)
+
+    async def CancelDeadLetters(
+        self, request: pb.CancelDeadLettersRequest, context: Any
+    ) -> AsyncIterator[pb.CancelDeadLettersResponse]:
+        flt = dead_letter_filter(request)
+        if flt.installed_pack_id is None:
+            raise invalid_argument("bulk cancel needs installed_pack_id", field="installed_pack_id")
+        if request.rate_limit < 0:
+            raise invalid_argument("rate_limit must not be negative", field="rate_limit")
+        # the estimate (a dry run) may come before the reason is known
+        reason = (
+            "" if request.dry_run and not request.reason.strip() else actions.check_reason(request.reason)
+        )
+        rate = min(float(request.rate_limit or self._rate_default), self._rate_max)
+        batch = max(1, min(self._batch, int(rate)))
+        request_id = request.request_id if not request.dry_run else ""
+        requests.check(request_id)
+        method, answer = "CancelDeadLetters", pb.CancelDeadLettersResponse
+        if request_id:
+            async with connection(self._pool) as conn, conn.transaction():
+                stored = await requests.admin_request_get(conn, request_id, method, answer)
+            if stored is not None:
+                yield stored
+                return
+        if self._bulk_slots.locked():
+            raise resource_exhausted(Reason.BULK_REPLAY_LIMIT, "too many bulk jobs running; retry later")
+        async with self._bulk_slots:
+            final: pb.CancelDeadLettersResponse | None = None
+            async for progress in replay.bulk_cancel(
+                self._pool, flt, reason=reason, dry_run=request.dry_run, rate_per_s=rate, batch_size=batch,
+                actor=_actor(), request_id=request_id,
+            ):  # fmt: skip
+                final = pb.CancelDeadLettersResponse(
+                    total=progress.total,
+                    cancelled=progress.cancelled,
+                    refused=progress.refused,
+                    refused_by_reason=dict(progress.refused_by_reason),
+                    done=progress.done,
+                    eligible=progress.eligible,
+                    lanes=len(progress.lanes),
+                    lane_keys=sorted(key for _, _, key in progress.lanes)[:10],
+                )
+                yield final
+            if request_id and final is not None:
+                async with connection(self._pool) as conn, conn.transaction():
+                    if await requests.admin_request_get(conn, request_id, method, answer) is None:
+                        await requests.admin_request_put(conn, request_id, method, final)
 
     # -- operator actions: cancel, pause, resume (admin/actions.py) --------------------------------
 
