@@ -297,9 +297,16 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every service
     replication_proxy: bool = False
     lease_s: float = 5.0
+    patroni: bool = False  # the servers managed by Patroni + etcd (tests/failover/patroni.py)
 
     def __post_init__(self) -> None:
-        self.pair = PgPair(synchronous=self.synchronous, replication_proxy=self.replication_proxy)
+        self.pair: Any
+        if self.patroni:
+            from tests.failover.patroni import PatroniPair
+
+            self.pair = PatroniPair()
+        else:
+            self.pair = PgPair(synchronous=self.synchronous, replication_proxy=self.replication_proxy)
         self.proxies: Proxies | None = None
         self.services: dict[str, Service] = {}
         self.secret = "whsec_" + __import__("base64").b64encode(os.urandom(24)).decode()
@@ -307,6 +314,7 @@ class Cluster:
         self.load: Load | None = None
         self.sink: Path | None = None
         self.faults: list[tuple[str, float]] = []
+        self.notes: dict[str, Any] = {}  # a scenario's own figures (Patroni's promotion time)
 
     # lifecycle
     def __enter__(self) -> Cluster:
@@ -433,7 +441,7 @@ class Cluster:
 
     def primary_port(self) -> int:
         """The writable server now (the standby after a promotion)."""
-        for port in (self.pair.standby_port, self.pair.primary.port):
+        for port in reversed(self.pair.ports):
             with contextlib.suppress(psycopg.Error):
                 if not self.pair.sql(
                     port,

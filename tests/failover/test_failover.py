@@ -132,6 +132,7 @@ def run(
         "longest_request_s": round(load.longest(), 1),
         "statuses": load.statuses(),
         "load": load_figure(),
+        **c.notes,
     }
     print(f"\nfailover[{name}]: {json.dumps(figures)}")
     if path := os.environ.get("CONNECTOR_FAILOVER_FIGURES"):
@@ -314,3 +315,25 @@ def test_demoted_primary_control_without_eviction_keeps_a_pool() -> None:
     old primary: some service does not serve again."""
     with Cluster(env={"CONNECTOR_EVICT_READ_ONLY": "false"}) as c:
         hangs(c, "demoted-control-no-eviction", demoted_primary)
+
+
+def kill_leader_node(c: Cluster) -> float:
+    """kill -9 of the leader's whole node (its Patroni and its PostgreSQL); Patroni promotes the
+    synchronous standby once the leader key's ttl (10 s) runs out. Serving again is measured from
+    the promotion: before it there is no writable server for any client (Patroni's detection time is
+    its ttl, printed as ``promotion_s``)."""
+    c.pair.kill_leader_node()
+    at = c.fault("kill -9 of the leader node")
+    promoted = c.pair.wait_promoted()
+    c.notes["promotion_s"] = round(promoted - at, 1)
+    return c.fault("promoted by Patroni")
+
+
+def test_patroni_kill_leader_node() -> None:
+    """The real HA engine: Debian's Patroni 3.0.2 + etcd 3.4, synchronous_mode_strict."""
+    from tests.failover.patroni import available
+
+    if why := available():
+        pytest.skip(why)
+    with Cluster(patroni=True) as c:
+        run(c, "patroni-kill9-sync", kill_leader_node)
