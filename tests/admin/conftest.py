@@ -41,7 +41,9 @@ def manifest(
     queue_class: str = "default",
     max_attempts: int = 5,
     dead_head: str = "block",
+    route_extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``route_extra`` is merged into every route (a ``None`` value removes the key)."""
     routes = routes if routes is not None else {"orders": ["sync"]}
     work_types = sorted({wt for wts in routes.values() for wt in wts}) or ["sync"]
     return {
@@ -57,7 +59,17 @@ def manifest(
             for wt in work_types
         },
         "routes": [
-            {"key": key, "verification": {"scheme": "none"}, "fan_out": [{"work_type": wt} for wt in wts]}
+            {
+                k: v
+                for k, v in {
+                    "key": key,
+                    "verification": {"scheme": "none"},
+                    "idempotency_header": "X-Delivery-Id",
+                    "fan_out": [{"work_type": wt} for wt in wts],
+                    **(route_extra or {}),
+                }.items()
+                if v is not None
+            }
             for key, wts in routes.items()
         ],
     }
@@ -181,7 +193,7 @@ class Seed:
                     namespace,
                     route_key,
                     f"d-{self._seq}",
-                    f"k-{self._seq}-{id(self)}",
+                    f"{route_key}:id:d-{self._seq}",  # the ingress's key (admission.receipt_key)
                     hashlib.sha256(body or b"").digest(),
                     body,
                     body_ref,
@@ -211,6 +223,7 @@ class Seed:
         queue_class: str = "default",
         execution_owner: str = "work_item",
         receipt_id: int | None = None,
+        companion: dict[str, str] | None = None,
     ) -> int:
         namespace = await self.one(
             "SELECT namespace FROM connector_installed_pack WHERE installed_pack_id = %s", (pack_id,)
@@ -227,9 +240,12 @@ class Seed:
             "INSERT INTO connector_event (receipt_id, event_index, installed_pack_id, generation,"
             " incarnation, route_id, route_version, namespace, event_kind, source_object_kind,"
             " source_object_id, idempotency_key, delivery_seq, payload_sha256, parse_outcome,"
-            " execution_owner)"
+            " execution_owner, companion)"
             " VALUES (%s, (SELECT count(*) FROM connector_event WHERE receipt_id = %s), %s, %s, %s, %s, 1,"
-            " %s, 'order.updated', 'order', %s, %s, %s, '\\x00', 'ok', %s) RETURNING event_id",
+            " %s, 'order.updated', 'order', %s,"
+            " (SELECT idempotency_key FROM connector_ingress_receipt WHERE receipt_id = %s)"
+            " || '#' || (SELECT count(*) FROM connector_event WHERE receipt_id = %s),"
+            " %s, '\\x00', 'ok', %s, %s) RETURNING event_id",
             (
                 receipt_id,
                 receipt_id,
@@ -239,9 +255,11 @@ class Seed:
                 route_id or 0,
                 namespace,
                 str(self._seq),
-                f"idem-{self._seq}",
+                receipt_id,
+                receipt_id,
                 receipt_id,
                 execution_owner,
+                json.dumps(companion or {}),
             ),
         )
         lease = state == "processing"

@@ -85,6 +85,20 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
     assert f"(work item {a})" in err
 
 
+async def test_replay_refused_for_a_changed_identity_in_one_line(cli, seed: Seed) -> None:
+    """Issue #28 item 5: the CLI's refusal is one line naming the reason and what to look at."""
+    pack = await seed.pack()
+    work_id = await seed.item(pack)
+    await seed.generation(pack, 2, route_extra={"idempotency_header": None})
+    code, _, err = await cli("dlq", "replay", str(work_id))
+    assert code == 1
+    assert err.startswith(
+        "error: FAILED_PRECONDITION IDENTITY_CHANGED: the current route's identity template"
+    )
+    assert len(err.splitlines()) == 1 and f"work item {work_id}" in err
+    assert await seed.state(work_id) == "dead"
+
+
 async def test_bulk_replay_dry_run_and_progress(cli, seed: Seed) -> None:
     pack = await seed.pack()
     for _ in range(3):

@@ -149,6 +149,89 @@ async def test_route_gone_and_work_type_gone(admin: Admin, seed: Seed) -> None:
     assert (await _replay(admin, sync_item)).work_item.generation == 2
 
 
+async def _unchanged(seed: Seed, work_id: int) -> None:
+    row = await seed.row(work_id)
+    assert (row["state"], row["generation"], row["replay_count"]) == ("dead", 1, 0), (
+        "a refusal changes nothing"
+    )
+
+
+async def test_companion_snapshot_must_cover_the_current_routes_required_fields(
+    admin: Admin, seed: Seed
+) -> None:
+    """Issue #28 item 5: an event materialized under a route that required less than the current
+    one is refused (COMPANION_INCOMPLETE, the missing field named, never a value); once the current
+    route requires only what the snapshot holds, the same item replays."""
+    extract = {"source_object_id": {"pointer": "/id"}, "event_kind": {"pointer": "/type"}}
+    pack = await seed.pack(route_extra={"extract": extract, "required": ["source_object_id"]})
+    work_id = await seed.item(pack, companion={"source_object_id": "1"})
+    await seed.generation(
+        pack, 2, route_extra={"extract": extract, "required": ["source_object_id", "event_kind"]}
+    )
+    exc = await expect_error(
+        _replay(admin, work_id), grpc.StatusCode.FAILED_PRECONDITION, "COMPANION_INCOMPLETE"
+    )
+    assert "['event_kind']" in exc.details() and "'1'" not in exc.details()
+    assert len(exc.details().splitlines()) == 1
+    await _unchanged(seed, work_id)
+    await seed.generation(pack, 3, route_extra={"extract": extract, "required": ["source_object_id"]})
+    assert (await _replay(admin, work_id)).work_item.generation == 3
+
+
+async def test_identity_template_must_yield_the_events_replay_identity(admin: Admin, seed: Seed) -> None:
+    """Issue #28 item 5: the current route's identity template, applied to the event's stored facts,
+    must give the event's key. The event was keyed ``orders:id:<delivery id>#0`` (idempotency
+    header); a route that keys by body digest, or whose ``extract.delivery_id`` pointer yields
+    another id from the stored body, is refused (IDENTITY_CHANGED, no id or key in the message);
+    back on a template that yields it, the item replays."""
+    pack = await seed.pack()
+    work_id = await seed.item(pack)  # body {"id": 1, ...}, delivery id d-<n>
+    key = await seed.one(
+        "SELECT e.idempotency_key FROM connector_event e JOIN connector_work_item w USING (event_id)"
+        " WHERE w.work_id = %s",
+        (work_id,),
+    )
+    assert key.startswith("orders:id:d-") and key.endswith("#0")
+    delivery_id = key.removeprefix("orders:id:").removesuffix("#0")
+
+    await seed.generation(pack, 2, route_extra={"idempotency_header": None})  # keyed by body digest
+    exc = await expect_error(_replay(admin, work_id), grpc.StatusCode.FAILED_PRECONDITION, "IDENTITY_CHANGED")
+    assert "the event's key is not the template's" in exc.details()
+    assert delivery_id not in exc.details() and len(exc.details().splitlines()) == 1
+    await _unchanged(seed, work_id)
+
+    body_id = {"idempotency_header": None, "extract": {"delivery_id": {"pointer": "/id"}}}
+    await seed.generation(pack, 3, route_extra=body_id)  # the body's /id is 1, not the delivery id
+    exc = await expect_error(_replay(admin, work_id), grpc.StatusCode.FAILED_PRECONDITION, "IDENTITY_CHANGED")
+    assert "extract.delivery_id yields another delivery id" in exc.details()
+    await _unchanged(seed, work_id)
+
+    await seed.generation(pack, 4)  # the idempotency header again
+    assert (await _replay(admin, work_id)).work_item.generation == 4
+
+
+async def test_a_body_pointer_delivery_id_that_yields_the_key_replays(admin: Admin, seed: Seed) -> None:
+    """The re-derivation's positive case: a receipt keyed by ``/id`` of its body replays under a
+    route whose ``extract.delivery_id`` is that pointer (and not under one pointing elsewhere)."""
+    pack = await seed.pack(
+        route_extra={"idempotency_header": None, "extract": {"delivery_id": {"pointer": "/id"}}}
+    )
+    work_id = await seed.item(pack, body=b'{"id": "d-1", "other": "x"}')
+    await seed.conn.execute(
+        "UPDATE connector_ingress_receipt SET provider_delivery_id = 'd-1' WHERE receipt_id ="
+        " (SELECT e.receipt_id FROM connector_event e JOIN connector_work_item w USING (event_id)"
+        " WHERE w.work_id = %s)",
+        (work_id,),
+    )
+    moved = {"idempotency_header": None, "extract": {"delivery_id": {"pointer": "/other"}}}
+    await seed.generation(pack, 2, route_extra=moved)
+    await expect_error(_replay(admin, work_id), grpc.StatusCode.FAILED_PRECONDITION, "IDENTITY_CHANGED")
+    await seed.generation(
+        pack, 3, route_extra={"idempotency_header": None, "extract": {"delivery_id": {"pointer": "/id"}}}
+    )
+    assert (await _replay(admin, work_id)).work_item.generation == 3
+
+
 async def test_payload_missing(admin: Admin, seed: Seed) -> None:
     pack = await seed.pack()
     work_id = await seed.item(pack)

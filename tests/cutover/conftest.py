@@ -169,15 +169,18 @@ class Rig:
             }
             if targets is not None:
                 data["target"] = targets[i]
-            bodies.append(json.dumps({"type": "order.updated", "data": data}).encode())
+            # The route has no delivery id: the receipt's key is its body's digest (as the ingress
+            # computes it), so every delivery's body is distinct (``delivery``).
+            body = {"type": "order.updated", "delivery": self._seq, "data": data}
+            bodies.append(json.dumps(body).encode())
         cur = await self.conn.execute(
             """INSERT INTO connector_ingress_receipt (namespace, route_key, idempotency_key, method,
                  content_type, received_at, payload_sha256, body, verification)
-               SELECT 'shop', 'orders', 'k-' || %(tag)s || '-' || ord, 'POST', 'application/json', now(),
-                      sha256(b), b, 'none'
+               SELECT 'shop', 'orders', 'orders:sha256:' || encode(sha256(b), 'hex'), 'POST',
+                      'application/json', now(), sha256(b), b, 'none'
                FROM unnest(%(bodies)s::bytea[]) WITH ORDINALITY AS t(b, ord)
                ORDER BY ord RETURNING receipt_id""",
-            {"tag": f"{time.monotonic_ns()}", "bodies": bodies},
+            {"bodies": bodies},
         )
         receipt_ids = sorted(int(r[0]) for r in await cur.fetchall())
         pool = AsyncConnectionPool(self.url, min_size=1, max_size=3, open=False, kwargs={"autocommit": True})

@@ -57,6 +57,8 @@ class Reason(StrEnum):
     ROUTE_GONE = "ROUTE_GONE"
     WORK_TYPE_GONE = "WORK_TYPE_GONE"
     PAYLOAD_MISSING = "PAYLOAD_MISSING"
+    COMPANION_INCOMPLETE = "COMPANION_INCOMPLETE"
+    IDENTITY_CHANGED = "IDENTITY_CHANGED"
     NOT_FAILED = "NOT_FAILED"
     ALREADY_MATERIALIZED = "ALREADY_MATERIALIZED"
     # FAILED_PRECONDITION: RunReconcile on a route that declares no reconcile
@@ -131,5 +133,8 @@ REFUSAL_MESSAGES: dict[Reason, str] = {
     Reason.ROUTE_GONE: "the event's route does not exist in the active generation",
     Reason.WORK_TYPE_GONE: "the work type is no longer in the route's fan-out in the active generation",
     Reason.PAYLOAD_MISSING: "the receipt body is gone (neither body nor body_ref)",
+    Reason.COMPANION_INCOMPLETE: "the event's companion snapshot lacks fields the current route requires",
+    Reason.IDENTITY_CHANGED: "the current route's identity template does not yield the event's replay"
+    " identity (idempotency key)",
     Reason.CONCURRENT_CHANGE: "the item changed concurrently (another replay or transition won)",
 }

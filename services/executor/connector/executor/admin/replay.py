@@ -11,7 +11,19 @@ Checked before anything changes (fail closed; each refusal has a reason, see ``e
   bound);
 * route — the receipt's route key exists in the active generation and the work type is still in
   that route's fan-out;
-* required data — the receipt body is still there (``body`` or ``body_ref``).
+* required data — the receipt body is still there (``body`` or ``body_ref``);
+* companion snapshot — every field the *current* route requires is in the event's companion
+  snapshot (``COMPANION_INCOMPLETE``: the event was materialized under a weaker contract; the handler
+  would get a companion without it);
+* idempotency contract — the current route's identity template applied to the event's stored facts
+  yields the event's replay identity (``IDENTITY_CHANGED``): a route that names a provider delivery
+  id (``idempotency_header`` or ``extract.delivery_id``) gives ``<route>:id:<delivery id>``, where a
+  body-pointer ``delivery_id`` (no header) is re-derived from the stored body and must equal the
+  receipt's; a route without one gives ``<route>:sha256:<payload digest>``; the event's key is that
+  plus ``#<index>``. A replay under another identity would carry an idempotency key the handler's
+  target has never seen for this delivery (duplicate effects) or one of another delivery.
+
+Refusal details name fields and routes, never values (delivery ids, keys, payload).
 
 The transition (``store.work_items.admin.work_item_replay_batch``), in one transaction, lane locks first
 (ADR 003): ``lane_lock_batch`` → fenced
@@ -31,6 +43,7 @@ cannot commit between the checks and the update.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -43,7 +56,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 
-from connector.common.packs.manifest import Manifest, canonical_json
+from connector.common.packs.extraction import Context, compile_value
+from connector.common.packs.manifest import Manifest, RouteSpec, canonical_json
 from connector.common.store import packs, receipts, work_items
 from connector.common.store.lanes import Lane, lanes_of
 from connector.common.store.work_items.admin import DeadLetterFilter, Replayable
@@ -96,7 +110,66 @@ def _manifest_of(row: dict[str, Any]) -> Manifest | None:
     return _manifest(str(row.get("manifest_sha256") or ""), text)
 
 
-def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Replayable:
+def _body_delivery_id(route: RouteSpec) -> Any:
+    """The route's ``extract.delivery_id`` when replay can re-derive it from the stored receipt (a
+    body pointer or a constant, and no ``idempotency_header`` that would have won at ingress)."""
+    spec = route.extract.get("delivery_id")
+    if route.idempotency_header is None and spec is not None and (spec.pointer or spec.const) is not None:
+        return spec
+    return None
+
+
+def _companion_refusal(item: dict[str, Any], route: RouteSpec) -> Refusal | None:
+    companion = item.get("companion") or {}
+    if isinstance(companion, str):
+        companion = json.loads(companion)
+    missing = [f for f in route.required if companion.get(f) is None]
+    if missing:
+        return Refusal(
+            Reason.COMPANION_INCOMPLETE,
+            f"route {route.key!r} now requires {missing}, absent from event snapshot of work item"
+            f" {item['work_id']}",
+        )
+    return None
+
+
+def _identity_refusal(item: dict[str, Any], route: RouteSpec, body: bytes | None) -> Refusal | None:
+    key = str(item.get("idempotency_key") or "")
+    base, sep, index = key.rpartition("#")
+    delivery_id = item.get("provider_delivery_id")
+    where = f"route {route.key!r}, work item {item['work_id']}"
+    if route.idempotency_header is not None or "delivery_id" in route.extract:
+        spec = _body_delivery_id(route)
+        if spec is not None:
+            try:
+                doc = json.loads(body) if body is not None else None
+            except (ValueError, UnicodeDecodeError):
+                doc = None
+            derived = compile_value(spec)(Context(doc))
+            if derived != delivery_id:
+                got = "no delivery id" if derived is None else "another delivery id"
+                return Refusal(
+                    Reason.IDENTITY_CHANGED,
+                    f"{where}: extract.delivery_id yields {got} for the stored receipt",
+                )
+        if delivery_id is None:
+            return Refusal(
+                Reason.IDENTITY_CHANGED,
+                f"{where}: the route identifies deliveries by a provider delivery id; the receipt has"
+                " none (it was identified by its body digest)",
+            )
+        expected = f"{route.key}:id:{delivery_id}"
+    else:
+        digest = item.get("payload_sha256")
+        expected = f"{route.key}:sha256:{bytes(digest).hex()}" if digest is not None else ""
+    if not sep or not index.isdigit() or base != expected:
+        return Refusal(Reason.IDENTITY_CHANGED, f"{where}: the event's key is not the template's")
+    return None
+
+
+def _check(
+    item: dict[str, Any], pack: dict[str, Any] | None, bodies: dict[int, bytes | None] | None = None
+) -> Refusal | Replayable:
     state = item["state"]
     if state == "reconciled_legacy_terminal":
         return Refusal(Reason.LEGACY_RECONCILED, "")
@@ -140,6 +213,11 @@ def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Repla
         )
     if not item["has_body"]:
         return Refusal(Reason.PAYLOAD_MISSING, f"receipt of work item {item['work_id']}")
+    refusal = _companion_refusal(item, route) or _identity_refusal(
+        item, route, (bodies or {}).get(int(item["work_id"]))
+    )
+    if refusal is not None:
+        return refusal
     lanes = fan.lanes or spec.lanes
     return Replayable(
         work_id=int(item["work_id"]),
@@ -156,6 +234,18 @@ def _check(item: dict[str, Any], pack: dict[str, Any] | None) -> Refusal | Repla
     )
 
 
+def _needing_body(items: dict[int, dict[str, Any]], pack_rows: dict[int, dict[str, Any]]) -> list[int]:
+    """The candidates whose current route re-derives the delivery id from the body."""
+    out = []
+    for work_id, item in items.items():
+        pack = pack_rows.get(int(item["installed_pack_id"]))
+        manifest = _manifest_of(pack) if pack is not None else None
+        route = manifest.route(item["route_key"]) if manifest is not None else None
+        if route is not None and _body_delivery_id(route) is not None:
+            out.append(work_id)
+    return sorted(out)
+
+
 async def work_item_replay_plan(
     conn: AsyncConnection[Any], ids: Sequence[int], *, for_update: bool
 ) -> ReplayPlan:
@@ -168,12 +258,13 @@ async def work_item_replay_plan(
     packs_needed = sorted({int(r["installed_pack_id"]) for r in items.values()})
     active = packs.pack_active_get_for_share if for_update else packs.pack_active_get
     pack_rows = await active(conn, packs_needed)
+    bodies = await work_items.admin.work_item_replay_bodies(conn, _needing_body(items, pack_rows))
     for work_id in ids:
         item = items.get(work_id)
         if item is None:
             plan.missing.append(work_id)
             continue
-        result = _check(item, pack_rows.get(int(item["installed_pack_id"])))
+        result = _check(item, pack_rows.get(int(item["installed_pack_id"])), bodies)
         if isinstance(result, Refusal):
             plan.refused[work_id] = result
         else:

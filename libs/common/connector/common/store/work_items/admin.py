@@ -180,7 +180,18 @@ WORK_ITEM_REPLAY_CANDIDATES = """
 SELECT w.work_id, w.state, w.replay_count, w.installed_pack_id, w.work_type,
        w.source_lane_key, w.target_mutation_lane_key,
        e.incarnation, e.execution_owner, r.route_key,
-       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body
+       (r.body IS NOT NULL OR r.body_ref IS NOT NULL) AS has_body,
+       e.companion, e.idempotency_key, e.payload_sha256, r.provider_delivery_id
+FROM connector_work_item w
+JOIN connector_event e ON e.event_id = w.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+WHERE w.work_id = ANY(%(ids)s::bigint[])
+"""
+
+# The stored bodies of replay candidates whose current route takes the delivery id from the body
+# (replay re-derives the event's identity from it); by primary keys.
+WORK_ITEM_REPLAY_BODIES = """
+SELECT w.work_id, r.body
 FROM connector_work_item w
 JOIN connector_event e ON e.event_id = w.event_id
 JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
@@ -291,6 +302,14 @@ async def work_item_get_many(conn: Conn, ids: Sequence[int]) -> dict[int, dict[s
 async def work_item_replay_candidates(conn: Conn, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     rows = await fetch_dicts(conn, WORK_ITEM_REPLAY_CANDIDATES, {"ids": list(ids)})
     return {int(r["work_id"]): r for r in rows}
+
+
+async def work_item_replay_bodies(conn: Conn, ids: Sequence[int]) -> dict[int, bytes | None]:
+    """Work id → its receipt's inline body (``None``: offloaded)."""
+    if not ids:
+        return {}
+    cur = await conn.execute(WORK_ITEM_REPLAY_BODIES, {"ids": list(ids)})
+    return {int(r[0]): (bytes(r[1]) if r[1] is not None else None) for r in await cur.fetchall()}
 
 
 async def work_item_replay_batch(conn: Conn, eligible: Sequence[Replayable]) -> list[int]:
