@@ -192,15 +192,15 @@ async def test_processes(cli, seed: Seed) -> None:
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [
-        "SERVICE", "PROCESS_ID", "HOST", "PID", "VERSION", "CAPABILITY", "HEARTBEAT_AGE", "STALE",
+        "SERVICE", "PROCESS_ID", "HOST", "PID", "VERSION", "REVISION", "CAPABILITY", "HEARTBEAT_AGE", "STALE",
     ]  # fmt: skip
     rows = [line.split() for line in lines[1:4]]
-    assert [r[:6] for r in rows] == [
-        ["executor", "x-1", "h", "11", "test", "work_item"],
-        ["ingress", "i-1", "h", "12", "test", "none"],
-        ["materializer", "m-1", "h", "13", "test", "none"],
+    assert [r[:7] for r in rows] == [  # no build revision known: "-"
+        ["executor", "x-1", "h", "11", "test", "-", "work_item"],
+        ["ingress", "i-1", "h", "12", "test", "-", "none"],
+        ["materializer", "m-1", "h", "13", "test", "-", "none"],
     ]
-    assert [r[6:] for r in rows] == [["0s"], ["0s"], ["2m", "yes"]]
+    assert [r[7:] for r in rows] == [["0s"], ["0s"], ["2m", "yes"]]
     assert lines[4] == "3 processes, 1 stale (no heartbeat for 15s)"
 
     code, out, _ = await cli("processes", "--service", "ingress")
