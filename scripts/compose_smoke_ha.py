@@ -298,12 +298,19 @@ def check_failover(
     # was made on the new leader; calls of items claimed before the kill need no database to start).
     new_work = {items[r.msg_id][0] for r in after if r.msg_id in items}
     t_exec = min((t for wid, t in calls.items() if wid in new_work), default=None)
+    # Routing again: the materializer's first routing of a receipt accepted after the kill.
+    routed = stack.psql(
+        "SELECT coalesce(extract(epoch FROM min(routed_at)), 0) FROM connector_ingress_receipt"
+        f" WHERE namespace = 'smoke' AND accepted_at > to_timestamp({t_kill})"
+    )
+    t_routed = float(routed[0][0]) if routed and float(routed[0][0]) > 0 else None
     observed.append(
         (
             "failover",
             f"promotion {t_promoted - t_kill:.1f}s after the kill; ingress acknowledging again after"
-            f" {t_ack - t_kill:.1f}s; executors executing again after"
-            f" {(t_exec - t_kill) if t_exec else float('nan'):.1f}s",
+            f" {t_ack - t_kill:.1f}s; materializer routing again after"
+            f" {(t_routed - t_kill) if t_routed else float('nan'):.1f}s; executors executing again"
+            f" after {(t_exec - t_kill) if t_exec else float('nan'):.1f}s",
         )
     )
     observed.append(
@@ -317,8 +324,8 @@ def check_failover(
         raise SmokeError(
             f"lost {len(lost)}, not executed {len(unexecuted)} of {len(ids)} acknowledged deliveries"
         )
-    if t_exec is None:
-        raise SmokeError("no handler call after the kill")
+    if t_exec is None or t_routed is None:
+        raise SmokeError("no routing or no handler call of a delivery acknowledged after the kill")
     after_starts = connector_starts(stack)
     if after_starts != starts:
         changed = {k: (starts.get(k), v) for k, v in after_starts.items() if starts.get(k) != v}
@@ -342,7 +349,8 @@ def check_failover(
     )
     say(
         f"FIGURES: kill -> promotion {t_promoted - t_kill:.1f}s, -> ingress acks {t_ack - t_kill:.1f}s,"
-        f" -> executions {t_exec - t_kill:.1f}s; acknowledged {len(ids)}, lost {len(lost)},"
+        f" -> routing {t_routed - t_kill:.1f}s, -> executions {t_exec - t_kill:.1f}s;"
+        f" acknowledged {len(ids)}, lost {len(lost)},"
         f" not executed {len(unexecuted)}"
     )
     return observed
