@@ -43,7 +43,14 @@ async def _measure(url: str, pack: int, claims: int, batch: int, rated: bool) ->
         ),
         "flow": work_items.claim.WORK_ITEM_CLAIM_BATCH,
     }
-    params = {"packs": [pack], "queue_classes": ["default"], "limits": [batch], "owner": "b", "lease_s": 60.0}
+    params = {
+        "packs": [pack],
+        "queue_classes": ["default"],
+        "limits": [batch],
+        "owner": "b",
+        "lease_s": 60.0,
+        "process": None,
+    }
     conns = {k: await psycopg.AsyncConnection.connect(url, autocommit=True) for k in statements}
     for name, conn in conns.items():  # as the services' connections (CONNECTOR_DISABLE_JIT)
         await conn.execute("SET jit = off")

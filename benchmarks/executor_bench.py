@@ -357,6 +357,7 @@ async def _claim_latency(urls: list[str], packs: list[int], claims_n: int) -> li
                         "limits": [64],
                         "owner": "bench",
                         "lease_s": 60.0,
+                        "process": None,
                     },
                 )
                 plan = (await cur.fetchone())[0][0]["Plan"]  # type: ignore[index]

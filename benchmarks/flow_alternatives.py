@@ -53,7 +53,14 @@ async def _loop(
     from connector.common.store import work_items
 
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    params = {"packs": [pack], "queue_classes": ["default"], "limits": [64], "owner": "b", "lease_s": 30.0}
+    params = {
+        "packs": [pack],
+        "queue_classes": ["default"],
+        "limits": [64],
+        "owner": "b",
+        "lease_s": 30.0,
+        "process": None,
+    }
     try:
         while time.monotonic() < deadline and not await stop_when(conn):
             try:

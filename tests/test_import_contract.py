@@ -179,6 +179,8 @@ WRITERS: dict[str, frozenset[str]] = {
     "process_heartbeat": ANY,
     "process_deregister": ANY,
     "process_prune_stale": ANY,
+    # a WorkItem executor's claim admission (connector.executor.work.admission; docs/cutover.md gate 4)
+    "process_admit": frozenset({EXECUTOR_ROLE}),
     # retention (ADR 009): retired deliveries and expired admin request ids
     "work_item_delete_retired": frozenset({MAINTENANCE}),
     "event_delete_retired": frozenset({MAINTENANCE}),

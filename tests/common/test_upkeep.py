@@ -206,7 +206,14 @@ async def test_analyze_remakes_a_claim_plan_made_on_an_empty_table(
     db.execute("SET plan_cache_mode = force_generic_plan")
     body, order = positional(work_items.claim.WORK_ITEM_CLAIM_BATCH)
     db.execute("PREPARE claim AS " + body)
-    params = {"packs": [pack], "queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+    params = {
+        "packs": [pack],
+        "queue_classes": ["default"],
+        "limits": [64],
+        "owner": "o",
+        "lease_s": 30.0,
+        "process": None,
+    }
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim({})").format(
         sql.SQL(", ").join(sql.Literal(params[k]) for k in order)
     )

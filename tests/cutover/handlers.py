@@ -1,12 +1,14 @@
 """Handlers of the cutover tests (``tests.cutover.handlers:handle``), importable by child processes.
 
-Each execution records an *effect* row: which event and work type ran, in which process, and which
+Each execution records an *effect* row: which event and work type ran, in which process (and, in
+child processes, which path it runs: ``CUTOVER_TEST_PATH``) under which token, and which
 claim path held the work at that moment — ``wi_held`` (the WorkItem row was ``processing`` under the
 token the handler got) and ``legacy_held`` (the Event was legacy ``processing`` under it). The proofs
 count effects per (event, work type) and path. Behaviour comes from the event body's ``data.mode``:
 ``ok``, ``fail`` (permanent), ``retry`` (always), ``retry_once``, ``unknown`` (``outcome_unknown``),
 ``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, then succeeds), ``fail_once`` (fails
 permanently the first time the work runs, succeeds afterwards, e.g. after a replay).
+``CUTOVER_TEST_JITTER_S`` adds a random sleep of up to that long before the effect (work in flight).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from typing import Any
 
 import psycopg
@@ -29,13 +32,15 @@ CREATE TABLE IF NOT EXISTS cutover_test_effect (
   pid int NOT NULL,
   wi_held boolean NOT NULL,
   legacy_held boolean NOT NULL,
-  at timestamptz NOT NULL DEFAULT clock_timestamp()
+  at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  token bigint,
+  path text
 )
 """
 
 _EFFECT = """
-INSERT INTO cutover_test_effect (event_id, work_type, attempt, pid, wi_held, legacy_held)
-SELECT %(event)s, %(wt)s, %(attempt)s, %(pid)s,
+INSERT INTO cutover_test_effect (event_id, work_type, attempt, pid, token, path, wi_held, legacy_held)
+SELECT %(event)s, %(wt)s, %(attempt)s, %(pid)s, %(token)s, %(path)s,
   EXISTS (SELECT 1 FROM connector_work_item WHERE work_id = %(work)s AND lease_token = %(token)s
           AND state = 'processing'),
   EXISTS (SELECT 1 FROM connector_event WHERE event_id = %(event)s AND legacy_lease_token = %(token)s
@@ -69,6 +74,7 @@ async def _record(ctx: HandlerContext) -> int:
                 "pid": os.getpid(),
                 "work": ctx.work_id,
                 "token": ctx.lease_token,
+                "path": os.environ.get("CUTOVER_TEST_PATH"),
             },
         )
         cur = await _conn.execute(
@@ -84,6 +90,9 @@ async def handle(ctx: HandlerContext) -> Outcome | None:
     mode = str(doc.get("data", {}).get("mode", "ok"))
     if mode == "slow":
         await asyncio.sleep(float(os.environ.get("CUTOVER_TEST_SLOW_S", "2")))
+    jitter = float(os.environ.get("CUTOVER_TEST_JITTER_S", "0"))
+    if jitter:
+        await asyncio.sleep(random.uniform(0, jitter))
     runs = await _record(ctx)
     if mode == "fail" or (mode == "fail_once" and runs == 1):
         return Outcome.fail("permanent_test", "the test handler failed permanently")

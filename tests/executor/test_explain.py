@@ -127,6 +127,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
                 "limits": [64],
                 "owner": "o",
                 "lease_s": 30.0,
+                "process": None,
             },
             {"ix_connector_work_item_ready", "pk_connector_work_item"},
             False,
@@ -140,6 +141,7 @@ def test_hot_path_plans(db, backlog, mode) -> None:
                 "limits": [64],
                 "owner": "o",
                 "lease_s": 30.0,
+                "process": None,
             },
             {"ix_connector_work_item_ready", "pk_connector_work_item"},
             False,
@@ -344,6 +346,7 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
             "limits": [64],
             "owner": "o",
             "lease_s": 30.0,
+            "process": None,
         }
         nodes = prepared_explain(db, "claim", claim, params)
         nodes()  # the generic plan is made here, with no ready rows

@@ -24,7 +24,7 @@ from tests.plans import claimed_update, explain_in_rollback
 pytestmark = pytest.mark.slow
 
 READY = 1_000_000
-CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0, "process": None}
 _GATE = "\n      AND w.generation = ANY (ag.gens) AND cardinality(ag.gens) > 0"
 # The claim statement without the one-time gate (the control).
 _UNGATED = work_items.claim.WORK_ITEM_CLAIM_BATCH.replace(_GATE, "\n      AND w.generation = ANY (ag.gens)")

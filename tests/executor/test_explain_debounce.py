@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 READY = 1_000_000
 KEYS = 20_000
-CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0, "process": None}
 PARKED = "'9999-01-01 00:00:00+00'"
 
 

@@ -33,7 +33,7 @@ CIRCUITS = 20_000  # as many as keys: the plans must probe by key at any table s
 # table of a few hundred pages a seq scan is what the planner rightly picks for 100 keys, and
 # whether it did depended on earlier tests' rolled-back updates having grown the table.
 KEY_ROWS = 200_000
-CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0, "process": None}
 
 
 @pytest.fixture(scope="module")

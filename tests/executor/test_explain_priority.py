@@ -26,7 +26,7 @@ from tests.plans import explain_in_rollback
 pytestmark = pytest.mark.slow
 
 READY = 1_000_000
-CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0}
+CLAIM = {"queue_classes": ["default"], "limits": [64], "owner": "o", "lease_s": 30.0, "process": None}
 
 
 @pytest.fixture(scope="module")

@@ -276,7 +276,14 @@ def test_the_budget_count_is_exact_at_its_boundaries(db, statement: str) -> None
         ceil = f"({work_items.claim._W_US} + {work_items.claim._T_US} - 1) / {work_items.claim._T_US}"
         assert ceil in query
         query = query.replace(ceil, f"{work_items.claim._W_US} / {work_items.claim._T_US}")
-    params = {"packs": [pack], "queue_classes": ["default"], "limits": [100], "owner": "me", "lease_s": 30.0}
+    params = {
+        "packs": [pack],
+        "queue_classes": ["default"],
+        "limits": [100],
+        "owner": "me",
+        "lease_s": 30.0,
+        "process": None,
+    }
     with db.transaction(force_rollback=True):
         for key, wait in {**_WAITS, "tiny-past": -1_000_000, "tiny-ahead": 1}.items():
             db.execute(

@@ -1,4 +1,4 @@
-"""Tests only: injected bugs for the controls of tests/executor/test_actions.py.
+"""Tests only: injected bugs for the controls of tests/executor/test_actions.py and others.
 
 Put this directory first on ``PYTHONPATH`` of a child process (``connector executor``):
 
@@ -9,6 +9,12 @@ Put this directory first on ``PYTHONPATH`` of a child process (``connector execu
   token, no state condition), and half a second between the call's checks and that statement, so
   that claims land inside the window on a busy machine too (without it the race is too narrow for
   the control to meet reliably).
+
+* ``CONNECTOR_TEST_ADMISSION_IGNORES_PHASE=1``: the executor's claim admission round names every
+  generation's admitting receipt whatever its phase (tests/cutover/test_live_gate4.py);
+* ``CONNECTOR_TEST_LEGACY_IGNORES_WORK_ITEM_STATE=1``: the legacy executor's work plan takes every
+  WorkItem for a fenced one, so it runs work types that finished on the WorkItem path
+  (tests/cutover/test_live_paths.py).
 
 * ``CONNECTOR_TEST_DEBOUNCE_NO_LATE=1``: the claim statement without the debounce key's
   ``last_claimed_id`` rule: a retry of an execution that a newer one of its key has overtaken runs
@@ -89,3 +95,23 @@ if os.environ.get("CONNECTOR_TEST_NO_LEASE_WATCH") == "1":
     from connector.executor.work.inflight import InFlight as _InFlight
 
     _InFlight.deadline = property(lambda self: float("inf"))  # type: ignore[method-assign,assignment]
+
+if os.environ.get("CONNECTOR_TEST_ADMISSION_IGNORES_PHASE") == "1":
+    # tests/cutover/test_live_gate4.py: the executor's admission round names every generation's
+    # admitting receipt whatever its phase, so the process never drops a generation being rolled back.
+    from connector.common.store import processes as _processes
+
+    _PHASE = "WHERE a.claim_path = 'work_item' AND a.phase = 'work_item_active' AND a.cutover_receipt_id"
+    assert _PHASE in _processes.PROCESS_ADMIT, "PROCESS_ADMIT changed: update the control"
+    _processes.PROCESS_ADMIT = _processes.PROCESS_ADMIT.replace(_PHASE, "WHERE a.cutover_receipt_id")
+
+if os.environ.get("CONNECTOR_TEST_LEGACY_IGNORES_WORK_ITEM_STATE") == "1":
+    # tests/cutover/test_live_paths.py: the legacy executor's work plan reports every existing WorkItem
+    # as fenced, so it also runs the work types of its event that finished on the WorkItem path.
+    from connector.common.store import legacy as _legacy
+
+    _STATE = "w.state AS work_state"
+    assert _STATE in _legacy.EVENT_LEGACY_WORK_PLAN, "EVENT_LEGACY_WORK_PLAN changed: update the control"
+    _legacy.EVENT_LEGACY_WORK_PLAN = _legacy.EVENT_LEGACY_WORK_PLAN.replace(
+        _STATE, "CASE WHEN w.state IS NOT NULL THEN 'awaiting_legacy_outcome' END AS work_state"
+    )

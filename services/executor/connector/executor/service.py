@@ -40,6 +40,7 @@ from connector.common.maintenance.figures import FiguresConfig, FiguresJob
 from connector.common.maintenance.retention import Retention, RetentionConfig
 from connector.common.maintenance.upkeep import Upkeep, UpkeepConfig
 from connector.executor.work import Engine, engine_config_from_settings, stats_sampler
+from connector.executor.work.admission import Admission
 
 #: Read once at start: a warning when autovacuum is off (the claim path depends on vacuumed tables).
 AUTOVACUUM_SETTING = "SELECT current_setting('autovacuum')"
@@ -97,6 +98,7 @@ class ExecutorService(ServiceBootstrap):
         self.retention: Retention | None = None
         self.figures: FiguresJob | None = None
         self.engine: Engine | None = None
+        self.admission: Admission | None = None
         self.grpc: GrpcServer | None = None
         self.grpc_port = 0
         self._stats_task: asyncio.Task[None] | None = None
@@ -123,7 +125,15 @@ class ExecutorService(ServiceBootstrap):
         owner = await self._register(capability="work_item")
         await self._check_database()
         await self._start_grpc(url)
-        self.engine = Engine(pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner)
+        # Claim admission before the first claim: the row names the receipts this process may claim
+        # under; a generation being rolled back is not among them (docs/cutover.md, gate 4).
+        self.admission = Admission(
+            pool, owner, interval_s=min(1.0, self._heartbeat_s), on_admit=self._admitted
+        )
+        await self.admission.start()
+        self.engine = Engine(
+            pool, engine_config_from_settings(cfg, fair=self._fair), owner=owner, claim_process=owner
+        )
         await self.engine.start()
         self.figures = FiguresJob(
             url,
@@ -153,6 +163,13 @@ class ExecutorService(ServiceBootstrap):
                 "metrics_port": self.metrics_port,
             },
         )
+
+    def _admitted(self) -> None:
+        """A round admitted a generation: let the claimer look for its groups at once."""
+        engine = self.engine
+        if engine is not None:
+            engine.rediscover = True
+            engine.wake.set()
 
     async def _check_database(self) -> None:
         """Warn about server settings the claim path depends on (never fatal)."""
@@ -234,6 +251,9 @@ class ExecutorService(ServiceBootstrap):
         if self.engine is not None:
             await self.engine.stop()
             self.engine = None
+        if self.admission is not None:
+            await self.admission.stop()
+            self.admission = None
 
     async def _stop_background(self) -> None:
         if self.figures is not None:  # after the drain: its final flush counts the last outcomes

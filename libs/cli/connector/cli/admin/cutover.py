@@ -100,8 +100,9 @@ def _render(action: str, t: pb.CutoverTransition) -> None:
         z, f = proof["zero_work_item_claimers"], proof["fence"]
         print(
             f"  zero WorkItem claimers: {z['processing']} processing, {z['started_attempts_unfinished']}"
-            f" unfinished with a started attempt (waited {z['authority_lock_wait_ms']} ms for claim"
-            " transactions)"
+            f" unfinished with a started attempt, {z['claim_capable_processes_for_generation']} claim-capable"
+            f" processes of {z['work_item_processes_fresh_any_pack']} live WorkItem executors (waited"
+            f" {z['authority_lock_wait_ms']} ms for claim transactions)"
         )
         fence = f"fence #{f['fence_id']}" if f["fence_id"] else "no fence (nothing unfinished)"
         if t.dry_run:

@@ -71,6 +71,38 @@ SELECT count(*)::bigint FROM connector_process
 WHERE claim_capability = 'work_item' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8)
 """
 
+# The admission round of a WorkItem executor (docs/cutover.md, gate 3 and 4): the process's row names
+# the admitting receipt of every generation whose authority is ``work_item/work_item_active`` now,
+# read FOR SHARE so that a transition waits for the round and every round after it sees the new phase.
+# The claim statements admit a generation for the process only while its row names that receipt
+# (``work_items.claim.AUTHORITY_ROWS``); a generation in any other phase is dropped here. The row is
+# written only when the set changed (a round is cheap enough to run every second).
+PROCESS_ADMIT = """
+WITH wanted AS (SELECT ARRAY(
+  SELECT a.cutover_receipt_id FROM connector_claim_authority a
+  WHERE a.claim_path = 'work_item' AND a.phase = 'work_item_active' AND a.cutover_receipt_id IS NOT NULL
+  ORDER BY a.installed_pack_id, a.generation
+  FOR SHARE) AS ids)
+UPDATE connector_process p SET admitted_receipt_ids = wanted.ids FROM wanted
+WHERE p.process_id = %(process_id)s AND p.claim_capability = 'work_item'
+  AND p.admitted_receipt_ids IS DISTINCT FROM wanted.ids
+RETURNING p.admitted_receipt_ids
+"""
+
+# Gate 4's measure: WorkItem executors whose row names a receipt of the generation (they can claim it
+# while its authority admits that receipt), live or not (``live``: heartbeat within ``stale_s``).
+PROCESS_LIST_ADMITTING = """
+SELECT p.process_id, p.service, p.hostname, p.pid, p.version,
+       extract(epoch FROM now() - p.heartbeat_at)::float8 AS heartbeat_age_s,
+       p.heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8) AS live
+FROM connector_process p
+WHERE p.claim_capability = 'work_item' AND cardinality(p.admitted_receipt_ids) > 0
+  AND EXISTS (SELECT 1 FROM connector_cutover_receipt r
+              WHERE r.cutover_receipt_id = ANY (p.admitted_receipt_ids)
+                AND r.installed_pack_id = %(pack)s AND r.generation = %(generation)s)
+ORDER BY p.process_id
+"""
+
 PROCESS_COUNT_BY_CAPABILITY = """
 SELECT claim_capability, count(*) AS n FROM connector_process
 WHERE claim_capability <> 'none' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
@@ -152,3 +184,21 @@ async def process_count_work_item_fresh(conn: Conn, *, stale_s: float) -> int:
 async def process_count_by_capability(conn: Conn, *, stale_s: float) -> dict[str, int]:
     cur = await conn.execute(PROCESS_COUNT_BY_CAPABILITY, {"stale_s": stale_s})
     return {str(r[0]): int(r[1]) for r in await cur.fetchall()}
+
+
+async def process_admit(conn: Conn, process_id: str) -> list[int] | None:
+    """One admission round (``PROCESS_ADMIT``): the receipt ids now admitted when they changed, None
+    when they did not (or the process has no row: it re-registers at its next heartbeat)."""
+    cur = await conn.execute(PROCESS_ADMIT, {"process_id": process_id})
+    row = await cur.fetchone()
+    return None if row is None else [int(x) for x in row[0]]
+
+
+async def process_list_admitting(
+    conn: Conn, *, installed_pack_id: int, generation: int, stale_s: float
+) -> list[dict[str, Any]]:
+    return await fetch_dicts(
+        conn,
+        PROCESS_LIST_ADMITTING,
+        {"pack": installed_pack_id, "generation": generation, "stale_s": stale_s},
+    )

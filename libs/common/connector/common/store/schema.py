@@ -753,6 +753,12 @@ process = Table(
     Column("claim_capability", Text, nullable=False),
     _ts("started_at", nullable=False, default_now=True),
     _ts("heartbeat_at", nullable=False, default_now=True),
+    # The admitting receipts (``connector_claim_authority.cutover_receipt_id`` of generations in
+    # ``work_item_active``) this WorkItem executor has observed and claims under: the claim statements
+    # admit a generation for the process only while its row names that exact receipt, and rollback
+    # (gate 4) counts live processes naming one of the generation's receipts as claim-capable for it.
+    # Written only by the process's admission round (``store.processes.PROCESS_ADMIT``).
+    Column("admitted_receipt_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
     CheckConstraint(sql_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
 )
 

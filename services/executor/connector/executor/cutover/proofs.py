@@ -8,7 +8,8 @@ in the receipt) and, appended to ``blockers``, every gap that refuses the transi
 * gate 3 — ``materialization_proof``: the backfill (in this transaction) left no (event, work type)
   pair of the generation without its WorkItem row;
 * gate 4 — ``work_item_idle_proof``: zero WorkItems processing, zero unfinished ones with a started
-  attempt or an Event of another generation; the fence plan.
+  attempt or an Event of another generation, zero live WorkItem executors whose claim admission names
+  a receipt of the generation (``work_item_claimers``, from the process registry); the fence plan.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ class WorkItemIdleProof:
     fenceable: int
     held_by_dead_head: int
     work_item_processes: int
+    #: WorkItem executors whose admission names a receipt of the generation (live or not)
+    claimers: list[dict[str, Any]]
 
     @property
     def processing(self) -> dict[str, Any]:
@@ -222,7 +225,36 @@ async def work_item_idle_proof(
                 " the legacy path of this generation cannot run them: let them finish first",
             )
         )
-    return WorkItemIdleProof(counts, started, 0, 0, 0)
+    claimers = await work_item_claimers(conn, locked.pack, locked.generation, process_stale_s)
+    live = [r for r in claimers if r["live"]]
+    if live:
+        blockers.append(
+            Blocker(
+                "work_item_claimer_running",
+                len(live),
+                f"live WorkItem executors can still claim this generation (their claim admission names"
+                f" its receipt): {describe(live)}; each drops it within a second of the rollback's"
+                " start unless it is not connected to the database or runs a build without claim"
+                f" admission: stop it (a killed process stops counting {process_stale_s:g}s after its"
+                " last heartbeat) and roll back again",
+            )
+        )
+    return WorkItemIdleProof(counts, started, 0, 0, 0, claimers)
+
+
+def describe(rows: list[dict[str, Any]]) -> str:
+    """``host:pid (service, process id)`` of the first few processes."""
+    return ", ".join(f"{r['hostname']}:{r['pid']} ({r['service']}, {r['process_id']})" for r in rows[:SAMPLE])
+
+
+async def work_item_claimers(
+    conn: Conn, pack: int, generation: int, process_stale_s: float
+) -> list[dict[str, Any]]:
+    """Gate 4's measure: WorkItem executors whose claim admission names a receipt of the generation
+    (``live`` when their heartbeat is fresher than ``process_stale_s``)."""
+    return await processes.process_list_admitting(
+        conn, installed_pack_id=pack, generation=generation, stale_s=process_stale_s
+    )
 
 
 async def fence_plan(conn: Conn, locked: Locked, proof: WorkItemIdleProof, process_stale_s: float) -> None:

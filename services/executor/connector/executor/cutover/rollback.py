@@ -6,6 +6,7 @@ and docs/adr/007-cutover.md.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from connector.common.packs.manifest import sha256_hex
@@ -59,9 +60,14 @@ async def rollback_complete(
     actor: str,
     process_stale_s: float = 30.0,
     dry_run: bool = False,
+    claimers_wait_s: float = 5.0,
 ) -> Transition:
     """Prove zero WorkItem claimers and started attempts, fence every remaining unstarted WorkItem
-    and write the ``rollback`` receipt admitting the legacy Event path (or raise ``CutoverBlocked``)."""
+    and write the ``rollback`` receipt admitting the legacy Event path (or raise ``CutoverBlocked``).
+    First (without the lock) wait up to ``claimers_wait_s`` for live WorkItem executors to drop the
+    generation from their claim admission (they do on the notification of ``rollback_begin``)."""
+    if not dry_run and claimers_wait_s > 0:
+        await wait_for_claimers(conn, installed_pack_id, generation, process_stale_s, claimers_wait_s)
     async with conn.transaction(force_rollback=dry_run):
         # A dry run may also preview from work_item_active (items in flight then count as blockers;
         # normally they finish once admission is disabled).
@@ -74,6 +80,20 @@ async def rollback_complete(
         if isinstance(locked, Transition):
             return locked
         return await to_legacy(conn, locked, "rollback", actor, process_stale_s, dry_run)
+
+
+async def wait_for_claimers(
+    conn: Conn, installed_pack_id: int, generation: int, process_stale_s: float, wait_s: float
+) -> None:
+    """Poll (outside any transaction's lock) until no live WorkItem executor names the generation in
+    its claim admission, or ``wait_s`` passed (the locked proof then decides)."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        async with conn.transaction():
+            rows = await proofs.work_item_claimers(conn, installed_pack_id, generation, process_stale_s)
+        if not any(r["live"] for r in rows) or asyncio.get_running_loop().time() >= deadline:
+            return
+        await asyncio.sleep(0.1)
 
 
 async def transition_abort(
@@ -149,10 +169,16 @@ async def to_legacy(
             "processing": int(processing["n"]),
             "expired_leases": int(processing["expired"]),
             "started_attempts_unfinished": started,
-            "claim_capable_processes_for_generation": 0,
-            "definition": "a process is WorkItem-claim-capable for a generation only through the claim and"
-            " reclaim statements, which admit nothing unless the authority is work_item_active; with the"
-            " authority disabled and processing = 0 under the lock, no process holds or can take its work",
+            "claim_capable_processes_for_generation": sum(1 for r in idle.claimers if r["live"]),
+            "definition": "live WorkItem executors (process registry, heartbeat fresher than process_stale_s)"
+            " whose claim admission names a receipt of this generation; the claim statements admit a"
+            " generation for a process only while its row names the authority's receipt, and a process"
+            " drops it once the authority leaves work_item_active (or never names it when started later)",
+            "stale_processes_naming_the_generation": [
+                {"process_id": r["process_id"], "heartbeat_age_s": round(float(r["heartbeat_age_s"]), 3)}
+                for r in idle.claimers
+                if not r["live"]
+            ],
             "work_item_processes_fresh_any_pack": work_item_procs,
             "process_stale_s": process_stale_s,
         },

@@ -209,7 +209,15 @@ class Claimer:
         if level == PLAIN:
             other: set[GroupKey] = set()
             rows = await work_items.claim.work_item_claim_plain_batch(
-                conn, packs, qcs, limits, owner=e.owner, lease_s=e.cfg.lease_s, keyed=keyed, other=other
+                conn,
+                packs,
+                qcs,
+                limits,
+                owner=e.owner,
+                lease_s=e.cfg.lease_s,
+                keyed=keyed,
+                other=other,
+                process=e.claim_process,
             )
             if keyed:
                 self.levels.left(PLAIN, keyed, other, now)
@@ -224,6 +232,7 @@ class Claimer:
                 held_back=held_back,
                 due_in=due_in,
                 keyed=keyed,
+                process=e.claim_process,
             )
             if keyed:  # candidates with other flow keys: the flow statement's
                 self.levels.left(RATE, keyed, (), now)
@@ -238,6 +247,7 @@ class Claimer:
                 held_back=held_back,
                 due_in=due_in,
                 debounced=debounced,
+                process=e.claim_process,
             )
         return rows
 

@@ -107,10 +107,14 @@ class Engine:
         *,
         owner: str,
         on_error: Callable[[str, BaseException], None] | None = None,
+        claim_process: str | None = None,
     ) -> None:
         self.pool = pool
         self.cfg = cfg
         self.owner = owner
+        #: The registered process whose admitted receipts gate this engine's claims (the executor
+        #: service passes its process id; None: claims are gated by the authority rows alone).
+        self.claim_process = claim_process
         self.capacity = cfg.capacity
         self.scheduler = Scheduler(
             capacity=self.capacity,

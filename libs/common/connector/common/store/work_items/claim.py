@@ -28,6 +28,20 @@ AUTHORITY_ROWS = """
   FOR SHARE
 """
 
+# The claim statements' authority rows: with ``process`` (an executor's process id; NULL = a tool or
+# a statement-level test) a generation is admitted only while the process's registry row names its
+# admitting receipt: the process has observed that exact receipt (gate 3), and a process that has
+# not (started during a rollback, or dropped it when admission was disabled) holds off that
+# generation; rollback counts the processes naming it as claim-capable (gate 4, docs/cutover.md).
+# One primary-key probe per authority row. (The reclaim keeps ``AUTHORITY_ROWS``: it runs nothing.)
+CLAIM_AUTHORITY_ROWS = AUTHORITY_ROWS.replace(
+    "\n  ORDER BY",
+    """
+    AND (%(process)s::text IS NULL OR EXISTS (SELECT 1 FROM connector_process p
+         WHERE p.process_id = %(process)s::text AND a.cutover_receipt_id = ANY (p.admitted_receipt_ids)))
+  ORDER BY""",
+).replace("FOR SHARE", "FOR SHARE OF a")
+
 
 class ClaimedRow(NamedTuple):
     """A claimed item as the claim statement returns it. The rows stay plain tuples (no row factory
@@ -123,7 +137,7 @@ FLOW_OTHER = "(w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL OR w.
 #: whether it left keyed candidates: the claimer learns that from the ready-groups read, whose rows
 #: say whether a group's first ready row is keyed (``WORK_ITEM_READY_GROUPS``).
 WORK_ITEM_CLAIM_PLAIN_BATCH = f"""
-WITH auth AS MATERIALIZED ({AUTHORITY_ROWS}
+WITH auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
 ), cand AS ({_candidates("c.keyed, c.other", f"{FLOW_KEYED} AS keyed, {FLOW_OTHER} AS other")}
 )
 UPDATE connector_work_item w
@@ -298,7 +312,7 @@ _RATE_DEFERRED = """), deferred AS (
 # ``(NULL, held back, pack, ms until the first deferred one is due, queue class)`` counting candidates
 # it did not claim, so the scheduler knows the group is not drained and when to look again.
 WORK_ITEM_CLAIM_BATCH = f"""
-WITH auth AS MATERIALIZED ({AUTHORITY_ROWS}
+WITH auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
 ), cand_all AS ({_candidates(_FLOW_OUT + ", c.circuit_key", _FLOW_IN + ", w.circuit_key")}{CIRCUIT_GATE}
 ), cranked AS (
   SELECT c.work_id, c.pack, c.qc, c.rate_key, c.concurrency_key, c.rank,
@@ -429,7 +443,7 @@ KEYED_MARKER = "keyed"
 #: held-back count rows (marker ``'limit'``, with the first deferred one's due time).
 _RATE_IN = f"w.rate_key, {claim_rank('w')} AS rank, {FLOW_OTHER} AS other"
 WORK_ITEM_CLAIM_RATE_BATCH = f"""
-WITH auth AS MATERIALIZED ({AUTHORITY_ROWS}
+WITH auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
 ), cand AS ({_candidates("c.rate_key, c.rank, c.other", _RATE_IN)}
 ), rq AS (
   SELECT c.work_id, c.pack, c.qc, c.rate_key, NULL::text AS concurrency_key, c.rank
@@ -532,8 +546,11 @@ async def _claim_rows(
     limits: Sequence[int],
     owner: str,
     lease_s: float,
+    process: str | None = None,
 ) -> list[tuple[Any, ...]]:
-    """Send a claim statement (prepared) with its parameters; its rows as they come."""
+    """Send a claim statement (prepared) with its parameters; its rows as they come. ``process``: the
+    claiming executor's process id, whose admitted receipts gate the generations
+    (``CLAIM_AUTHORITY_ROWS``)."""
     cur = await conn.execute(
         statement,
         {
@@ -542,6 +559,7 @@ async def _claim_rows(
             "limits": list(limits),
             "owner": owner,
             "lease_s": float(lease_s),
+            "process": process,
         },
         prepare=True,
     )
@@ -565,6 +583,7 @@ async def work_item_claim_batch(
     *,
     owner: str,
     lease_s: float,
+    process: str | None = None,
     held_back: dict[tuple[int, str], int] | None = None,
     due_in: dict[tuple[int, str], float] | None = None,
     debounced: dict[tuple[int, str], int] | None = None,
@@ -576,7 +595,7 @@ async def work_item_claim_batch(
     candidates that did not run (coalesced, parked behind a newer item, or their key busy: docs/
     packs.md#debounce) are added to ``held_back`` too and, with ``debounced`` given, to it."""
     claimed, counts = _counts_apart(
-        await _claim_rows(conn, WORK_ITEM_CLAIM_BATCH, packs, queue_classes, limits, owner, lease_s)
+        await _claim_rows(conn, WORK_ITEM_CLAIM_BATCH, packs, queue_classes, limits, owner, lease_s, process)
     )
     for r in counts:
         key = (int(r[2]), str(r[4]))
@@ -600,13 +619,16 @@ async def work_item_claim_rate_batch(
     held_back: dict[tuple[int, str], int],
     due_in: dict[tuple[int, str], float],
     keyed: dict[tuple[int, str], int],
+    process: str | None = None,
 ) -> list[tuple[Any, ...]]:
     """``work_item_claim_batch`` for groups whose keys are rate-limit keys only
     (``WORK_ITEM_CLAIM_RATE_BATCH``): the candidates held back for their limit are added to
     ``held_back`` (and ``due_in``) as there; those with another flow key, which it leaves untouched,
     to ``keyed`` per ``(pack, queue class)`` (those groups belong to the flow statement)."""
     claimed, counts = _counts_apart(
-        await _claim_rows(conn, WORK_ITEM_CLAIM_RATE_BATCH, packs, queue_classes, limits, owner, lease_s)
+        await _claim_rows(
+            conn, WORK_ITEM_CLAIM_RATE_BATCH, packs, queue_classes, limits, owner, lease_s, process
+        )
     )
     for r in counts:
         key = (int(r[2]), str(r[4]))
@@ -629,6 +651,7 @@ async def work_item_claim_plain_batch(
     lease_s: float,
     keyed: dict[tuple[int, str], int],
     other: set[tuple[int, str]] | None = None,
+    process: str | None = None,
 ) -> list[tuple[Any, ...]]:
     """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
     claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
@@ -636,7 +659,9 @@ async def work_item_claim_plain_batch(
     groups of those with a flow key other than a rate key to ``other`` (the flow statement's). When it
     claims nothing it cannot tell (``keyed`` stays as it was). The rows carry three more columns after
     ``CLAIM_COLUMNS``."""
-    rows = await _claim_rows(conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s)
+    rows = await _claim_rows(
+        conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s, process
+    )
     if rows and rows[0][-3] is not None:
         for pack, qc, beyond in zip(rows[0][-3], rows[0][-2], rows[0][-1], strict=True):
             keyed[pack, qc] = keyed.get((pack, qc), 0) + 1
