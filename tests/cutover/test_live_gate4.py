@@ -58,7 +58,7 @@ async def test_claim_admission_gates_the_claim_statement(rig: Rig) -> None:
     pid = "gate4-process"
     await processes.process_register(
         rig.conn,
-        {"process_id": pid, "service": "executor", "hostname": "h", "pid": 1, "version": "t",
+        {"process_id": pid, "service": "executor", "hostname": "h", "pid": 1, "version": "t", "revision": "",
          "capability": "work_item"},
     )  # fmt: skip
 
