@@ -7,7 +7,9 @@ NOTHING RETURNING`` that also reads the receipt ids of earlier duplicates and ca
 ``pg_notify('connector_receipts', '')`` once when it inserted anything. The connection is in
 autocommit, so that single statement is its own transaction: when it returns, the batch is
 committed (and flushed: ``synchronous_commit`` applies), and only then is each waiting request
-resolved. A delivery never gets a success answer for a row that is not committed.
+resolved. With ``synchronous_commit`` set (``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``) the batch is
+one explicit transaction instead: ``SET LOCAL synchronous_commit``, the insert, the commit.
+A delivery never gets a success answer for a row that is not committed.
 
 Failure semantics: when the pool cannot give a connection in time, the database is unreachable or
 the statement fails, every delivery of the batch is resolved *unavailable* (the route's failure
@@ -209,6 +211,7 @@ class ReceiptWriter:
         queue_timeout_s: float = 2.0,
         pool_timeout_s: float = 2.0,
         commit_deadline_s: float = 0.0,
+        synchronous_commit: str | None = None,
     ) -> None:
         self._pool = pool
         self._writers = max(1, writers)
@@ -223,6 +226,8 @@ class ReceiptWriter:
         self._closing = False
         #: 0 = no deadline (a delivery waits for its batch, however long the database takes).
         self._deadline = commit_deadline_s
+        #: ``SET LOCAL synchronous_commit`` of each batch (None: the single autocommit statement).
+        self._synchronous_commit = synchronous_commit
         #: Batches being written (their items in arrival order), for the deadline watchdog.
         self._writing: list[list[PendingReceipt]] = []
         self._watchdog: asyncio.Task[None] | None = None
@@ -347,7 +352,12 @@ class ReceiptWriter:
             started = time.perf_counter()
             try:
                 async with self._pool.connection(timeout=self._pool_timeout) as conn:
-                    results = await receipt_commit_batch(conn, batch)
+                    if self._synchronous_commit is None:
+                        results = await receipt_commit_batch(conn, batch)
+                    else:
+                        async with conn.transaction():
+                            await receipts.insert.receipt_synchronous_commit(conn, self._synchronous_commit)
+                            results = await receipt_commit_batch(conn, batch)
             except pg_errors.DeadlockDetected:
                 if attempt == 1:
                     metrics.DEADLOCK_RETRIES.inc()

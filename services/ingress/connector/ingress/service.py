@@ -39,6 +39,8 @@ from connector.ingress.receipts import ReceiptWriter
 from connector.ingress.reconcile.reconciler import Reconciler
 from connector.ingress.routes import RouteTable
 
+#: ``synchronous_commit`` levels that wait for a synchronous standby.
+SYNC_STANDBY_LEVELS = ("remote_write", "on", "remote_apply")
 #: The readiness probe's round trip through the pool (``/readyz``, every orchestrator probe).
 READY_PROBE = "SELECT 1"
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class IngressService(ServiceBootstrap):
         s = self.settings
         url = self.db.conninfo(self._url)
         pool_db = self.db.model_copy(update={"statement_timeout_ms": s.statement_timeout_ms})
+        self.watch_sync_standby = s.synchronous_commit in SYNC_STANDBY_LEVELS
         pool = await self._open_pool(pool_db, s, url=url)
         await self._register(capability="none")
         self.routes = RouteTable(
@@ -98,6 +101,7 @@ class IngressService(ServiceBootstrap):
             queue_timeout_s=s.pool_timeout_s,
             pool_timeout_s=s.pool_timeout_s,
             commit_deadline_s=s.commit_deadline_s,
+            synchronous_commit=s.synchronous_commit,
         )
         self.writer.start()
         admission = self.admission = Admission(
@@ -178,11 +182,17 @@ class IngressService(ServiceBootstrap):
     async def ready(self) -> bool:
         """Ready when the route table is loaded, receipts are being committed (no delivery has
         waited a whole commit deadline — 5 s without one — since the last commit: a hung or silent
-        database) and the database answers through our pool."""
+        database), the server has the synchronous standby ``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``
+        asks for, and the database answers through our pool."""
         if self.routes is None or not self.routes.loaded or self.pool is None or self.writer is None:
             return False
         stall_limit = self.settings.commit_deadline_s or 5.0
         if self.writer.stalled_s() >= stall_limit:
+            return False
+        # An ack must be on a synchronous standby (CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT): not ready
+        # while the server has none (a commit would then be local only, or wait for ever).
+        watch = self.server_watch
+        if self.watch_sync_standby and watch is not None and not watch.sync_standby_ready:
             return False
         try:
             async with self.pool.connection(timeout=min(1.0, self.settings.pool_timeout_s)) as conn:

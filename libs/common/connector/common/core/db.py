@@ -28,6 +28,8 @@ _POOLS: dict[str, AsyncConnectionPool] = {}
 FAILOVERS_SEEN: dict[str, int] = {}
 #: Per pool name: connections closed because their server was read-only (SQLSTATE 25006).
 READ_ONLY_EVICTIONS: dict[str, int] = {}
+#: Per pool name of a service that needs a synchronous standby: 1 when the server has one (ServerWatch).
+SYNC_STANDBY_READY: dict[str, int] = {}
 
 
 def _collect_pools() -> Iterable[Metric]:
@@ -54,6 +56,14 @@ def _collect_pools() -> Iterable[Metric]:
         "Pooled connections closed because their server was read-only (SQLSTATE 25006, in recovery)",
         labels=["service"],
     )
+    sync_ready = GaugeMetricFamily(
+        "connector_db_synchronous_standby_ready",
+        "1 when the server can honour the synchronous_commit this service asks for (it names"
+        " synchronous standbys and one is connected as sync or quorum), 0 when not",
+        labels=["service"],
+    )
+    for service, ready in list(SYNC_STANDBY_READY.items()):
+        sync_ready.add_metric([service], ready)
     for service, pool in list(_POOLS.items()):
         stats = pool.get_stats()
         size.add_metric([service], stats.get("pool_size", 0))
@@ -64,7 +74,7 @@ def _collect_pools() -> Iterable[Metric]:
         reconnects.add_metric([service], max(0, opened - pool.min_size))
         failovers.add_metric([service], FAILOVERS_SEEN.get(service, 0))
         evicted.add_metric([service], READ_ONLY_EVICTIONS.get(service, 0))
-    return [size, avail, waiting, maxsize, reconnects, failovers, evicted]
+    return [size, avail, waiting, maxsize, reconnects, failovers, evicted, sync_ready]
 
 
 _collector = metrics.register_callback(_collect_pools)

@@ -14,6 +14,10 @@ multi-host URL or a service address that follows the primary, a promotion in pla
   attached to the old server would otherwise wait for its keepalives to fail; the listeners poll
   while they are away.
 
+A service that commits with a ``synchronous_commit`` level that waits for a standby (the ingress
+with ``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``) also asks ``SYNC_STANDBY_READY`` each round:
+``connector_db_synchronous_standby_ready{service}`` and the ingress's ``/readyz`` follow it.
+
 A server that answers "in recovery" (the pool reached a standby) also drains the pool, unless
 ``CONNECTOR_EVICT_READ_ONLY`` is false. Errors (the server unreachable) are the pool's to recover
 from: the watch asks again next round. Nothing here is on a hot path: one statement per interval.
@@ -52,6 +56,15 @@ _WITH_SYSTEM_ID = SERVER_IDENTITY.format(
 _WITHOUT_SYSTEM_ID = SERVER_IDENTITY.format(system_identifier="NULL::text")
 
 
+#: Whether the server can honour a ``synchronous_commit`` that waits for a standby: it names
+#: synchronous standbys and one of them is connected as ``sync`` or ``quorum``. (The connector's role
+#: needs ``pg_monitor`` or ``pg_read_all_stats`` to see ``sync_state``; without it this says false.)
+SYNC_STANDBY_READY = """
+SELECT current_setting('synchronous_standby_names') <> ''
+       AND EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Server:
     system_identifier: str | None
@@ -73,9 +86,20 @@ class ServerWatch:
     """See the module docstring. ``service`` is the pool's name (metrics label)."""
 
     def __init__(
-        self, service: str, pool: Any, *, interval_s: float = 2.0, evict_read_only: bool = True
+        self,
+        service: str,
+        pool: Any,
+        *,
+        interval_s: float = 2.0,
+        evict_read_only: bool = True,
+        sync_standby: bool = False,
     ) -> None:
         self.service = service
+        #: Also ask ``SYNC_STANDBY_READY`` each round (a service that commits with a
+        #: ``synchronous_commit`` level that waits for a standby).
+        self.sync_standby = sync_standby
+        #: Its last answer (``None`` before the first; ``connector_db_synchronous_standby_ready``).
+        self.sync_standby_ready: bool | None = None
         self.pool = pool
         self.interval_s = interval_s
         self.evict_read_only = evict_read_only
@@ -103,6 +127,10 @@ class ServerWatch:
             except psycopg.errors.InsufficientPrivilege:
                 self._statement = _WITHOUT_SYSTEM_ID
                 row = await (await conn.execute(self._statement)).fetchone()
+            if self.sync_standby:
+                ready = await (await conn.execute(SYNC_STANDBY_READY)).fetchone()
+                self.sync_standby_ready = bool(ready and ready[0])
+                db.SYNC_STANDBY_READY[self.service] = int(self.sync_standby_ready)
         assert row is not None
         server = Server(row[0], int(row[1]), str(row[2]), int(row[3]), bool(row[4]))
         self.checks += 1
@@ -137,4 +165,4 @@ class ServerWatch:
             await asyncio.sleep(self.interval_s)
 
 
-__all__ = ["SERVER_IDENTITY", "Server", "ServerWatch"]
+__all__ = ["SERVER_IDENTITY", "SYNC_STANDBY_READY", "Server", "ServerWatch"]

@@ -51,6 +51,9 @@ class ServiceBootstrap:
     metrics registry (unless ``_serve_metrics`` is given another) and the event log."""
 
     name: str
+    #: The service commits with a ``synchronous_commit`` that waits for a standby: its ServerWatch
+    #: also reports whether the server has one (set before ``_open_pool``).
+    watch_sync_standby = False
 
     def __init__(self, *, heartbeat_s: float = 5.0) -> None:
         self._heartbeat_s = heartbeat_s
@@ -94,6 +97,7 @@ class ServiceBootstrap:
                 self.pool,
                 interval_s=db_settings.server_watch_interval_s,
                 evict_read_only=db_settings.evict_read_only,
+                sync_standby=self.watch_sync_standby,
             )
             self.server_watch.start()
         return self.pool

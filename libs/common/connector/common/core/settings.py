@@ -230,6 +230,13 @@ class IngressSettings(PoolSettings):
     #: is answered 503 + Retry-After (gRPC UNAVAILABLE) at once, while it waits: a provider never
     #: waits longer on a hung or silent database (GitHub gives up at 10 s). 0 = no deadline.
     commit_deadline_s: float = Field(default=5.0, ge=0, le=60)
+    #: ``synchronous_commit`` of the receipt batch's transaction (``SET LOCAL``): ``remote_write``,
+    #: ``on`` or ``remote_apply`` ack a delivery only once its receipt is on a synchronous standby
+    #: (when the server names one in ``synchronous_standby_names``), so a failover loses no acked
+    #: delivery; ``local`` / ``off`` do not wait for one. Unset: the server's (role's) setting.
+    #: With a level that needs a standby, ``/readyz`` and ``connector_db_synchronous_standby_ready``
+    #: say whether the server can honour it (docs/deploy.md "Failover").
+    synchronous_commit: Literal["local", "remote_write", "on", "remote_apply", "off"] | None = None
     #: Statement timeout of the ingress pool (ms); a receipt insert slower than this answers 503.
     statement_timeout_ms: int = Field(default=5_000, ge=0)
     #: Fallback refresh of the route table (it also refreshes on NOTIFY ``connector_packs``).

@@ -51,6 +51,18 @@ JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace,
 """
 
 # Keys whose conflicting row committed after the batch statement's snapshot was taken.
+#: ``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``: the receipt batch's transaction commits at this level
+#: (``SET LOCAL synchronous_commit``, as a function so the level is a parameter). Only sent when the
+#: setting is set: the batch is then ``BEGIN``, this, the insert, ``COMMIT`` (ADR 020).
+RECEIPT_SYNCHRONOUS_COMMIT = "SELECT set_config('synchronous_commit', %s, true)"
+
+
+async def receipt_synchronous_commit(conn: Conn, level: str) -> None:
+    """Inside the receipt batch's transaction: commit it at ``level`` (local, remote_write, on,
+    remote_apply, off)."""
+    await conn.execute(RECEIPT_SYNCHRONOUS_COMMIT, (level,))
+
+
 RECEIPT_GET_BY_KEYS = """
 SELECT r.namespace, r.idempotency_key, r.receipt_id, r.payload_sha256
 FROM connector_ingress_receipt r
