@@ -141,6 +141,18 @@ async def test_day_window_current_only_and_filter(admin: Admin, seed: Seed) -> N
     assert day.series[1].points[-1].accepted + day.series[1].points[-2].accepted == 107
     alone = await admin.stub.GetFigures(pb.GetFiguresRequest(installed_pack_ids=[0]), metadata=Admin.md(VIEW))
     assert [s.installed_pack_id for s in alone.series] == [0] and len(alone.series[0].points) == 60
+    # packs_only: the pack alone, its points the same as with the cluster (the console's pack view)
+    pack_alone = await admin.stub.GetFigures(
+        pb.GetFiguresRequest(window=pb.FIGURES_WINDOW_DAY, installed_pack_ids=[a], packs_only=True),
+        metadata=Admin.md(VIEW),
+    )
+    assert [s.installed_pack_id for s in pack_alone.series] == [a]
+    accepted = [sum(p.accepted for p in s.points) for s in (pack_alone.series[0], day.series[1])]
+    assert accepted[0] == accepted[1]
+    both = await admin.stub.GetFigures(
+        pb.GetFiguresRequest(installed_pack_ids=[0, a], packs_only=True), metadata=Admin.md(VIEW)
+    )
+    assert [s.installed_pack_id for s in both.series] == [0, a]  # 0 named: the cluster stays
     top = await admin.stub.GetFigures(pb.GetFiguresRequest(current_only=True), metadata=Admin.md(VIEW))
     assert all(len(s.points) == 0 for s in top.series) and len(top.series) == 3
     assert top.series[0].current.seconds > 0

@@ -407,14 +407,16 @@ class GetQueueStatsResponse(_message.Message):
     def __init__(self, queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ..., receipts_unrouted: _Optional[int] = ..., oldest_unrouted_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., active_claimants: _Optional[int] = ..., receipts_routing: _Optional[int] = ..., receipts_failed: _Optional[int] = ..., pauses: _Optional[_Iterable[_Union[Pause, _Mapping]]] = ..., rate_limits: _Optional[_Iterable[_Union[RateLimitStats, _Mapping]]] = ..., rate_limits_truncated: _Optional[bool] = ..., concurrency: _Optional[_Iterable[_Union[ConcurrencyStats, _Mapping]]] = ..., concurrency_truncated: _Optional[bool] = ..., debounce: _Optional[_Iterable[_Union[DebounceStats, _Mapping]]] = ..., debounce_truncated: _Optional[bool] = ..., circuits: _Optional[_Iterable[_Union[Circuit, _Mapping]]] = ..., circuits_truncated: _Optional[bool] = ...) -> None: ...
 
 class GetFiguresRequest(_message.Message):
-    __slots__ = ("window", "installed_pack_ids", "current_only")
+    __slots__ = ("window", "installed_pack_ids", "current_only", "packs_only")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_PACK_IDS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PACKS_ONLY_FIELD_NUMBER: _ClassVar[int]
     window: FiguresWindow
     installed_pack_ids: _containers.RepeatedScalarFieldContainer[int]
     current_only: bool
-    def __init__(self, window: _Optional[_Union[FiguresWindow, str]] = ..., installed_pack_ids: _Optional[_Iterable[int]] = ..., current_only: _Optional[bool] = ...) -> None: ...
+    packs_only: bool
+    def __init__(self, window: _Optional[_Union[FiguresWindow, str]] = ..., installed_pack_ids: _Optional[_Iterable[int]] = ..., current_only: _Optional[bool] = ..., packs_only: _Optional[bool] = ...) -> None: ...
 
 class LatencyQuantiles(_message.Message):
     __slots__ = ("p50", "p95", "p99", "count")

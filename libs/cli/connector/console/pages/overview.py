@@ -76,6 +76,7 @@ async def _figures(request: web.Request, window: str, pack: int) -> tuple[Any, s
             request_type(
                 window=getattr(pb, "FIGURES_WINDOW_DAY" if window == "day" else "FIGURES_WINDOW_HOUR"),
                 installed_pack_ids=[pack],  # [0]: the cluster alone (not every pack's series)
+                packs_only=bool(pack),  # a pack alone (not the cluster's series too)
             ),
         )
     except ApiError as exc:

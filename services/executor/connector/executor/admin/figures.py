@@ -130,10 +130,15 @@ def _current(pt: pb.FiguresPoint, rows: Sequence[FiguresRow], now_s: float) -> N
 
 
 async def figures_get(
-    conn: AsyncConnection[object], window: pb.FiguresWindow, packs: Sequence[int], *, current_only: bool
+    conn: AsyncConnection[object],
+    window: pb.FiguresWindow,
+    packs: Sequence[int],
+    *,
+    current_only: bool,
+    packs_only: bool = False,
 ) -> pb.GetFiguresResponse:
     """The response of GetFigures (``window`` a known ``FiguresWindow``; ``packs`` validated, ``[0]``:
-    the cluster alone)."""
+    the cluster alone; ``packs_only``: without the cluster's series unless ``packs`` names 0)."""
     if window == pb.FIGURES_WINDOW_UNSPECIFIED:
         window = pb.FIGURES_WINDOW_HOUR
     step_s, points = WINDOWS[window]
@@ -143,7 +148,10 @@ async def figures_get(
     last = math.floor(now_s / step_s) * step_s
     first = last - (points - 1) * step_s
     response = pb.GetFiguresResponse(window=window, step=_duration(step_s), end_time=_timestamp(now_s))
+    skip_cluster = packs_only and 0 not in packs
     for s in series:
+        if skip_cluster and s.installed_pack_id == 0:
+            continue
         out = response.series.add(installed_pack_id=s.installed_pack_id, pack_name=s.name)
         if not current_only:
             by_start = {r.start_s: r for r in s.rows if r.step_s == step_s}

@@ -563,7 +563,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             raise invalid_argument("installed_pack_ids must not be negative", field="installed_pack_ids")
         async with connection(self._pool) as conn:  # one statement: the read names the packs it found
             response = await figures.figures_get(
-                conn, request.window, packs, current_only=request.current_only
+                conn, request.window, packs, current_only=request.current_only, packs_only=request.packs_only
             )
         missing = set(packs) - {0} - {s.installed_pack_id for s in response.series}
         if missing:
