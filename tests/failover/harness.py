@@ -194,10 +194,11 @@ class Load:
         writer: asyncio.StreamWriter | None = None
         while not self._stop.is_set():
             self._seq += 1
-            due = started + self._seq / self.rate
+            seq = self._seq  # this request's own number: others advance ``_seq`` while it sleeps
+            due = started + seq / self.rate
             if (wait := due - time.time()) > 0:
                 await asyncio.sleep(wait)
-            req = Request(f"fo_{self.run}_{self._seq}", time.time())
+            req = Request(f"fo_{self.run}_{seq}", time.time())
             self.requests.append(req)
             try:
                 if writer is None:
@@ -298,6 +299,7 @@ class Cluster:
     replication_proxy: bool = False
     lease_s: float = 5.0
     patroni: bool = False  # the servers managed by Patroni + etcd (tests/failover/patroni.py)
+    only: tuple[str, ...] = SERVICES  # a control may start the ingress alone
 
     def __post_init__(self) -> None:
         self.pair: Any
@@ -327,10 +329,16 @@ class Cluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def phase(self, name: str) -> None:
+        """Seconds since the start, per phase (printed with the figures: where a slow run spent it)."""
+        self.notes.setdefault("phases_s", {})[name] = round(time.monotonic() - self._t0, 1)
+
     def start(self) -> Cluster:
         from connector.common.store.migrate import upgrade
 
+        self._t0 = time.monotonic()
         self.pair.start()
+        self.phase("servers")
         scratch = self.pair.scratch()
         self.sink = scratch / "sink.jsonl"
         primary = self.pair.direct(self.pair.ports[0])
@@ -341,9 +349,11 @@ class Cluster:
             db.execute(SUCCEEDED_LOG)
         self.proxies = Proxies()
         self.http_port = free_port()
-        for name in SERVICES:
+        self.phase("schema")
+        for name in self.only:
             self._spawn(name, scratch)
         self.wait_serving()
+        self.phase("serving")
         return self
 
     def _spawn(self, name: str, scratch: Path) -> None:
@@ -362,6 +372,8 @@ class Cluster:
                 "CONNECTOR_INGRESS_FIGURES_FLUSH_S": "0",
                 "CONNECTOR_EXECUTOR_FIGURES_FLUSH_S": "0",
                 "CONNECTOR_EXECUTOR_LEASE_S": str(self.lease_s),
+                # a receipt claim lost with its connection expires after this (default 30 s)
+                "CONNECTOR_MATERIALIZER_LEASE_S": str(self.lease_s),
                 "CONNECTOR_EXECUTOR_RECLAIM_INTERVAL_S": "1",
                 "CONNECTOR_EXECUTOR_POLL_INTERVAL_S": "0.2",
                 "CONNECTOR_EXECUTOR_SHUTDOWN_GRACE_S": "2",
@@ -392,11 +404,12 @@ class Cluster:
         """Until one delivery is acked, materialized and run by each executor."""
         probe = Load(self.http_port, self.secret, rate=20, clients=2).start()
         try:
+            executors = {s.proc.pid for n, s in self.services.items() if n.startswith("executor")}
             wait_until(
                 lambda: (
                     (self.check_alive() or True)
-                    and {e["pid"] for e in self.effects()}
-                    >= {self.services[n].proc.pid for n in ("executor-a", "executor-b")}
+                    and bool(probe.acked())
+                    and {e["pid"] for e in self.effects()} >= executors
                 ),
                 120,
                 lambda: (
@@ -459,11 +472,11 @@ class Cluster:
         self.faults.append((name, at))
         return at
 
-    def proxy_ports(self, services: tuple[str, ...] = SERVICES, server: int | None = None) -> list[int]:
+    def proxy_ports(self, services: tuple[str, ...] | None = None, server: int | None = None) -> list[int]:
         """The listeners of ``services`` to server ``server`` (0: the first primary, 1: the first
         standby; None: both)."""
         out = []
-        for name in services:
+        for name in services or tuple(self.services):
             ports = self.services[name].proxies
             out += ports if server is None else [ports[server]]
         return out
@@ -499,6 +512,7 @@ class Cluster:
             return unfinished == 0 and unrouted == 0
 
         wait_until(finished, timeout, lambda: f"not drained: {state()}\n{self.tails()}", every=0.5)
+        self.phase("drained")
 
     def ledger(self) -> Ledger:
         assert self.load is not None
