@@ -118,14 +118,18 @@ RECONCILE_RUN_STATE_DONE: ReconcileRunState
 RECONCILE_RUN_STATE_FAILED: ReconcileRunState
 
 class DeadLetter(_message.Message):
-    __slots__ = ("work_item", "event", "receipt")
+    __slots__ = ("work_item", "event", "receipt", "claim_path", "legacy_failure")
     WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
+    LEGACY_FAILURE_FIELD_NUMBER: _ClassVar[int]
     work_item: _types_pb2.WorkItem
     event: _types_pb2.Event
     receipt: _types_pb2.Receipt
-    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ...) -> None: ...
+    claim_path: str
+    legacy_failure: LegacyFailure
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., event: _Optional[_Union[_types_pb2.Event, _Mapping]] = ..., receipt: _Optional[_Union[_types_pb2.Receipt, _Mapping]] = ..., claim_path: _Optional[str] = ..., legacy_failure: _Optional[_Union[LegacyFailure, _Mapping]] = ...) -> None: ...
 
 class ListDeadLettersRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "installed_pack_id", "generation", "work_type", "failure_class", "finish_time_after", "finish_time_before", "failure_summary")
@@ -1353,14 +1357,16 @@ class LanePosition(_message.Message):
     def __init__(self, kind: _Optional[_Union[LaneKind, str]] = ..., lane_key: _Optional[str] = ..., head_work_id: _Optional[int] = ..., head_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ..., processing_work_id: _Optional[int] = ..., ahead: _Optional[int] = ...) -> None: ...
 
 class WorkItemTrace(_message.Message):
-    __slots__ = ("work_item", "lanes", "wait")
+    __slots__ = ("work_item", "lanes", "wait", "claim_path")
     WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
     work_item: _types_pb2.WorkItem
     lanes: _containers.RepeatedCompositeFieldContainer[LanePosition]
     wait: WorkItemWait
-    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., lanes: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., wait: _Optional[_Union[WorkItemWait, _Mapping]] = ...) -> None: ...
+    claim_path: str
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., lanes: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., wait: _Optional[_Union[WorkItemWait, _Mapping]] = ..., claim_path: _Optional[str] = ...) -> None: ...
 
 class EventTrace(_message.Message):
     __slots__ = ("event", "execution_owner", "legacy_state", "work_items")

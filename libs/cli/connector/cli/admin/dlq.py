@@ -65,6 +65,39 @@ def dlq_list(client: Client, args: argparse.Namespace) -> int:
     _dlq_filter(client, args, request)
     response = fetch_pages(client, "ListDeadLetters", request, "dead_letters", args.all)
 
+    def row(d: pb.DeadLetter) -> tuple[object, ...]:
+        if d.claim_path == "legacy_event":  # the generation's failures are on the legacy path
+            f = d.legacy_failure
+            return (
+                f.work_id or "-",
+                pack_label(client, d.event.installed_pack_id),
+                d.event.generation,
+                f.work_type,
+                f.failure_class,
+                f.failure_summary,
+                "-",
+                "-",
+                ago(f.create_time, f.HasField("create_time")),
+                d.event.event_id,
+                d.receipt.provider_delivery_id,
+                "legacy_event",
+            )
+        w = d.work_item
+        return (
+            w.work_id,
+            pack_label(client, w.installed_pack_id),
+            w.generation,
+            w.work_type,
+            w.failure_class,
+            w.failure_summary,
+            w.attempts,
+            w.replay_count,
+            ago(w.finish_time, w.HasField("finish_time")),
+            d.event.event_id,
+            d.receipt.provider_delivery_id,
+            d.claim_path or "work_item",
+        )
+
     def render() -> None:
         table(
             [
@@ -79,23 +112,9 @@ def dlq_list(client: Client, args: argparse.Namespace) -> int:
                 "finished",
                 "event",
                 "delivery",
+                "path",
             ],
-            [
-                (
-                    d.work_item.work_id,
-                    pack_label(client, d.work_item.installed_pack_id),
-                    d.work_item.generation,
-                    d.work_item.work_type,
-                    d.work_item.failure_class,
-                    d.work_item.failure_summary,
-                    d.work_item.attempts,
-                    d.work_item.replay_count,
-                    ago(d.work_item.finish_time, d.work_item.HasField("finish_time")),
-                    d.event.event_id,
-                    d.receipt.provider_delivery_id,
-                )
-                for d in response.dead_letters
-            ],
+            [row(d) for d in response.dead_letters],
         )
         print_more_hint(args, response)
 

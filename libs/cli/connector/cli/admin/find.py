@@ -168,6 +168,7 @@ def render_trace(
                 f"  work {w.work_id}  {w.work_type}  {work_item_state(w.state)}"
                 f"  attempt {w.attempts}/{w.max_attempts}  queue {w.queue_class}"
                 f"  replays {w.replay_count}  lease {w.lease_owner or '-'}"
+                f"  path {wt.claim_path or '-'}"
             )
             if w.failure_class or w.failure_summary:
                 emit(f"      last error  {w.failure_class or '-'}: {w.failure_summary or '-'}")

@@ -415,6 +415,43 @@ LIMIT %(limit)s
 """
 
 
+# The legacy path's dead letters in ListDeadLetters: the latest failed / unknown outcome receipt of
+# every (event, work type) of generations whose failures the legacy path owns (admitted by a rollback
+# receipt: legacy_event / legacy_active, or quiescing), newest first by (created_at, id), after a
+# keyset; per generation through ``ix_connector_legacy_outcome_receipt_failed``. ``{where}``:
+# ``DeadLetterFilter.legacy_where``.
+LEGACY_FAILURE_DEAD_LETTERS = f"""
+SELECT o.legacy_outcome_receipt_id, o.work_type, o.version, o.outcome, o.failure_class,
+       o.failure_summary, o.actor, o.created_at, e.legacy_state, w.work_id, w.state AS work_state,
+       {EVENT_SELECT_COLUMNS}, {RECEIPT_SELECT_COLUMNS}
+FROM connector_claim_authority a
+JOIN connector_legacy_outcome_receipt o
+  ON o.installed_pack_id = a.installed_pack_id AND o.generation = a.generation
+ AND o.outcome IN ('failed', 'unknown')
+JOIN connector_event e ON e.event_id = o.event_id
+JOIN connector_ingress_receipt r ON r.receipt_id = e.receipt_id
+LEFT JOIN connector_work_item w ON w.event_id = o.event_id AND w.work_type = o.work_type
+WHERE (a.claim_path = 'legacy_event' OR a.phase = 'quiescing') AND {{where}}
+  AND NOT EXISTS (SELECT 1 FROM connector_legacy_outcome_receipt n
+                  WHERE n.event_id = o.event_id AND n.work_type = o.work_type AND n.version > o.version)
+ORDER BY o.created_at DESC, o.legacy_outcome_receipt_id DESC
+LIMIT %(limit)s
+"""
+
+
+async def legacy_failure_dead_letters(
+    conn: Conn, clauses: list[str], params: dict[str, Any], *, after: tuple[Any, int] | None, limit: int
+) -> list[dict[str, Any]]:
+    """Legacy-owned generations' dead letters matching ``clauses`` (``DeadLetterFilter.legacy_where``),
+    after the keyset ``(created_at, receipt id)``."""
+    clauses, params = list(clauses), dict(params)
+    if after is not None:
+        params["k_created"], params["k_id"] = after
+        clauses.append("(o.created_at, o.legacy_outcome_receipt_id) < (%(k_created)s, %(k_id)s)")
+    params["limit"] = limit
+    return await fetch_dicts(conn, LEGACY_FAILURE_DEAD_LETTERS.format(where=" AND ".join(clauses)), params)
+
+
 async def legacy_outcome_receipt_list_failed(
     conn: Conn, pack: int, generation: int, *, after: int, limit: int
 ) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from connector.common.core.grpc_input import InputRules
 from connector.common.core.grpc_server import current_principal
+from connector.common.store import legacy as legacy_store
 from connector.common.store import processes, receipts, work_items
 from connector.common.store.packs import pack_names
 from connector.executor import cutover
@@ -185,31 +186,66 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
     async def ListDeadLetters(
         self, request: pb.ListDeadLettersRequest, context: Any
     ) -> pb.ListDeadLettersResponse:
+        """One failure read path per generation (docs/cutover.md): dead WorkItems of generations the
+        WorkItem path owns, beside the latest failed / unknown legacy outcomes of generations the
+        legacy path owns, merged newest first. Order: (finish time DESC, WorkItem before legacy at the
+        same instant, id DESC); the page token carries (finish time, id, path)."""
         flt = dead_letter_filter(request)
         size = pagination.page_size(request.page_size)
-        key = self.pages.decode("ListDeadLetters", request.page_token, flt.as_dict(), arity=2)
-        after = None
+        key = self.pages.decode("ListDeadLetters", request.page_token, flt.as_dict(), arity=3)
+        after_wi: tuple[datetime | None, int] | None = None
+        after_legacy: tuple[datetime, int] | None = None
         if key is not None:
             try:
                 finished = datetime.fromisoformat(key[0]) if key[0] is not None else None
-                after = (finished, int(key[1]))
+                last_id, path = int(key[1]), str(key[2])
             except (TypeError, ValueError):
                 raise pagination.bad_page_token() from None
+            if path == "work_item":
+                after_wi = (finished, last_id)
+                # Legacy rows sort after WorkItem rows of the same instant; none has a NULL time.
+                after_legacy = (finished, 2**62) if finished is not None else None
+            elif path == "legacy_event" and finished is not None:
+                after_wi, after_legacy = (finished, 0), (finished, last_id)
+            else:
+                raise pagination.bad_page_token()
         async with connection(self._pool) as conn:
-            rows = await work_items.admin.work_item_list_dead(conn, flt, after=after, limit=size + 1)
-        response = pb.ListDeadLettersResponse()
-        for row in rows[:size]:
-            response.dead_letters.append(
-                pb.DeadLetter(
-                    work_item=convert.work_item(row), event=convert.event(row), receipt=convert.receipt(row)
-                )
+            rows = await work_items.admin.work_item_list_dead(conn, flt, after=after_wi, limit=size + 1)
+            clauses, params = flt.legacy_where()
+            legacy = await legacy_store.legacy_failure_dead_letters(
+                conn, clauses, params, after=after_legacy, limit=size + 1
             )
-        if len(rows) > size:
-            last = rows[size - 1]
-            finished = last["w_finished_at"]
+        merged = [("work_item", r["w_finished_at"], int(r["w_work_id"]), r) for r in rows]
+        merged += [("legacy_event", r["created_at"], int(r["legacy_outcome_receipt_id"]), r) for r in legacy]
+        merged.sort(
+            key=lambda m: (m[1] is None, m[1] or datetime.min.replace(tzinfo=UTC), m[0] == "work_item", m[2]),
+            reverse=True,
+        )
+        response = pb.ListDeadLettersResponse()
+        for path, _, _, row in merged[:size]:
+            if path == "work_item":
+                response.dead_letters.append(
+                    pb.DeadLetter(
+                        work_item=convert.work_item(row),
+                        event=convert.event(row),
+                        receipt=convert.receipt(row),
+                        claim_path=path,
+                    )
+                )
+            else:
+                response.dead_letters.append(
+                    pb.DeadLetter(
+                        event=convert.event(row),
+                        receipt=convert.receipt(row),
+                        claim_path=path,
+                        legacy_failure=transitions.legacy_failure(row),
+                    )
+                )
+        if len(merged) > size:
+            path, finished, last_id, _ = merged[size - 1]
             response.next_page_token = self.pages.encode(
                 "ListDeadLetters",
-                [finished.isoformat() if finished else None, int(last["w_work_id"])],
+                [finished.isoformat() if finished else None, last_id, path],
                 flt.as_dict(),
             )
         return response

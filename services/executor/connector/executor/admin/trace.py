@@ -311,6 +311,18 @@ def _lane_blocked(i: _Item) -> Wait | None:
 # From here on the item is ready (pending or retry): what keeps it from its claim, in claim order.
 
 
+def owner_path(state: str, authority: dict[str, Any] | None) -> str:
+    """The claim path that owns a WorkItem now (``WorkItemTrace.claim_path``): a rollback-fenced or
+    legacy-reconciled item is the legacy path's, any other its generation's failure owner (the same
+    rule as ``store.work_items.admin.WORK_ITEM_FAILURE_OWNED``)."""
+    if state in ("awaiting_legacy_outcome", "reconciled_legacy_terminal"):
+        return "legacy_event"
+    a = authority or {}
+    if a.get("claim_path") == "legacy_event" or a.get("phase") == "quiescing":
+        return "legacy_event"
+    return "work_item"
+
+
 def _claim_path_closed(i: _Item) -> Wait | None:
     authority = i.claim_authority
     if authority is not None and authority.get("admits_work_items"):
@@ -682,6 +694,9 @@ async def trace_delivery(
 
         by_event[int(w["w_event_id"])].work_items.append(
             pb.WorkItemTrace(
+                claim_path=owner_path(
+                    w["w_state"], authorities.get((int(w["w_installed_pack_id"]), int(w["w_generation"])))
+                ),
                 work_item=convert.work_item(w),
                 lanes=[_lane_pb(x) for x in lanes],
                 wait=pb.WorkItemWait(

@@ -219,6 +219,25 @@ async def resolve(servicer: Any, request: pb.ResolveLegacyOutcomeRequest) -> pb.
     )
 
 
+def legacy_failure(row: dict[str, Any]) -> pb.LegacyFailure:
+    """A legacy outcome receipt row (``LEGACY_OUTCOME_RECEIPT_LIST_FAILED`` /
+    ``LEGACY_FAILURE_DEAD_LETTERS``) as the API's LegacyFailure."""
+    return pb.LegacyFailure(
+        event=convert.event(row),
+        receipt=convert.receipt(row),
+        work_type=row["work_type"],
+        outcome=_OUTCOMES[str(row["outcome"])],
+        version=int(row["version"]),
+        failure_class=row["failure_class"] or "",
+        failure_summary=row["failure_summary"] or "",
+        actor=row["actor"],
+        create_time=convert.ts(row["created_at"]),
+        event_legacy_state=row["legacy_state"] or "",
+        work_id=int(row["work_id"] or 0),
+        work_item_state=_work_item_state(row["work_state"]),  # type: ignore[arg-type]
+    )
+
+
 async def legacy_failures(
     servicer: Any, request: pb.ListLegacyFailuresRequest
 ) -> pb.ListLegacyFailuresResponse:
@@ -242,22 +261,7 @@ async def legacy_failures(
         )
     response = pb.ListLegacyFailuresResponse()
     for row in rows[:size]:
-        response.failures.append(
-            pb.LegacyFailure(
-                event=convert.event(row),
-                receipt=convert.receipt(row),
-                work_type=row["work_type"],
-                outcome=_OUTCOMES[str(row["outcome"])],
-                version=int(row["version"]),
-                failure_class=row["failure_class"] or "",
-                failure_summary=row["failure_summary"] or "",
-                actor=row["actor"],
-                create_time=convert.ts(row["created_at"]),
-                event_legacy_state=row["legacy_state"] or "",
-                work_id=int(row["work_id"] or 0),
-                work_item_state=_work_item_state(row["work_state"]),  # type: ignore[arg-type]
-            )
-        )
+        response.failures.append(legacy_failure(row))
     if len(rows) > size:
         response.next_page_token = servicer.pages.encode(
             "ListLegacyFailures", [int(rows[size - 1]["legacy_outcome_receipt_id"])], filters

@@ -46,6 +46,16 @@ WORK_ITEM_SELECT_COLUMNS = """
   w.priority_head_s AS w_priority_head_s"""
 
 
+# The failure read path follows the generation's claim path (seed: "Failure, DLQ, And Replay Read
+# Path"): a generation admitted by a rollback receipt (legacy_event / legacy_active, or quiescing on
+# its way back) has its failures on the legacy path (``legacy.LEGACY_FAILURE_DEAD_LETTERS``); every
+# other generation's on its WorkItems. The authority row is one per generation (primary key).
+WORK_ITEM_FAILURE_OWNED = (
+    "NOT EXISTS (SELECT 1 FROM connector_claim_authority a WHERE a.installed_pack_id = w.installed_pack_id"
+    " AND a.generation = w.generation AND (a.claim_path = 'legacy_event' OR a.phase = 'quiescing'))"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterFilter:
     """Which dead letters a list or a bulk replay covers. Statements are built from constant
@@ -63,6 +73,27 @@ class DeadLetterFilter:
     #: Only these items (a selection; ``work_item_list_dead_ids``).
     work_ids: tuple[int, ...] | None = None
 
+    def legacy_where(self) -> tuple[list[str], dict[str, Any]]:
+        """The same filter on a legacy outcome receipt ``o`` (its creation is the finish time)."""
+        clauses: list[str] = []
+        params: dict[str, Any] = {}
+        for value, clause, name in (
+            (self.installed_pack_id, "o.installed_pack_id = %(pack)s", "pack"),
+            (self.generation, "o.generation = %(generation)s", "generation"),
+            (self.work_type, "o.work_type = %(work_type)s", "work_type"),
+            (self.failure_class, "o.failure_class = %(failure_class)s", "failure_class"),
+            (self.finished_after, "o.created_at >= %(after)s", "after"),
+            (self.finished_before, "o.created_at < %(before)s", "before"),
+            (self.failure_summary, "o.failure_summary = %(summary)s", "summary"),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params[name] = value
+        if self.work_ids is not None:
+            clauses.append("w.work_id = ANY(%(ids)s::bigint[])")
+            params["ids"] = list(self.work_ids)
+        return clauses or ["true"], params
+
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "pack": self.installed_pack_id,
@@ -79,8 +110,9 @@ class DeadLetterFilter:
         return out
 
     def where(self) -> tuple[list[str], dict[str, Any]]:
-        """Conditions on alias ``w`` (state = 'dead' included) and their parameters."""
-        clauses = ["w.state = 'dead'"]
+        """Conditions on alias ``w`` (state = 'dead' included) and their parameters. Only items of
+        generations whose failures the WorkItem path owns (``WORK_ITEM_FAILURE_OWNED``)."""
+        clauses = ["w.state = 'dead'", WORK_ITEM_FAILURE_OWNED]
         params: dict[str, Any] = {}
         if self.installed_pack_id is not None:
             clauses.append("w.installed_pack_id = %(pack)s")
