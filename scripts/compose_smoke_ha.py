@@ -189,6 +189,19 @@ def executed(receiver: str) -> dict[int, float]:
     return out
 
 
+def repeats(receiver: str) -> tuple[int, int]:
+    """(deliveries whose handler succeeded more than once, work ids called with two different
+    idempotency keys). The first is at-least-once delivery (a re-run under the same key, which the
+    handler's idempotency absorbs); the second would be an identity collision and must be 0."""
+    by_key: Counter[str] = Counter()
+    keys_of: dict[int, set[str]] = {}
+    for c in smoke.receiver_calls(receiver):
+        if c["status"] == 200:
+            by_key[str(c["idempotency_key"])] += 1
+            keys_of.setdefault(int(c["work_id"]), set()).add(str(c["idempotency_key"]))
+    return sum(1 for n in by_key.values() if n > 1), sum(1 for k in keys_of.values() if len(k) > 1)
+
+
 def smoke_items(stack: Stack) -> dict[str, tuple[int, str]]:
     """provider delivery id -> (work id, state) of every smoke delivery, from the leader."""
     rows = stack.psql(
@@ -290,6 +303,7 @@ def check_failover(
     receipts = smoke_receipts(stack)
     items = smoke_items(stack)
     calls = executed(receiver)
+    twice, collisions = repeats(receiver)
     lost = sorted(ids - receipts)
     unexecuted = sorted(
         i for i in ids - set(lost) if items.get(i, (0, ""))[1] != "succeeded" or items[i][0] not in calls
@@ -317,9 +331,13 @@ def check_failover(
         (
             "acknowledged and executed",
             f"{len(ids)} acknowledged, lost {len(lost)} (no receipt on the new leader), not executed"
-            f" {len(unexecuted)}; {len(receipts)} smoke receipts stored (unacknowledged ones may commit too)",
+            f" {len(unexecuted)}; {len(receipts)} smoke receipts stored (unacknowledged ones may commit too);"
+            f" handler run more than once (same idempotency key) for {twice}; identity collisions"
+            f" {collisions}",
         )
     )
+    if collisions:
+        raise SmokeError(f"{collisions} work ids were called with two different idempotency keys")
     if lost or unexecuted:
         raise SmokeError(
             f"lost {len(lost)}, not executed {len(unexecuted)} of {len(ids)} acknowledged deliveries"
@@ -350,7 +368,7 @@ def check_failover(
     say(
         f"FIGURES: kill -> promotion {t_promoted - t_kill:.1f}s, -> ingress acks {t_ack - t_kill:.1f}s,"
         f" -> routing {t_routed - t_kill:.1f}s, -> executions {t_exec - t_kill:.1f}s;"
-        f" acknowledged {len(ids)}, lost {len(lost)},"
+        f" acknowledged {len(ids)}, lost {len(lost)}, run twice {twice}, identity collisions {collisions},"
         f" not executed {len(unexecuted)}"
     )
     return observed

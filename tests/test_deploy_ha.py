@@ -322,3 +322,13 @@ def test_docs_kubernetes_examples_require_synchronous_replication(docs: str) -> 
     assert any(
         (b.get("bootstrap", {}).get("dcs", {}) or b).get("synchronous_mode_strict") is True for b in patroni
     ), "the Kubernetes Patroni example should be strict (three nodes)"
+
+
+def test_secret_template_shows_the_documented_failover_urls(docs: str) -> None:
+    template = (DEPLOY / "kubernetes" / "secrets.example.yaml").read_text()
+    urls = re.findall(r"postgresql://\S+target_session_attrs=read-write", template)
+    assert len(urls) == 2
+    for url in urls:
+        assert url.replace("REPLACE_ME", "PASSWORD") in docs, url
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+        assert parts["dbname"] == "connector" and parts["target_session_attrs"] == "read-write"
