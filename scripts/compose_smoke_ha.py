@@ -168,6 +168,34 @@ def check_synchronous(stack: Stack, cluster: Cluster) -> tuple[str, str, str]:
     )
 
 
+def standby_ready(stack: Stack, ingress: str) -> tuple[str, int]:
+    """(the ingress' connector_db_synchronous_standby_ready, its /readyz status): whether the ingress,
+    asked for synchronous commits, sees a synchronous standby."""
+    (container,) = stack.containers("ingress")
+    status, body = http("GET", f"http://{stack.ip_of(container['Names'][0])}:9101/metrics")
+    if status != 200:
+        raise SmokeError(f"ingress metrics answered {status}")
+    values = [
+        line.rsplit(" ", 1)[1]
+        for line in body.decode().splitlines()
+        if line.startswith("connector_db_synchronous_standby_ready{") and 'service="ingress"' in line
+    ]
+    ready, _ = http("GET", f"{ingress}/readyz")
+    return (values[0] if values else "absent", int(ready))
+
+
+def wait_standby_ready(stack: Stack, ingress: str, want: tuple[str, int], what: str) -> str:
+    seen = wait_for(
+        f"the ingress to report {what} (synchronous_standby_ready, /readyz = {want})",
+        lambda: (lambda got: got if (float(got[0]), got[1]) == (float(want[0]), want[1]) else None)(
+            standby_ready(stack, ingress)
+        ),
+        90,
+        every_s=1,
+    )
+    return f"connector_db_synchronous_standby_ready{{service=ingress}} = {seen[0]}, /readyz {seen[1]}"
+
+
 def connector_starts(stack: Stack) -> dict[str, str]:
     """container -> start time, for every connector container (a restart changes it)."""
     out = {}
@@ -227,6 +255,7 @@ def check_failover(
     observed: list[tuple[str, str]] = []
     leader, standby, sync = check_synchronous(stack, cluster)
     observed.append(("synchronous replication", sync))
+    ready_before = wait_standby_ready(stack, ingress, ("1", 200), "a synchronous standby")
     starts = connector_starts(stack)
 
     load = Load(ingress, key)
@@ -351,6 +380,9 @@ def check_failover(
     observed.append(
         ("no restart", f"{len(starts)} connector containers kept their start time and kept running")
     )
+    # Alone, the new leader has no synchronous standby: the ingress (synchronous commit asked for)
+    # says so, and says it again once the old leader is back as the standby.
+    alone = wait_standby_ready(stack, ingress, ("0", 503), "no synchronous standby")
     # The old leader comes back as the new leader's synchronous standby (pg_rewind, then streaming).
     t_start = time.time()
     stack.podman("start", victim)
@@ -359,10 +391,17 @@ def check_failover(
         return time.time() if cluster.roles(standby).get(leader) == "sync_standby" else None
 
     t_rejoined = wait_for(f"{leader} to rejoin as the synchronous standby", rejoined, 180, every_s=1)
+    back = wait_standby_ready(stack, ingress, ("1", 200), "the synchronous standby back")
     observed.append(
         (
             "old leader back",
             f"{leader} restarted: the synchronous standby of {standby} {t_rejoined - t_start:.1f}s later",
+        )
+    )
+    observed.append(
+        (
+            "ingress readiness (CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT=on)",
+            f"before the kill: {ready_before}; {standby} alone: {alone}; {leader} back: {back}",
         )
     )
     say(

@@ -223,6 +223,17 @@ def test_docker_compose_merges_it_the_same_way(merged: dict[str, Any]) -> None:
         assert theirs[name]["image"] == interpolate(merged["services"][name]["image"])
 
 
+def test_the_ingress_acks_only_what_the_standby_has(
+    merged: dict[str, Any], patroni: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    level = env_of(merged["services"]["ingress"])["CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT"]
+    assert level in ("remote_write", "on", "remote_apply")
+    monkeypatch.setenv("CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT", level)
+    assert settings.load(settings.IngressSettings).synchronous_commit == level
+    # ... and the server names a synchronous standby for it to wait for.
+    assert patroni["bootstrap"]["dcs"]["synchronous_mode"] is True
+
+
 # --- Patroni and etcd ---------------------------------------------------------------------------------
 
 
@@ -295,6 +306,7 @@ def test_docs_name_the_profile_the_url_and_the_smoke(docs: str, merged: dict[str
         "./dev smoke --ha",
         "synchronous_mode: true",
         "target_session_attrs=read-write",
+        "CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT=on",
         "deploy/images/patroni",
         "deploy/images/etcd",
     ):
