@@ -242,7 +242,8 @@ async def test_a_scan_without_a_key_is_bounded_per_call(
     """Only the oldest of 25 deliveries matches; with 10 receipts examined per call the first two
     pages are empty but carry a token, the third finds it. Control: the scan count is what bounds
     the call (``scanned_receipts``)."""
-    monkeypatch.setattr(receipts.find, "FIND_SCAN_LIMIT", 10)
+    monkeypatch.setattr(receipts.find, "FIND_SCAN_LIMIT_JOINED", 10)  # a WorkItem-state filter's bound
+    monkeypatch.setattr(receipts.find, "FIND_SCAN_LIMIT", 20)
     pack = await seed.pack("shop")
     target = await seed.item(pack, state="dead")
     for _ in range(24):
@@ -257,6 +258,9 @@ async def test_a_scan_without_a_key_is_bounded_per_call(
             break
     assert [len(p.deliveries) for p in pages] == [0, 0, 1]
     assert [p.scanned_receipts for p in pages] == [10, 10, 5]
+    # without a joined filter the wider bound applies: 20, then the last 5
+    plain = await _find(admin, namespace="shop")
+    assert plain.scanned_receipts == 20 and plain.next_page_token
     assert [x.work_id for x in pages[-1].deliveries[0].work_items] == [target]
 
 

@@ -115,7 +115,7 @@ async def find_deliveries(
                 low = await receipts.find.receipt_id_at(conn, at)
             if flt.accepted_before is not None and (at := _shift(flt.accepted_before, 1)) is not None:
                 high = await receipts.find.receipt_id_at(conn, at)
-            scan_limit = receipts.find.FIND_SCAN_LIMIT
+            scan_limit = receipts.find.find_scan_limit(flt)
             page = await receipts.find.receipt_find_scan(
                 conn, flt, after=after, id_range=(low, high), limit=size + 1, scan_limit=scan_limit
             )
