@@ -5,7 +5,8 @@
 port is black-holed (iptables DROP both ways: the server gone silent, no RST). The next delivery
 joins the commit queue, its batch's statement hangs on the silent connection, and the deadline
 (2 s here, below the 6 s ``tcp_user_timeout`` so the reason tells which fired) answers it 503 +
-Retry-After with ``commit_deadline`` while the batch still waits, and ``/readyz`` says 503 (no
+Retry-After with ``commit_deadline`` while the batch still waits (gRPC: UNAVAILABLE, reason
+``COMMIT_DEADLINE``), and ``/readyz`` says 503 (no
 commit for a whole deadline while deliveries wait). Once the path is back, the provider's retry is
 accepted (as new, or as a duplicate when the expired batch committed after all) and ``/readyz`` 200.
 
@@ -25,13 +26,17 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import psycopg
 import pytest
 
+from connector.common.core.grpc_server import error_info
+from connector.v1 import ingress_service_pb2 as pb
+from connector.v1 import ingress_service_pb2_grpc as pb_grpc
 from tests.ingress.processes import wait_ready
 from tests.support.netfault import ProxyProcess, blackhole_off, blackhole_on
 
-from .conftest import SECRETS, github_headers, install_routes, receipt_count
+from .conftest import NAMESPACE, SECRETS, github_headers, install_routes, receipt_count
 
 
 def _free_port() -> int:
@@ -59,16 +64,17 @@ def proxy(db_url: str) -> Iterator[ProxyProcess]:
 
 def _start_ingress(
     db_url: str, proxy: ProxyProcess, env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], int]:
+) -> tuple[subprocess.Popen[bytes], int, int]:
     install_routes(db_url)
     http_port = _free_port()
+    grpc_port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "connector.cli.main", "ingress", "--http-port", str(http_port)],
         env={
             **os.environ,
             **SECRETS,
             "CONNECTOR_DATABASE_URL": _through(db_url, proxy.port),
-            "CONNECTOR_INGRESS_GRPC_PORT": str(_free_port()),
+            "CONNECTOR_INGRESS_GRPC_PORT": str(grpc_port),
             "CONNECTOR_INGRESS_METRICS_PORT": str(_free_port()),
             "CONNECTOR_INGRESS_RECONCILE_ENABLED": "false",
             "CONNECTOR_INGRESS_FIGURES_FLUSH_S": "0",
@@ -78,7 +84,30 @@ def _start_ingress(
         stderr=subprocess.DEVNULL,
     )
     wait_ready(proc, http_port)
-    return proc, http_port
+    return proc, http_port, grpc_port
+
+
+def _submit_grpc(port: int, delivery: str) -> tuple[str, str | None]:
+    """SubmitDelivery over gRPC: (status code name, refusal reason)."""
+    body = b'{"a":1}'
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.IngressServiceStub(channel)
+        try:
+            stub.SubmitDelivery(
+                pb.SubmitDeliveryRequest(
+                    namespace=NAMESPACE,
+                    route_key="github",
+                    method="POST",
+                    uri=f"/v1/webhooks/{NAMESPACE}/github",
+                    headers={"Content-Type": "application/json", **github_headers(body, delivery=delivery)},
+                    body=body,
+                ),
+                timeout=60,
+            )
+        except grpc.RpcError as exc:
+            detail = error_info(exc)
+            return exc.code().name, detail.reason if detail is not None else None
+        return "OK", None
 
 
 def _post(port: int, delivery: str, timeout: float) -> tuple[int, dict[str, str], dict[str, Any]]:
@@ -104,7 +133,7 @@ def _readyz(port: int) -> int:
 
 
 def test_a_silent_database_answers_503_at_the_commit_deadline(db_url: str, proxy: ProxyProcess) -> None:
-    proc, port = _start_ingress(db_url, proxy, {"CONNECTOR_INGRESS_COMMIT_DEADLINE_S": "2"})
+    proc, port, grpc_port = _start_ingress(db_url, proxy, {"CONNECTOR_INGRESS_COMMIT_DEADLINE_S": "2"})
     try:
         assert _post(port, "deadline-warm", 30)[0] == 200
         blackhole_on(proxy.port)
@@ -114,6 +143,7 @@ def test_a_silent_database_answers_503_at_the_commit_deadline(db_url: str, proxy
         print(f"\nsilent database: {status} {body} after {took:.1f} s (deadline 2 s)")
         assert status == 503 and body.get("error") == "commit_deadline", (status, body)
         assert int(headers["Retry-After"]) > 0
+        assert _submit_grpc(grpc_port, "deadline-grpc") == ("UNAVAILABLE", "COMMIT_DEADLINE")
         # /readyz reports that commits are not progressing (not only whether a connection opens).
         assert _readyz(port) == 503
         blackhole_off(proxy.port)
@@ -126,7 +156,8 @@ def test_a_silent_database_answers_503_at_the_commit_deadline(db_url: str, proxy
     finally:
         proc.kill()
         proc.wait(10)
-    assert receipt_count(db_url) == 2
+    # warm and deadline-1 once each; the gRPC one only if its expired batch committed after all.
+    assert receipt_count(db_url) in (2, 3)
 
 
 def test_control_without_the_deadline_and_tcp_bounds_the_request_hangs(
@@ -140,7 +171,7 @@ def test_control_without_the_deadline_and_tcp_bounds_the_request_hangs(
         "CONNECTOR_DB_TCP_USER_TIMEOUT_MS": "0",
         # The pool's statement timeout is the server's, which a silent server never sends.
     }
-    proc, port = _start_ingress(db_url, proxy, env)
+    proc, port, _ = _start_ingress(db_url, proxy, env)
     try:
         assert _post(port, "control-warm", 30)[0] == 200
         blackhole_on(proxy.port)

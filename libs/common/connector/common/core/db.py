@@ -103,6 +103,7 @@ class Pool(AsyncConnectionPool):
         #: Connections opened (configured) so far: the reconnect counter's source.
         self.opened = 0
         self._drained_at_s = 0.0
+        self._drain_logged: tuple[str, float] = ("", -1e9)
 
     @asynccontextmanager
     async def connection(
@@ -123,7 +124,10 @@ class Pool(AsyncConnectionPool):
         if now - self._drained_at_s < 1.0:
             return
         self._drained_at_s = now
-        log.warning("database pool drained", extra={"service": self.service, "reason": reason})
+        # One line per event: a pool kept on a standby is drained every watch round, logged once a minute.
+        if reason != self._drain_logged[0] or now - self._drain_logged[1] >= 60.0:
+            self._drain_logged = (reason, now)
+            log.warning("database pool drained", extra={"service": self.service, "reason": reason})
         with suppress(Exception):
             await self.drain()
 
