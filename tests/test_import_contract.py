@@ -101,6 +101,7 @@ WRITERS: dict[str, frozenset[str]] = {
     "reconcile_state_fail": frozenset({INGRESS}),
     "reconcile_run_claim": frozenset({INGRESS}),
     "reconcile_run_finish": frozenset({INGRESS}),
+    "reconcile_run_delete_old": frozenset({INGRESS}),
     "reconcile_run_insert": frozenset({ADMIN}),
     # materializer: receipt routing state, event rows, WorkItem creation (lanes settle their members)
     "receipt_claim_routable": frozenset({MATERIALIZER}),

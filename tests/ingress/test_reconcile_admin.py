@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 import pytest_asyncio
 
 from connector.cli import main as cli_main
+from connector.common.store import reconcile as reconcile_store
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import admin_service_pb2_grpc
 from tests.admin.conftest import OPERATOR, VIEW, expect_error, start_admin
@@ -155,3 +157,36 @@ async def test_refusals(start_ingress: StartIngress, db_url: str, provider: Fake
         grpc.StatusCode.PERMISSION_DENIED,
         "ROLE_REQUIRED",
     )
+
+
+async def test_the_leader_deletes_runs_older_than_the_keep(
+    start_ingress: StartIngress, db_url: str, provider: FakeProvider
+) -> None:
+    """The on-demand runs' table stays bounded: the leader deletes the runs asked for more than
+    ``RUN_KEEP_S`` ago in every state (a run still ``running`` that old died with its process) and
+    keeps the younger ones, one an hour short of the keep among them (the control)."""
+    keep = reconcile_store.RUN_KEEP_S
+    with psycopg.connect(db_url, autocommit=True) as db:
+        for state, age in [("done", keep + 60), ("failed", keep + 60), ("pending", keep + 60),
+                           ("running", keep + 60), ("done", keep - 3600), ("failed", 10)]:  # fmt: skip
+            db.execute(
+                "INSERT INTO connector_reconcile_run"
+                " (namespace, route_key, dry_run, actor, state, requested_at)"
+                " VALUES (%s, 'stripe', true, 'test', %s, now() - make_interval(secs => %s))",
+                (NAMESPACE, state, age),
+            )
+    svc = await start(start_ingress, db_url, [stripe_route(provider.url, interval="1h")], since_s=60)
+    assert svc.reconciler is not None
+
+    def runs() -> list[tuple[str, float]]:
+        with psycopg.connect(db_url, autocommit=True) as db:
+            return db.execute(
+                "SELECT state, extract(epoch FROM now() - requested_at)::float8 FROM connector_reconcile_run"
+                " ORDER BY run_id"
+            ).fetchall()
+
+    # the leader deletes at its first tick (then once an hour)
+    await wait_for(lambda: len(runs()) < 6, timeout=120)
+    left = runs()
+    assert [state for state, _ in left] == ["done", "failed"], left
+    assert all(age < keep for _, age in left)

@@ -213,6 +213,27 @@ async def reconcile_run_get(conn: Conn, run_id: int) -> dict[str, Any] | None:
     return await fetch_dict(conn, RECONCILE_RUN_GET, {"run_id": run_id})
 
 
+#: How long an on-demand run's row (its result, who asked) is kept after it was asked for; the leader
+#: then deletes it (``reconcile_run_delete_old``), so the table stays bounded however often operators
+#: ask. A run still ``running`` that long ago died with its process.
+RUN_KEEP_S = 30 * 86_400
+
+# The runs asked for more than ``keep_s`` ago, oldest first, ``limit`` per statement (a small table:
+# operator requests only; the leader sends it at most once an hour).
+RECONCILE_RUN_DELETE_OLD = """
+DELETE FROM connector_reconcile_run WHERE run_id IN (
+  SELECT run_id FROM connector_reconcile_run
+  WHERE requested_at < now() - make_interval(secs => %(keep_s)s::float8)
+  ORDER BY run_id LIMIT %(limit)s)
+"""
+
+
+async def reconcile_run_delete_old(conn: Conn, *, keep_s: float = RUN_KEEP_S, limit: int = 1000) -> int:
+    """Delete up to ``limit`` runs asked for more than ``keep_s`` ago; the number deleted."""
+    cur = await conn.execute(RECONCILE_RUN_DELETE_OLD, {"keep_s": keep_s, "limit": limit})
+    return cur.rowcount
+
+
 # --------------------------------------------------------------------------------------------------
 # Admin reads
 # --------------------------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ class PassFailed(Exception):
         self.detail = detail
 
 
+#: How often the leader deletes on-demand runs older than ``store.RUN_KEEP_S`` (seconds).
+RUN_PRUNE_S: Final = 3600.0
+
+
 class Reconciler(BackgroundJob):
     kind = "reconciler"
 
@@ -124,6 +128,9 @@ class Reconciler(BackgroundJob):
         #: Passes finished (clean or not) by this process; tests wait on it.
         self.passes = 0
         self.results: list[PassResult] = []
+        #: When this process last deleted old on-demand runs (monotonic; at most once per
+        #: ``RUN_PRUNE_S``, the first time when it becomes the leader).
+        self._pruned_at: float | None = None
         self._passed = asyncio.Condition()
 
     async def close(self) -> None:
@@ -172,6 +179,10 @@ class Reconciler(BackgroundJob):
             return
         for run in await store.reconcile_run_claim(conn, owner=self.owner):
             await self._run_on_demand(conn, routes, run)
+        mono = time.monotonic()
+        if self._pruned_at is None or mono - self._pruned_at >= RUN_PRUNE_S:
+            self._pruned_at = mono
+            await store.reconcile_run_delete_old(conn)
         now = self.clock()
         for key, route in routes.items():
             state = states.get(key)
