@@ -157,7 +157,7 @@ async def _project_batch(conn: Conn, receipts: list[dict[str, Any]]) -> Projecti
     return report
 
 
-async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
+async def _project_one(conn: Conn, r: dict[str, Any], *, again: bool = False) -> str:
     """``projected`` | ``duplicate`` | ``conflict`` for one receipt (rows locked by the caller's
     transaction)."""
     w = await work_items.legacy.work_item_legacy_projection_lock(conn, r)
@@ -178,7 +178,11 @@ async def _project_one(conn: Conn, r: dict[str, Any]) -> str:
     if w is None:
         values["state"] = "reconciled_legacy_terminal" if final else "awaiting_legacy_outcome"
         inserted = await work_items.legacy.work_item_legacy_mirror_insert(conn, values)
-        return "projected" if inserted else "conflict"
+        if inserted:
+            return "projected"
+        # Another projector inserted the row meanwhile (the insert waited for its commit): decide
+        # against that row, as if it had been there (the same outcome is a duplicate, not a conflict).
+        return "conflict" if again else await _project_one(conn, r, again=True)
     seen_version = w["legacy_outcome_receipt_version"]
     if w["state"] == "awaiting_legacy_outcome":
         if seen_version is not None and int(seen_version) >= int(r["version"]):
