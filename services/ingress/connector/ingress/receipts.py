@@ -7,8 +7,8 @@ NOTHING RETURNING`` that also reads the receipt ids of earlier duplicates and ca
 ``pg_notify('connector_receipts', '')`` once when it inserted anything. The connection is in
 autocommit, so that single statement is its own transaction: when it returns, the batch is
 committed (and flushed: ``synchronous_commit`` applies), and only then is each waiting request
-resolved. With ``synchronous_commit`` set (``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``) the batch is
-one explicit transaction instead: ``SET LOCAL synchronous_commit``, the insert, the commit.
+resolved. With ``synchronous_commit`` set (``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``) the statement
+sets it for its own transaction (``set_config(…, true)``, i.e. ``SET LOCAL``): still one round trip.
 A delivery never gets a success answer for a row that is not committed.
 
 Failure semantics: when the pool cannot give a connection in time, the database is unreachable or
@@ -151,10 +151,11 @@ class Unavailable(Exception):
 
 
 async def receipt_commit_batch(
-    conn: psycopg.AsyncConnection[Any], batch: Sequence[PendingReceipt]
+    conn: psycopg.AsyncConnection[Any], batch: Sequence[PendingReceipt], synchronous_commit: str | None = None
 ) -> list[CommitResult]:
-    """Insert a batch in one statement (one transaction, autocommit); results in batch order."""
-    inserted, existing = await receipts.insert.receipt_insert_batch(conn, batch)
+    """Insert a batch in one statement (one transaction, autocommit; committed at
+    ``synchronous_commit`` when given); results in batch order."""
+    inserted, existing = await receipts.insert.receipt_insert_batch(conn, batch, synchronous_commit)
     missing = [
         item
         for item in batch
@@ -226,7 +227,7 @@ class ReceiptWriter:
         self._closing = False
         #: 0 = no deadline (a delivery waits for its batch, however long the database takes).
         self._deadline = commit_deadline_s
-        #: ``SET LOCAL synchronous_commit`` of each batch (None: the single autocommit statement).
+        #: ``synchronous_commit`` of each batch's transaction (None: the session's, i.e. the server's).
         self._synchronous_commit = synchronous_commit
         #: Batches being written (their items in arrival order), for the deadline watchdog.
         self._writing: list[list[PendingReceipt]] = []
@@ -352,12 +353,7 @@ class ReceiptWriter:
             started = time.perf_counter()
             try:
                 async with self._pool.connection(timeout=self._pool_timeout) as conn:
-                    if self._synchronous_commit is None:
-                        results = await receipt_commit_batch(conn, batch)
-                    else:
-                        async with conn.transaction():
-                            await receipts.insert.receipt_synchronous_commit(conn, self._synchronous_commit)
-                            results = await receipt_commit_batch(conn, batch)
+                    results = await receipt_commit_batch(conn, batch, self._synchronous_commit)
             except pg_errors.DeadlockDetected:
                 if attempt == 1:
                     metrics.DEADLOCK_RETRIES.inc()

@@ -32,6 +32,7 @@ from prometheus_client import Counter, Gauge
 from psycopg import AsyncConnection, Notify
 from psycopg_pool import AsyncConnectionPool
 
+from connector.common.core.db import evict_if_read_only
 from connector.common.core.eventlog import events
 from connector.common.core.listener import Listener, ListenerConfig
 from connector.common.core.runtime import cancel_tasks
@@ -340,6 +341,7 @@ class LegacyExecutor:
                 raise
             except Exception as exc:
                 log.warning("legacy claim loop error", extra={"exc_type": type(exc).__name__})
+                await evict_if_read_only(conn, exc)  # a read-only server: closed, replaced
                 if conn is not None and (conn.closed or conn.broken):
                     with contextlib.suppress(Exception):
                         await self.pool.putconn(conn)

@@ -50,19 +50,21 @@ FROM connector_ingress_receipt r
 JOIN (SELECT DISTINCT namespace, idempotency_key FROM input) i USING (namespace, idempotency_key)
 """
 
+#: ``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT`` (ADR 020): the same statement, whose own (implicit)
+#: transaction commits at ``%(synchronous_commit)s``: ``set_config(…, true)`` is ``SET LOCAL`` of that
+#: transaction, evaluated once (an InitPlan of the input), and PostgreSQL reads the level when the
+#: statement commits. One round trip, as without the setting (an explicit ``BEGIN``, ``SET LOCAL``,
+#: insert, ``COMMIT`` doubled the client's CPU per batch: benchmarks/receipt_sync_commit.py).
+RECEIPT_INSERT_BATCH_SYNCHRONOUS = RECEIPT_INSERT_BATCH.replace(
+    "    USING (ord)\n), inserted AS (",
+    "    USING (ord)\n"
+    "  WHERE (SELECT set_config('synchronous_commit', %(synchronous_commit)s, true)) IS NOT NULL\n"
+    "), inserted AS (",
+    1,
+)
+assert RECEIPT_INSERT_BATCH_SYNCHRONOUS != RECEIPT_INSERT_BATCH
+
 # Keys whose conflicting row committed after the batch statement's snapshot was taken.
-#: ``CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT``: the receipt batch's transaction commits at this level
-#: (``SET LOCAL synchronous_commit``, as a function so the level is a parameter). Only sent when the
-#: setting is set: the batch is then ``BEGIN``, this, the insert, ``COMMIT`` (ADR 020).
-RECEIPT_SYNCHRONOUS_COMMIT = "SELECT set_config('synchronous_commit', %s, true)"
-
-
-async def receipt_synchronous_commit(conn: Conn, level: str) -> None:
-    """Inside the receipt batch's transaction: commit it at ``level`` (local, remote_write, on,
-    remote_apply, off)."""
-    await conn.execute(RECEIPT_SYNCHRONOUS_COMMIT, (level,))
-
-
 RECEIPT_GET_BY_KEYS = """
 SELECT r.namespace, r.idempotency_key, r.receipt_id, r.payload_sha256
 FROM connector_ingress_receipt r
@@ -120,12 +122,18 @@ def _insert_params(batch: Sequence[ReceiptInsert]) -> dict[str, Any]:
 
 
 async def receipt_insert_batch(
-    conn: Conn, batch: Sequence[ReceiptInsert]
+    conn: Conn, batch: Sequence[ReceiptInsert], synchronous_commit: str | None = None
 ) -> tuple[dict[ReceiptKey, int], dict[ReceiptKey, Earlier]]:
-    """Insert a batch in one statement (one transaction when ``conn`` is in autocommit). Returns
-    (receipt ids inserted, receipt id and body hash of earlier duplicates seen by the statement's
-    snapshot), both keyed by (namespace, idempotency key)."""
-    cur = await conn.execute(RECEIPT_INSERT_BATCH, _insert_params(batch))
+    """Insert a batch in one statement (one transaction when ``conn`` is in autocommit), committed
+    at ``synchronous_commit`` when given (None: the session's level). Returns (receipt ids
+    inserted, receipt id and body hash of earlier duplicates seen by the statement's snapshot),
+    both keyed by (namespace, idempotency key)."""
+    params = _insert_params(batch)
+    if synchronous_commit is None:
+        cur = await conn.execute(RECEIPT_INSERT_BATCH, params)
+    else:
+        params["synchronous_commit"] = synchronous_commit
+        cur = await conn.execute(RECEIPT_INSERT_BATCH_SYNCHRONOUS, params)
     inserted: dict[ReceiptKey, int] = {}
     existing: dict[ReceiptKey, Earlier] = {}
     for namespace, key, receipt_id, was_inserted, _notified, sha in await cur.fetchall():
