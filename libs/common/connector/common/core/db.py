@@ -17,6 +17,7 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from connector.common.core import metrics
 from connector.common.core.settings import DatabaseSettings, PoolSettings
@@ -88,18 +89,43 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
         pool.opened += 1
 
 
+class CappedBackoff(AttemptWithBackoff):
+    """psycopg_pool's reconnect schedule (1 s, then doubling, until ``reconnect_timeout``) with no
+    wait longer than ``max_delay_s``: a pool that lost its server tries again every few seconds, so
+    it is back within ``max_delay_s`` (plus one connect) of the new primary taking writes."""
+
+    def __init__(self, *, timeout: float, max_delay_s: float) -> None:
+        super().__init__(timeout=timeout)
+        self.max_delay_s = max_delay_s
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, self.max_delay_s)
+
+
 class Pool(AsyncConnectionPool):
     """A service's pool. With ``evict_read_only`` (``CONNECTOR_EVICT_READ_ONLY``, default true) a
     connection whose statement fails because its server is read-only (SQLSTATE 25006: an old
     primary fenced or back as a standby, a URL that landed on a standby) is closed at once and the
     idle rest drained, so the next checkout connects anew and a multi-host URL with
     ``target_session_attrs=read-write`` finds the writable server (ADR 020). Without it such a
-    connection stays in the pool and every write on it fails until it expires (an hour)."""
+    connection stays in the pool and every write on it fails until it expires (an hour).
 
-    def __init__(self, *args: Any, service: str, evict_read_only: bool = True, **kwargs: Any) -> None:
+    ``reconnect_max_delay_s`` (``CONNECTOR_DB_RECONNECT_MAX_DELAY_S``, default 2; 0 = psycopg_pool's
+    uncapped doubling) caps the wait between attempts to replace a lost connection."""
+
+    def __init__(
+        self,
+        *args: Any,
+        service: str,
+        evict_read_only: bool = True,
+        reconnect_max_delay_s: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.service = service
         self.evict_read_only = evict_read_only
+        self.reconnect_max_delay_s = reconnect_max_delay_s
         #: Connections opened (configured) so far: the reconnect counter's source.
         self.opened = 0
         self._drained_at_s = 0.0
@@ -116,6 +142,13 @@ class Pool(AsyncConnectionPool):
             except pg_errors.ReadOnlySqlTransaction:
                 await evict_if_read_only(conn)
                 raise
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        # psycopg_pool makes a fresh AttemptWithBackoff for a first try and hands the same one to
+        # each retry it schedules (AddConnection): start the series with the capped one instead.
+        if attempt is None and self.reconnect_max_delay_s > 0:
+            attempt = CappedBackoff(timeout=self.reconnect_timeout, max_delay_s=self.reconnect_max_delay_s)
+        await super()._add_connection(attempt, growing=growing)
 
     async def drain_for(self, reason: str) -> None:
         """Close the idle connections and open new ones (connections in use are replaced when
@@ -221,6 +254,7 @@ async def open_pool(
         conninfo,
         service=service,
         evict_read_only=db.evict_read_only,
+        reconnect_max_delay_s=db.db_reconnect_max_delay_s,
         min_size=pool.pool_min_size,
         max_size=max(pool.pool_max_size, pool.pool_min_size),
         timeout=pool.pool_timeout_s,

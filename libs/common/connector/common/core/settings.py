@@ -51,6 +51,11 @@ class DatabaseSettings(BaseSettings):
     #: Milliseconds sent data may stay unacknowledged before the connection is dropped (a statement
     #: sent to a server that went silent fails after this instead of waiting for ever).
     db_tcp_user_timeout_ms: int = Field(default=6_000, ge=0)
+    #: Longest wait between a pool's attempts to replace a lost connection (seconds). psycopg_pool
+    #: waits 1 s, then doubles (2, 4, 8, 16, 32 s ...): after ~20 s without a writable server (a
+    #: Patroni promotion) its next attempt came up to 50 s after the new primary took writes. 0 =
+    #: psycopg_pool's own backoff, uncapped.
+    db_reconnect_max_delay_s: float = Field(default=2.0, ge=0)
     #: ``lock_timeout`` of every pooled connection (milliseconds, 0 = none): a statement waiting on
     #: a lock fails with SQLSTATE 55P03 after this, below the statement timeout.
     lock_timeout_ms: int = Field(default=10_000, ge=0)
