@@ -107,3 +107,42 @@ async def test_github_delivery_over_grpc_keeps_the_envelope(
     [row] = receipts(db_url)
     assert (row["provider_delivery_id"], row["event_kind"]) == ("grpc-1", "push")
     assert row["received_at"].timestamp() <= time.time()
+
+
+async def test_grpc_answers_record_their_ack_latency(
+    stub: pb_grpc.IngressServiceStub, ingress: IngressService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accepted and duplicate gRPC answers record their ack latency as HTTP ones do: the
+    ``connector_ingress_ack_seconds{transport="grpc"}`` histogram and the cluster's figures (the
+    console's "ingress ack p50 / p99"), from this server's clock even with a caller's receive_time;
+    a refusal records none (control)."""
+    from connector.common.core.figures import Recorder
+    from connector.ingress import metrics
+
+    assert ingress.admission is not None
+    seen: list[tuple[int, float]] = []
+    real = Recorder.acked
+
+    def spy(self: Recorder, pack: int, seconds: float) -> None:
+        seen.append((pack, seconds))
+        real(self, pack, seconds)
+
+    monkeypatch.setattr(Recorder, "acked", spy)
+
+    def count() -> float:
+        return (
+            metrics.REGISTRY.get_sample_value("connector_ingress_ack_seconds_count", {"transport": "grpc"})
+            or 0
+        )
+
+    before = count()
+    body = b'{"id":"evt_g9","type":"charge.succeeded"}'
+    header = stripe.WebhookSignature.generate_signature_header(body.decode(), SECRETS["INGRESS_T_STRIPE"])
+    old = timestamp_pb2.Timestamp()
+    old.FromDatetime(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))  # an earlier hop's instant
+    await stub.SubmitDelivery(request("stripe", body, {"Stripe-Signature": header}, receive_time=old))
+    await stub.SubmitDelivery(request("stripe", body, {"Stripe-Signature": header}))  # a duplicate
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.SubmitDelivery(request("stripe", body, {"Stripe-Signature": "t=1,v1=00"}))
+    assert len(seen) == 2 and all(0 <= s < 60 for _, s in seen), seen  # not months since receive_time
+    assert count() - before == 2

@@ -42,6 +42,7 @@ from connector.common.core.eventlog import new_request_id, safe_peer, safe_token
 from connector.common.core.grpc_input import InputRules
 from connector.common.core.grpc_server import ServiceError
 from connector.ingress import admission as adm
+from connector.ingress import metrics
 from connector.ingress.admission import Admission, Outcome
 from connector.v1 import ingress_service_pb2 as pb
 from connector.v1 import ingress_service_pb2_grpc as pb_grpc
@@ -158,6 +159,11 @@ class IngressServicer(pb_grpc.IngressServiceServicer):
         if not outcome.ok:
             raise self._fail(admission.count(TRANSPORT, outcome, rid, _peer(context)), rid)
         admission.count(TRANSPORT, outcome)
+        # ack latency as the HTTP edge records it (request to answer), from this server's own clock:
+        # a caller's receive_time is an earlier hop's instant
+        took = time.time() - now
+        metrics.ACK_SECONDS.labels(TRANSPORT).observe(took)
+        admission.figures.acked(route.installed_pack_id, took)
         return pb.SubmitDeliveryResponse(
             receipt_id=outcome.receipt_id or 0, duplicate=outcome.duplicate, http_status=outcome.status
         )
