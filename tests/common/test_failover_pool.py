@@ -16,6 +16,7 @@ streaming standby (tests/support/pgpair.py: initdb + pg_basebackup -R on private
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -120,8 +121,9 @@ async def _until(predicate: Any, what: str, timeout: float = 60.0) -> None:
 
 
 async def test_server_watch_sees_a_failover_drains_and_re_listens(
-    pair: PgPair, monkeypatch: pytest.MonkeyPatch
+    pair: PgPair, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     pool = await _open("watch-test", pair, monkeypatch, evict=True)
     watch = ServerWatch("watch-test", pool, interval_s=0.2)
     notes: list[Notify] = []
@@ -165,6 +167,11 @@ async def test_server_watch_sees_a_failover_drains_and_re_listens(
             assert time.monotonic() < deadline, "no notification from the new primary"
             pair.sql(pair.standby_port, "NOTIFY watch_test, 'after'")
             await asyncio.sleep(0.1)
+        # One line per event: the change of server once, the LISTEN session lost and back.
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages.count("database server changed") == 1, messages
+        assert "LISTEN lost; polling until it is re-established" in messages
+        assert "LISTEN re-established" in messages
     finally:
         await watch.stop()
         await listener.stop()
