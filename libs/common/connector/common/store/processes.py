@@ -90,16 +90,18 @@ RETURNING p.admitted_receipt_ids
 """
 
 # Gate 4's measure: WorkItem executors whose row names a receipt of the generation (they can claim it
-# while its authority admits that receipt), live or not (``live``: heartbeat within ``stale_s``).
+# while its authority admits that receipt), or that declare no admission at all (``undeclared``: an
+# older build claims every admitted generation), live or not (``live``: heartbeat within ``stale_s``).
 PROCESS_LIST_ADMITTING = """
-SELECT p.process_id, p.service, p.hostname, p.pid, p.version,
+SELECT p.process_id, p.service, p.hostname, p.pid, p.version, p.revision,
        extract(epoch FROM now() - p.heartbeat_at)::float8 AS heartbeat_age_s,
-       p.heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8) AS live
+       p.heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8) AS live,
+       p.admitted_receipt_ids IS NULL AS undeclared
 FROM connector_process p
-WHERE p.claim_capability = 'work_item' AND cardinality(p.admitted_receipt_ids) > 0
-  AND EXISTS (SELECT 1 FROM connector_cutover_receipt r
+WHERE p.claim_capability = 'work_item'
+  AND (p.admitted_receipt_ids IS NULL OR EXISTS (SELECT 1 FROM connector_cutover_receipt r
               WHERE r.cutover_receipt_id = ANY (p.admitted_receipt_ids)
-                AND r.installed_pack_id = %(pack)s AND r.generation = %(generation)s)
+                AND r.installed_pack_id = %(pack)s AND r.generation = %(generation)s))
 ORDER BY p.process_id
 """
 

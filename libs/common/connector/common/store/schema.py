@@ -757,8 +757,10 @@ process = Table(
     # ``work_item_active``) this WorkItem executor has observed and claims under: the claim statements
     # admit a generation for the process only while its row names that exact receipt, and rollback
     # (gate 4) counts live processes naming one of the generation's receipts as claim-capable for it.
-    # Written only by the process's admission round (``store.processes.PROCESS_ADMIT``).
-    Column("admitted_receipt_ids", ARRAY(BigInteger), nullable=False, server_default=text("'{}'")),
+    # Written only by the process's admission round (``store.processes.PROCESS_ADMIT``). NULL: the
+    # process has not declared its admission — an older build (before claim admission, ADR 021) or one
+    # still starting —, so rollback counts it as claim-capable for every generation (fail closed).
+    Column("admitted_receipt_ids", ARRAY(BigInteger), nullable=True),
     CheckConstraint(sql_in("claim_capability", PROCESS_CAPABILITIES), name="claim_capability"),
 )
 

@@ -241,7 +241,8 @@ async def work_item_idle_proof(
             )
         )
     claimers = await work_item_claimers(conn, locked.pack, locked.generation, process_stale_s)
-    live = [r for r in claimers if r["live"]]
+    live = [r for r in claimers if r["live"] and not r["undeclared"]]
+    older = [r for r in claimers if r["live"] and r["undeclared"]]
     if live:
         blockers.append(
             Blocker(
@@ -249,9 +250,19 @@ async def work_item_idle_proof(
                 len(live),
                 f"live WorkItem executors can still claim this generation (their claim admission names"
                 f" its receipt): {describe(live)}; each drops it within a second of the rollback's"
-                " start unless it is not connected to the database or runs a build without claim"
-                f" admission: stop it (a killed process stops counting {process_stale_s:g}s after its"
-                " last heartbeat) and roll back again",
+                " start unless it is not connected to the database: stop it (a killed process stops"
+                f" counting {process_stale_s:g}s after its last heartbeat) and roll back again",
+            )
+        )
+    if older:
+        blockers.append(
+            Blocker(
+                "work_item_claimer_running",
+                len(older),
+                f"live WorkItem executors declare no claim admission (an older build, version"
+                f" {', '.join(sorted({str(r['version']) for r in older}))}, claims every admitted"
+                f" generation; or one still starting): {describe(older)}; stop them (older binaries must"
+                " exit) and roll back again",
             )
         )
     return WorkItemIdleProof(counts, started, 0, 0, 0, claimers)

@@ -170,6 +170,7 @@ async def to_legacy(
             "expired_leases": int(processing["expired"]),
             "started_attempts_unfinished": started,
             "claim_capable_processes_for_generation": sum(1 for r in idle.claimers if r["live"]),
+            "older_builds_without_claim_admission": sum(1 for r in idle.claimers if r["undeclared"]),
             "definition": "live WorkItem executors (process registry, heartbeat fresher than process_stale_s)"
             " whose claim admission names a receipt of this generation; the claim statements admit a"
             " generation for a process only while its row names the authority's receipt, and a process"

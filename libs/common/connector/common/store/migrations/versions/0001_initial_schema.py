@@ -210,7 +210,7 @@ def upgrade() -> None:
     sa.Column('claim_capability', sa.Text(), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), server_default=sa.text('now()'), nullable=False),
-    sa.Column('admitted_receipt_ids', postgresql.ARRAY(sa.BigInteger()), server_default=sa.text("'{}'"), nullable=False),
+    sa.Column('admitted_receipt_ids', postgresql.ARRAY(sa.BigInteger()), nullable=True),
     sa.CheckConstraint("claim_capability IN ('work_item', 'legacy_event', 'none')", name=op.f('ck_connector_process_claim_capability')),
     sa.PrimaryKeyConstraint('process_id', name=op.f('pk_connector_process'))
     )
