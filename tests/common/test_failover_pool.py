@@ -176,3 +176,35 @@ async def test_server_watch_sees_a_failover_drains_and_re_listens(
         await watch.stop()
         await listener.stop()
         await db.close_pool("watch-test")
+
+
+@pytest.mark.parametrize("evict", [True, False])
+async def test_an_off_hot_path_pool_checks_at_checkout_that_its_server_takes_writes(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, evict: bool
+) -> None:
+    """The admin API's kind of pool (``check=True``): a connection whose session turned read-only is
+    replaced at checkout and the write succeeds; control (eviction off: the plain liveness check)
+    hands out the same connection and the write fails with 25006."""
+    monkeypatch.setenv("CONNECTOR_EVICT_READ_ONLY", "true" if evict else "false")
+    name = f"check-test-{evict}"
+    pool = await db.open_pool(
+        name, load(DatabaseSettings), PoolSettings(pool_min_size=1, pool_max_size=1), url=db_url, check=True
+    )
+    try:
+        async with pool.connection() as conn:
+            await conn.execute("CREATE TABLE IF NOT EXISTS t (port int)")
+            await conn.execute("SET default_transaction_read_only = on")  # as a fenced server would
+            first = conn.info.backend_pid
+        try:
+            async with pool.connection() as conn:
+                await conn.execute("INSERT INTO t VALUES (1)")
+                second = conn.info.backend_pid
+            outcome = "written"
+        except psycopg.errors.ReadOnlySqlTransaction:
+            outcome, second = "read_only", first
+    finally:
+        await db.close_pool(name)
+    if evict:
+        assert outcome == "written" and second != first
+    else:
+        assert outcome == "read_only"
