@@ -380,6 +380,8 @@ class Cluster:
                 "CONNECTOR_EXECUTOR_STATS_INTERVAL_S": "0",
                 "CONNECTOR_EXECUTOR_WORKERS": "8",
                 "CONNECTOR_EXECUTOR_CLAIM_BATCH": "16",
+                # with a synchronous standby, ask for it per receipt batch (#26 item 1); unset: the server's
+                **({"CONNECTOR_INGRESS_SYNCHRONOUS_COMMIT": "on"} if self.synchronous else {}),
                 **self.env,
             }
         )

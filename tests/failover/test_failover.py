@@ -85,6 +85,16 @@ def run(
 ) -> dict[str, Any]:
     """Load, ``fault`` (returns the instant serving-again is measured from), the checks; the figures."""
     pids = {n: s.proc.pid for n, s in c.services.items()}
+    ingress = c.services["ingress"]
+    # The ingress's view: can the server honour a synchronous commit? (1 with a synchronous standby;
+    # without one 0, or no sample while the service does not ask for a synchronous commit.)
+    gauge = "connector_db_synchronous_standby_ready"
+    wanted: tuple[float | None, ...] = (1.0,) if c.synchronous else (0.0, None)
+    wait_until(
+        lambda: ingress.metric(gauge) in wanted,
+        30,
+        lambda: f"{gauge} is {ingress.metric(gauge)}, not {wanted}",
+    )
     c.load = load = Load(c.http_port, c.secret, rate=RATE).start()
     wait_until(
         lambda: len(load.acked()) >= ACKS, 90, lambda: f"load not acked: {load.statuses()}\n{c.tails()}"
@@ -103,7 +113,8 @@ def run(
         all_served, 90,
         lambda: f"{name}: not every service served again after the fault: {again}"
         " (s after it; None = not yet);"
-        f" requests {load.statuses()}\n{c.tails()}",
+        f" requests {load.statuses()}; sessions per server"
+        f" {[(p, _activity(c, p)) for p in c.pair.ports]}\n{c.tails()}",
         every=0.25,
     )  # fmt: skip
     c.phase("served again")
@@ -255,18 +266,16 @@ def test_kill_primary_async_loses_only_the_tail() -> None:
     assert figures["collisions"] == 0
 
 
-def test_ingress_partition() -> None:
-    with Cluster() as c:
-        run(c, "ingress-partition-10s", partition(("ingress",), 10.0))
-
-
-def test_executor_partition_past_its_lease() -> None:
-    """executor-a cut off from both servers for twice its lease: executor-b reclaims and re-runs its
-    items under new tokens; executor-a's lease watch stops its calls when its lease runs out (no
-    effect after the lease's end by the database clock) and its late finalizes are refused."""
+def test_partitions() -> None:
+    """Two partitions on one cluster (neither changes the primary), each with its own load and
+    checks: the ingress cut off from both servers for 10 s (providers get 503 ``commit_deadline``
+    within the deadline, never a hung request); then executor-a cut off for twice its lease:
+    executor-b reclaims and re-runs its items under new tokens, executor-a's lease watch stops its
+    calls when its lease runs out (no effect after the lease's end by the database clock) and its
+    late finalizes are refused."""
     with Cluster(lease_s=4.0) as c:
-        figures = run(c, "executor-partition", partition(("executor-a",), 8.0))
-    assert figures["reexecuted"] + figures["fenced"] >= 0  # printed: how many of executor-a's items moved
+        run(c, "ingress-partition-10s", partition(("ingress",), 10.0))
+        run(c, "executor-partition", partition(("executor-a",), 8.0))
 
 
 def test_silent_primary_sync() -> None:
@@ -288,10 +297,36 @@ def demoted_primary(c: Cluster) -> float:
     old = c.pair.primary.port
     c.pair.sql(old, "ALTER SYSTEM SET default_transaction_read_only = on")
     c.pair.sql(old, "SELECT pg_reload_conf()")
+    fenced = c.pair.sql(old, "SELECT now()")[0][0]
     at = c.fault("old primary read-only")
+    # A transaction begun before the fence may still write, and its commit then waits for the
+    # synchronous standby: promoted before it answers, that commit would wait for a standby that is
+    # gone (a real demotion restarts the server, which ends it). So the standby is promoted once every
+    # transaction open on the old primary began after the fence.
+    before_fence = (
+        "SELECT 1 FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        f" AND xact_start < '{fenced.isoformat()}'::timestamptz"
+    )
+    wait_until(
+        lambda: not c.pair.sql(old, before_fence),
+        30,
+        lambda: f"transactions begun before the fence still open: {_activity(c, old)}",
+    )
     c.pair.wait_replayed()
     c.pair.promote()
     return at
+
+
+def _activity(c: Cluster, port: int) -> list[tuple[object, ...]]:
+    """What the sessions on ``port`` are doing (for a failure message: a flake's diagnosis)."""
+    try:
+        return c.pair.sql(
+            port,
+            "SELECT application_name, state, wait_event_type, wait_event, now() - xact_start, left(query, 60)"
+            " FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
+    except Exception as exc:  # the server is gone
+        return [(type(exc).__name__,)]
 
 
 def old_primary_back_as_standby(c: Cluster) -> None:
@@ -301,6 +336,13 @@ def old_primary_back_as_standby(c: Cluster) -> None:
     c.fault("old primary back as a standby")
 
 
+@pytest.mark.xfail(
+    reason="#26 item 3 open: the executor's claimer keeps its dedicated connection on the fenced old"
+    " primary, where its discovery (a read) finds nothing due and so never meets the 25006 that would"
+    " evict it; the server watch drains only idle connections (seen: both executors idle there > 90 s;"
+    " it passes when a claim happens to reach the old server)",
+    strict=False,
+)
 def test_demoted_primary_sync() -> None:
     with Cluster() as c:
         run(c, "demoted-sync", demoted_primary, then=old_primary_back_as_standby)
@@ -315,3 +357,25 @@ def test_demoted_primary_control_without_eviction_keeps_a_pool() -> None:
     env = {"CONNECTOR_EVICT_READ_ONLY": "false", "CONNECTOR_SERVER_WATCH_INTERVAL_S": "0"}
     with Cluster(env=env, only=("ingress",)) as c:
         hangs(c, "demoted-control-no-eviction", demoted_primary)
+
+
+def kill_leader_node(c: Cluster) -> float:
+    """kill -9 of the leader's whole node (its Patroni and its PostgreSQL); Patroni promotes the
+    synchronous standby once the leader key's ttl (10 s) runs out. Serving again is measured from
+    the promotion: before it there is no writable server for any client (Patroni's detection time is
+    its ttl, printed as ``promotion_s``)."""
+    c.pair.kill_leader_node()
+    at = c.fault("kill -9 of the leader node")
+    promoted = c.pair.wait_promoted()
+    c.notes["promotion_s"] = round(promoted - at, 1)
+    return c.fault("promoted by Patroni")
+
+
+def test_patroni_kill_leader_node() -> None:
+    """The real HA engine: Debian's Patroni 3.0.2 + etcd 3.4, synchronous_mode_strict."""
+    from tests.failover.patroni import available
+
+    if why := available():
+        pytest.skip(why)
+    with Cluster(patroni=True) as c:
+        run(c, "patroni-kill9-sync", kill_leader_node)
