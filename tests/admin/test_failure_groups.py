@@ -189,3 +189,17 @@ async def test_bulk_replay_goes_in_lane_order_across_batches(db_url: str, seed: 
     finally:
         await channel.close()
         await running.stop()
+
+
+async def test_groups_follow_the_generations_failure_owner(admin: Admin, seed: Seed) -> None:
+    """Issue #28 item 4: a generation the legacy path owns (a rollback receipt admits it) has no
+    WorkItem dead-letter groups — its failures are the legacy path's (ListDeadLetters lists those) —
+    so a group never leads to an empty dead-letter list; the WorkItem-owned pack's stay grouped."""
+    shop = await seed.pack("shop")
+    crm = await seed.pack("crm", claim_path="legacy_event")
+    kept = await seed.item(shop, finished_ago_s=5)
+    await seed.item(crm, finished_ago_s=5)  # the WorkItem period's dead item of a legacy-owned pack
+    groups = await admin.stub.ListFailureGroups(pb.ListFailureGroupsRequest(), metadata=Admin.md(VIEW))
+    assert [(g.pack_name, g.count, g.sample_work_id) for g in groups.dead_letters] == [("shop", 1, kept)]
+    listed = await admin.stub.ListDeadLetters(pb.ListDeadLettersRequest(), metadata=Admin.md(VIEW))
+    assert [d.work_item.work_id for d in listed.dead_letters] == [kept]

@@ -63,7 +63,7 @@ def _seed(db: psycopg.Connection) -> None:
     )
     db.execute(
         "INSERT INTO connector_claim_authority (installed_pack_id, generation, claim_path, phase)"
-        " VALUES (1, 1, 'none', 'quiescing'), (2, 1, 'none', 'quiescing')"
+        " VALUES (1, 1, 'none', 'rollback_fenced'), (2, 1, 'none', 'rollback_fenced')"
     )
     # Receipts accepted over the last 30 days in id order; 1% failed, 0.1% pending.
     db.execute(

@@ -174,19 +174,26 @@ WORK_ITEM_LIST_DEAD_IDS = (
 # Dead letters grouped into incidents (ListFailureGroups): per pack the newest %(scan)s dead items
 # (a backward range of ``ix_connector_work_item_dead`` (installed_pack_id, finished_at, work_id)),
 # grouped by work type, failure class and summary; ``pack_truncated``: the pack has more. ``{packs}``:
-# every installed pack, or one (WORK_ITEM_DEAD_GROUP_PACKS_*).
+# every installed pack, or one (WORK_ITEM_DEAD_GROUP_PACKS_*). Only dead letters of generations whose
+# failures the WorkItem path owns are counted (``owned``: the rule of ``WORK_ITEM_FAILURE_OWNED``, as
+# ListDeadLetters), computed on the rows of the range, never in its WHERE: a filter there made the
+# planner read every dead row at 1M rows (a bitmap scan and a sort instead of the backward range).
 WORK_ITEM_DEAD_GROUP = """
 SELECT * FROM (
     SELECT g.installed_pack_id, p.name AS pack_name, g.work_type, g.failure_class, g.failure_summary,
-           count(*) FILTER (WHERE g.rn <= %(scan)s) AS n,
-           min(g.finished_at) FILTER (WHERE g.rn <= %(scan)s) AS first_at,
-           max(g.finished_at) FILTER (WHERE g.rn <= %(scan)s) AS last_at,
-           max(g.work_id) FILTER (WHERE g.rn <= %(scan)s) AS sample_work_id,
+           count(*) FILTER (WHERE g.rn <= %(scan)s AND g.owned) AS n,
+           min(g.finished_at) FILTER (WHERE g.rn <= %(scan)s AND g.owned) AS first_at,
+           max(g.finished_at) FILTER (WHERE g.rn <= %(scan)s AND g.owned) AS last_at,
+           max(g.work_id) FILTER (WHERE g.rn <= %(scan)s AND g.owned) AS sample_work_id,
            max(max(g.rn)) OVER (PARTITION BY g.installed_pack_id) > %(scan)s AS pack_truncated
     FROM connector_installed_pack p
     CROSS JOIN LATERAL (
         SELECT w.installed_pack_id, w.work_type, w.failure_class, w.failure_summary, w.finished_at,
-               w.work_id, row_number() OVER (ORDER BY w.finished_at DESC, w.work_id DESC) AS rn
+               w.work_id, row_number() OVER (ORDER BY w.finished_at DESC, w.work_id DESC) AS rn,
+               w.generation <> ALL (ARRAY(SELECT a.generation FROM connector_claim_authority a
+                                          WHERE a.installed_pack_id = p.installed_pack_id
+                                            AND (a.claim_path = 'legacy_event' OR a.phase = 'quiescing')))
+                 AS owned
         FROM connector_work_item w
         WHERE w.state = 'dead' AND w.installed_pack_id = p.installed_pack_id
         ORDER BY w.finished_at DESC, w.work_id DESC
