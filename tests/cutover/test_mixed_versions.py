@@ -51,6 +51,14 @@ def build_release(commit: str, into: Path) -> Path:
     """The release's source tree and venv under ``into``; its python."""
     src = into / "src"
     src.mkdir(parents=True)
+    have = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    )
+    if have.returncode != 0:
+        pytest.fail(
+            f"the previous release's commit {commit} (releases.toml) is not in this clone (a shallow"
+            " clone?): clone with history (`git fetch --unshallow`) to run the mixed-version proof"
+        )
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
     roots = tomllib.loads((src / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
