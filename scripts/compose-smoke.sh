@@ -200,7 +200,7 @@ checks=scripts/compose_smoke.py
 [ "$HA" = 1 ] && checks=scripts/compose_smoke_ha.py
 phase "checks ($checks)"
 rc=0
-CONNECTOR_IMAGE_TAG=$TAG "$PY" "$checks" ${args[@]+"${args[@]}"} || rc=$?
+CONNECTOR_IMAGE_TAG=$TAG SMOKE_BUILD_REVISION=$revision "$PY" "$checks" ${args[@]+"${args[@]}"} || rc=$?
 phase ""
 log "setup timings:"
 printf '%s\n' "${timings[@]}" >&2

@@ -292,6 +292,33 @@ def check_hardening(stack: Stack) -> str:
     )
 
 
+def revision_mismatches(rows: list[list[str]], expected: str) -> list[str]:
+    """``service: revision`` of every registered process (``connector_process``) not running
+    ``expected`` (issue #28 item 7: the running revision is the image's build revision)."""
+    return [f"{service}: {revision or '(none)'}" for service, revision in rows if revision != expected]
+
+
+def check_revision(stack: Stack, expected: str) -> str:
+    """Every registered connector process reports the revision the image was built from (the build
+    argument REVISION -> CONNECTOR_BUILD_REVISION -> connector_process.revision and
+    connector_build_info{revision})."""
+    if not expected or expected == "unknown":
+        raise SmokeError(
+            "SMOKE_BUILD_REVISION is not set: scripts/compose-smoke.sh passes the image's revision"
+        )
+
+    def registered() -> list[list[str]] | None:
+        rows = stack.psql("SELECT service, revision FROM connector_process ORDER BY service, process_id")
+        services = {r[0] for r in rows}
+        return rows if {"ingress", "materializer", "executor"} <= services else None
+
+    rows = wait_for("every service registered", registered, 60)
+    wrong = revision_mismatches(rows, expected)
+    if wrong:
+        raise SmokeError(f"processes not running the image's revision {expected[:12]}: {', '.join(wrong)}")
+    return f"{len(rows)} processes run revision {expected[:12]} (the image's build revision)"
+
+
 def apply_pack(stack: Stack, operator_token: str) -> None:
     out = stack.compose(
         "run",
@@ -548,6 +575,7 @@ def main(argv: list[str]) -> int:
             stack.compose("up", "-d", "--no-build", "--scale", f"executor={EXECUTORS}")
             observed.append(("stack healthy", wait_healthy(stack)))
             observed.append(("hardening", check_hardening(stack)))
+            observed.append(("revision", check_revision(stack, os.environ.get("SMOKE_BUILD_REVISION", ""))))
         with phases.phase("pack apply (admin API, operator token)"):
             apply_pack(stack, operator)
         with phases.phase("signed delivery executed"):

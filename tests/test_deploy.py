@@ -591,3 +591,16 @@ def test_local_postgres_image_honours_the_compose_contract(compose: dict[str, An
     volume_target = compose["services"]["postgres"]["volumes"][0].split(":")[1]
     assert f"PGDATA={volume_target}" in dockerfile
     assert "pg_isready" in compose["services"]["postgres"]["healthcheck"]["test"][1]
+
+
+def test_smoke_revision_check_names_every_process_off_the_build_revision() -> None:
+    """The compose smoke's revision check (issue #28 item 7): every registered process must run the
+    image's build revision; one that does not (or reports none) is named."""
+    spec = importlib.util.spec_from_file_location("compose_smoke", ROOT / "scripts" / "compose_smoke.py")
+    assert spec is not None and spec.loader is not None
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    rows = [["executor", "abc"], ["ingress", "abc"], ["materializer", "abc"]]
+    assert smoke.revision_mismatches(rows, "abc") == []
+    stale = [*rows, ["executor", "old"], ["executor", ""]]
+    assert smoke.revision_mismatches(stale, "abc") == ["executor: old", "executor: (none)"]
