@@ -336,14 +336,6 @@ def old_primary_back_as_standby(c: Cluster) -> None:
     c.fault("old primary back as a standby")
 
 
-@pytest.mark.xfail(
-    reason="#26 item 3 open: the executor's claimer keeps its dedicated connection on the fenced old"
-    " primary, where its discovery (a read) finds nothing due and so never meets the 25006 that would"
-    " evict it; the server watch drains only idle connections (seen: both executors idle there > 90 s;"
-    " it passes when a claim happens to reach the old server)",
-    raises=AssertionError,  # only the checks: a harness error still fails
-    strict=False,
-)
 def test_demoted_primary_sync() -> None:
     with Cluster() as c:
         run(c, "demoted-sync", demoted_primary, then=old_primary_back_as_standby)

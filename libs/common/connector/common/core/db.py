@@ -128,6 +128,10 @@ class Pool(AsyncConnectionPool):
         self.reconnect_max_delay_s = reconnect_max_delay_s
         #: Connections opened (configured) so far: the reconnect counter's source.
         self.opened = 0
+        #: Drains so far: a loop that keeps a connection for itself (``getconn``) compares it with
+        #: the count when it took the connection and gives it back once it moved (``drained_since``),
+        #: since a drain replaces only the connections in the pool and those given back.
+        self.drains = 0
         self._drained_at_s = 0.0
         self._drain_logged: tuple[str, float] = ("", -1e9)
 
@@ -161,6 +165,7 @@ class Pool(AsyncConnectionPool):
         if reason != self._drain_logged[0] or now - self._drain_logged[1] >= 60.0:
             self._drain_logged = (reason, now)
             log.warning("database pool drained", extra={"service": self.service, "reason": reason})
+        self.drains += 1
         with suppress(Exception):
             await self.drain()
 

@@ -76,7 +76,7 @@ class Claimer:
         hints_seen = sched.hints
         while e.claiming:
             try:
-                if conn is None or conn.closed:
+                if conn is None or conn.closed or e.outdated(conn):
                     await e.give_back(conn)
                     conn = await e.dedicated()
                     self._generic = None

@@ -130,6 +130,8 @@ class Engine:
         self.registry = HandlerRegistry(self.threads)
         self.held: dict[int, InFlight] = {}
         self.held_by_pack: dict[int, int] = {}
+        #: The pool's drain count when each kept connection was taken (``dedicated``, ``outdated``).
+        self._taken_at_drain: dict[int, int] = {}
         self.ready: deque[InFlight] = deque()
         self.running = 0
         self.idle: deque[asyncio.Future[None]] = deque()  # runners waiting for a ready item
@@ -245,10 +247,21 @@ class Engine:
 
     async def dedicated(self) -> AsyncConnection[Any]:
         """A pool connection an actor keeps for its loop."""
-        return await self.pool.getconn()
+        conn = await self.pool.getconn()
+        self._taken_at_drain[id(conn)] = getattr(self.pool, "drains", 0)
+        return conn
+
+    def outdated(self, conn: AsyncConnection[Any] | None) -> bool:
+        """True when the pool was drained since the actor took ``conn`` (the server changed, or
+        another connection met a read-only one: ADR 020). A kept connection is not in the pool, so
+        the drain cannot replace it: the actor gives it back and takes a new one. Without this the
+        claimer stayed on a fenced old primary, where its discovery (a read) found nothing due and
+        never met the error that evicts (tests/failover, the demoted primary)."""
+        return conn is not None and self._taken_at_drain.get(id(conn), 0) != getattr(self.pool, "drains", 0)
 
     async def give_back(self, conn: AsyncConnection[Any] | None) -> None:
         if conn is not None:
+            self._taken_at_drain.pop(id(conn), None)
             with contextlib.suppress(Exception):
                 await self.pool.putconn(conn)
 

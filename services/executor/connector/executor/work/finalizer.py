@@ -211,7 +211,7 @@ class Finalizer:
             try:
                 while True:
                     try:
-                        if conn is None or conn.closed:
+                        if conn is None or conn.closed or e.outdated(conn):
                             await e.give_back(conn)
                             conn = await e.dedicated()
                         await self._flush_batch(conn, batch)
