@@ -332,8 +332,22 @@ def _activity(c: Cluster, port: int) -> list[tuple[object, ...]]:
 def old_primary_back_as_standby(c: Cluster) -> None:
     """Second phase: the old primary restarted, on its old port (first in every URL), as a streaming
     standby of the new one (``pg_basebackup -R``): connections must keep skipping it."""
+    # kill -9 of the postmaster *and* its backends first (pgpair's demote kills the postmaster only,
+    # and a new server on the port failed to start in 2 of 4 runs while the old backends lived on)
+    c.pair.kill_primary()
+    wait_until(lambda: not _answers(c.pair.primary.port), 30, "the old primary's backends gone")
     c.pair.demote_old_primary()
     c.fault("old primary back as a standby")
+
+
+def _answers(port: int) -> bool:
+    import psutil
+
+    return any(
+        conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN
+        for conn in psutil.net_connections("tcp")
+    ) or any(p.info["username"] == "postgres" and f"-p {port}" in " ".join(p.info["cmdline"] or [])
+             for p in psutil.process_iter(["username", "cmdline"]))  # fmt: skip
 
 
 def test_demoted_primary_sync() -> None:
