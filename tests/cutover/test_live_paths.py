@@ -354,36 +354,27 @@ async def _diagnose(r: Rig) -> str:
         " FROM connector_legacy_outcome_receipt WHERE NOT projected ORDER BY 1 LIMIT 6"
     ):
         lines.append(f"receipt {rec}")
-        lines.append(
-            "  work item "
-            + str(
-                await r.rows(
-                    "SELECT work_id, state, attempts, rollback_execution_fence_id, lease_owner, created_at,"
-                    " updated_at FROM connector_work_item WHERE event_id = %s AND work_type = %s",
-                    (rec[1], rec[2]),
-                )
-            )
-        )
-        lines.append(
-            "  event "
-            + str(
-                await r.rows(
-                    "SELECT execution_owner, legacy_state, legacy_attempts, created_at FROM connector_event"
-                    " WHERE event_id = %s",
-                    (rec[1],),
-                )
-            )
-        )
-        lines.append(
-            "  effects "
-            + str(
-                await r.rows(
-                    "SELECT path, pid, token, attempt, wi_held, legacy_held, at FROM cutover_test_effect"
-                    " WHERE event_id = %s AND work_type = %s ORDER BY at",
-                    (rec[1], rec[2]),
-                )
-            )
-        )
+        for label, query, params in (
+            (
+                "work item",
+                "SELECT work_id, state, attempts, rollback_execution_fence_id, lease_owner, created_at,"
+                " updated_at FROM connector_work_item WHERE event_id = %s AND work_type = %s",
+                (rec[1], rec[2]),
+            ),
+            (
+                "event",
+                "SELECT execution_owner, legacy_state, legacy_attempts, created_at FROM connector_event"
+                " WHERE event_id = %s",
+                (rec[1],),
+            ),
+            (
+                "effects",
+                "SELECT path, pid, token, attempt, wi_held, legacy_held, at FROM cutover_test_effect"
+                " WHERE event_id = %s AND work_type = %s ORDER BY at",
+                (rec[1], rec[2]),
+            ),
+        ):
+            lines.append(f"  {label} {await r.rows(query, params)}")
     lines.append(
         "receipts "
         + str(
