@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -56,7 +57,25 @@ def _version(name: str) -> tuple[int, ...]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free port for a server that may be stopped and started again on it (a private cluster, a
+    standby, a demoted primary): chosen *below* the kernel's ephemeral range, so that while the
+    server is down no outgoing connection can be given its number (CI once failed a restart on
+    port 52743 this way: "could not start server")."""
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1025, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -113,7 +113,11 @@ class PgPair:
             cmd += ["-l", str(data.parent / f"{data.name}.log"), "-o", f"-p {port}"]
         out = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=90)
         if out.returncode != 0:
-            raise RuntimeError(f"pg_ctl {args[0]} failed: {(out.stderr or out.stdout)[-800:]}")
+            log = data.parent / f"{data.name}.log"
+            tail = log.read_text(errors="replace")[-1500:] if args[0] == "start" and log.exists() else ""
+            raise RuntimeError(
+                f"pg_ctl {args[0]} failed: {(out.stderr or out.stdout)[-800:]}\nserver log: {tail}"
+            )
 
     def _basebackup(self, source_port: int, data: Path, port: int, name: str, stream_from: int = 0) -> None:
         if data.exists():
@@ -169,6 +173,26 @@ class PgPair:
         os.kill(pid, signal.SIGKILL)
         subprocess.run(["pkill", "-9", "-P", str(pid)], capture_output=True)
         (self.primary.data / "postmaster.pid").unlink(missing_ok=True)
+        self._forget_socket(pid, self.primary.port)
+
+    def _forget_socket(self, pid: int, port: int) -> None:
+        """Remove a killed postmaster's socket lock file once it is dead. Where nothing reaps
+        orphans (a container whose PID 1 is not an init) the killed postmaster stays a zombie, and
+        a new server on the port refuses to start: "lock file .s.PGSQL.<port>.lock already exists
+        ... Is another postmaster (PID n) using socket file" (CI failed the demoted-primary test so)."""
+        import psutil
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        assert self.primary.root is not None
+        for name in (f".s.PGSQL.{port}.lock", f".s.PGSQL.{port}"):
+            (self.primary.root / "sock" / name).unlink(missing_ok=True)
 
     def stop_primary_fast(self) -> None:
         self._pg_ctl(self.primary.data, "-m", "fast", "stop")
@@ -190,6 +214,7 @@ class PgPair:
             with_pid = (data / "postmaster.pid").read_text().split()
             subprocess.run(["kill", "-9", with_pid[0]], capture_output=True)
             (data / "postmaster.pid").unlink(missing_ok=True)
+            self._forget_socket(int(with_pid[0]), self.primary.port)
         self._basebackup(self.standby_port, data, self.primary.port, "old_primary")
         self._pg_ctl(data, "start", port=self.primary.port)
         self.wait_streaming(self.standby_port)
