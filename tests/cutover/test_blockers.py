@@ -23,9 +23,14 @@ receipts, fences, WorkItems, Event ownership and the scheduler lease are byte-fo
   authority row lock (``pg_stat_activity``), the authority is unchanged until the claim commits, and
   the claim it waited for then blocks the cutover as ``legacy_lease_active``.
 
-Controls: every test first asserts the refusal (a build where the blocker did not fire fails there),
-and then that the gate passes once the cause is gone (a blocker that fired for another reason would
-keep refusing).
+Controls, kept and run with every refusal (``fails_on_broken_builds``): the same refusal check runs
+first against two broken builds, in a transaction rolled back after it — the proof that raises the
+blocker renames it (``renamed``), or never raises it (``removed``: the gate then passes, or refuses for
+other reasons only) — and must fail there; the cause removed, the gate must pass (a blocker that fired
+for another reason would keep refusing). The quiesce test's control
+(``test_control_a_legacy_claim_without_for_share_is_not_waited_for``) runs its body against a legacy
+claim statement whose authority read lacks ``FOR SHARE``: the quiesce then takes the authority row at
+once and waits on the scheduler lease instead, which the test reports.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -42,6 +49,8 @@ from connector.common.store import authority
 from connector.common.store import legacy as legacy_store
 from connector.executor import cutover
 from connector.executor.admin.replay import work_item_replay
+from connector.executor.cutover import forward, proofs, rollback
+from connector.executor.cutover.authority import Blocker
 
 from .conftest import Rig, wait_until
 
@@ -90,30 +99,89 @@ async def snapshot(rig: Rig) -> dict[str, Any]:
     }
 
 
+# Every proof that appends blockers, where the transitions look it up (module, attribute).
+PROOFS = (
+    (proofs, "legacy_drain_proof"),
+    (proofs, "reconciliation_proof"),
+    (proofs, "materialization_proof"),
+    (proofs, "work_item_idle_proof"),
+    (forward, "schema_proof"),
+    (rollback, "schema_proof"),
+)
+MUTATIONS = ("renamed", "removed")
+
+
+@contextmanager
+def broken_build(code: str, mutation: str) -> Iterator[list[str]]:
+    """A build whose proof renames blocker ``code`` (``renamed``) or never raises it (``removed``):
+    each proof's blockers are rewritten as they leave it, as if its ``Blocker(code, ...)`` line had been
+    edited. Yields the list of proofs the mutation hit (a control that hit nothing proves nothing)."""
+    hit: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for module, name in PROOFS:
+            real = getattr(module, name)
+
+            async def mutated(*args: Any, _real: Any = real, _name: str = name) -> Any:
+                result = await _real(*args)
+                blockers: list[Blocker] = args[-1]
+                if any(b.code == code for b in blockers):
+                    hit.append(_name)
+                if mutation == "renamed":
+                    blockers[:] = [Blocker(f"{code}_renamed", b.count, b.message) if b.code == code else b
+                                   for b in blockers]  # fmt: skip
+                else:
+                    blockers[:] = [b for b in blockers if b.code != code]
+                return result
+
+            mp.setattr(module, name, mutated)
+        yield hit
+
+
+async def fails_on_broken_builds(rig: Rig, code: str, check: Callable[[], Awaitable[Any]]) -> None:
+    """The control of a refusal ``check``: against each broken build (``broken_build``) it must fail,
+    the build's effects rolled back with the transaction it runs in (nothing kept)."""
+    before = await snapshot(rig)
+    for mutation in MUTATIONS:
+        with broken_build(code, mutation) as hit:
+            with pytest.raises((AssertionError, pytest.fail.Exception)):
+                async with rig.conn.transaction(force_rollback=True):
+                    await check()
+        assert hit, f"the {mutation} build never met {code}: the control proves nothing"
+    assert await snapshot(rig) == before, "the controls ran in a rolled-back transaction"
+
+
 async def _rollback(rig: Rig) -> cutover.Transition:
     await cutover.rollback_begin(rig.conn, rig.pack, rig.generation, actor="test")
     return await cutover.rollback_complete(rig.conn, rig.pack, rig.generation, actor="test")
 
 
+async def _refused(rig: Rig, code: str, gate: Callable[[], Awaitable[Any]]) -> cutover.CutoverBlocked:
+    """The real ``gate`` refuses naming ``code`` and changes nothing — after the same check failed on
+    the broken builds (its control)."""
+
+    async def check() -> cutover.CutoverBlocked:
+        before = await snapshot(rig)
+        with pytest.raises(cutover.CutoverBlocked) as blocked:
+            await gate()
+        assert code in {b.code for b in blocked.value.blockers}, blocked.value
+        assert code in str(blocked.value), "the refusal's one line names the blocker"
+        assert await snapshot(rig) == before, "a refused transition changes nothing"
+        return blocked.value
+
+    await fails_on_broken_builds(rig, code, check)
+    return await check()
+
+
 async def _cutover_refused(rig: Rig, code: str, **kw: Any) -> cutover.CutoverBlocked:
-    """The real cutover refuses naming ``code``; nothing changed."""
-    before = await snapshot(rig)
-    with pytest.raises(cutover.CutoverBlocked) as blocked:
-        await cutover.cutover_complete(rig.conn, rig.pack, rig.generation, actor="test", **kw)
-    assert code in {b.code for b in blocked.value.blockers}, blocked.value
-    assert code in str(blocked.value), "the refusal's one line names the blocker"
-    assert await snapshot(rig) == before, "a refused cutover changes nothing"
-    return blocked.value
+    return await _refused(
+        rig, code, lambda: cutover.cutover_complete(rig.conn, rig.pack, rig.generation, actor="test", **kw)
+    )
 
 
 async def _rollback_refused(rig: Rig, code: str) -> cutover.CutoverBlocked:
-    before = await snapshot(rig)
-    with pytest.raises(cutover.CutoverBlocked) as blocked:
-        await cutover.rollback_complete(rig.conn, rig.pack, rig.generation, actor="test")
-    assert code in {b.code for b in blocked.value.blockers}, blocked.value
-    assert code in str(blocked.value)
-    assert await snapshot(rig) == before, "a refused rollback changes nothing"
-    return blocked.value
+    return await _refused(
+        rig, code, lambda: cutover.rollback_complete(rig.conn, rig.pack, rig.generation, actor="test")
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,48 +381,84 @@ async def test_cross_generation_item_blocks_rollback_until_it_ran(rig: Rig) -> N
     assert (rolled.phase, rolled.receipt_kind) == ("legacy_active", "rollback")
 
 
-async def test_quiesce_waits_for_a_legacy_claim_transaction_in_flight(rig: Rig) -> None:
+async def quiesce_waits_for_the_claim(rig: Rig) -> None:
+    """A legacy claim transaction open on its own connection, as the legacy executor runs it (the
+    scheduler lease taken and committed beforehand by its tick): the quiesce waits *on the authority
+    row* for it, changes nothing meanwhile, and the claim it waited for blocks the cutover."""
     await rig.install()
     (event_id,) = await rig.deliver("ok")
     await _rollback(rig)
-    assert rig.conn.info.backend_pid
-    async with (
-        await psycopg.AsyncConnection.connect(rig.url) as claimer,  # not autocommit: one transaction
-        await psycopg.AsyncConnection.connect(rig.url, autocommit=True) as observer,
-    ):
-        lease = {"pack": rig.pack, "generation": rig.generation, "owner": "claimer", "lease_s": 30.0}
-        token = await authority.scheduler_lease_acquire(claimer, lease)
-        assert token is not None
-        claim = {**lease, "lease_token": token, "limit": 10}
-        rows = await (await claimer.execute(legacy_store.EVENT_LEGACY_CLAIM_BATCH, claim)).fetchall()
-        assert len(rows) == 1  # the claim transaction is open, holding the authority row FOR SHARE
+    quiesce_pid = rig.conn.info.backend_pid
+    lease = {"pack": rig.pack, "generation": rig.generation, "owner": "claimer", "lease_s": 30.0}
+    token = await authority.scheduler_lease_acquire(rig.conn, lease)
+    assert token is not None
+    claim = {**lease, "lease_token": token, "limit": 10}
+    quiesce: asyncio.Task[cutover.Transition] | None = None
+    try:
+        async with (
+            await psycopg.AsyncConnection.connect(rig.url) as claimer,  # not autocommit: one transaction
+            await psycopg.AsyncConnection.connect(rig.url, autocommit=True) as observer,
+        ):
+            rows = await legacy_store.event_legacy_claim_batch(claimer, claim)
+            assert len(rows) == 1  # the claim transaction is open, holding the authority row FOR SHARE
+            claimer_pid = claimer.info.backend_pid
 
-        quiesce = asyncio.create_task(
-            cutover.legacy_quiesce(rig.conn, rig.pack, rig.generation, actor="test")
-        )
-
-        async def quiesce_waits_on_the_lock() -> bool:
-            cur = await observer.execute(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (rig.conn.info.backend_pid,)
+            quiesce = asyncio.create_task(
+                cutover.legacy_quiesce(rig.conn, rig.pack, rig.generation, actor="test")
             )
-            row = await cur.fetchone()
-            return row is not None and row[0] == "Lock"
 
-        await wait_until(quiesce_waits_on_the_lock, what="the quiesce waits for the claim transaction")
-        assert not quiesce.done()
-        cur = await observer.execute(
-            "SELECT claim_path, phase FROM connector_claim_authority WHERE installed_pack_id = %s"
-            " AND generation = %s",
-            (rig.pack, rig.generation),
-        )
-        assert await cur.fetchone() == ("legacy_event", "legacy_active"), "nothing changed while it waits"
-        await claimer.commit()
-        quiesced = await asyncio.wait_for(quiesce, 15)
+            async def waiting() -> tuple[str, str, list[int]] | None:
+                cur = await observer.execute(
+                    "SELECT wait_event_type, query, pg_blocking_pids(pid) FROM pg_stat_activity"
+                    " WHERE pid = %s",
+                    (quiesce_pid,),
+                )
+                row = await cur.fetchone()
+                return row if row is not None and row[0] == "Lock" else None
+
+            wait = await wait_until(waiting, what="the quiesce waits for the claim transaction")
+            assert not quiesce.done()
+            _, query, blocking = wait
+            assert blocking == [claimer_pid], "the claim transaction is what the quiesce waits for"
+            assert "FROM connector_claim_authority a" in query and "FOR UPDATE OF a" in query, (
+                f"the quiesce waits on the authority row (CLAIM_AUTHORITY_LOCK), not in {query!r}"
+            )
+            cur = await observer.execute(
+                "SELECT claim_path, phase FROM connector_claim_authority WHERE installed_pack_id = %s"
+                " AND generation = %s",
+                (rig.pack, rig.generation),
+            )
+            assert await cur.fetchone() == ("legacy_event", "legacy_active"), "nothing changed while it waits"
+            await claimer.commit()
+            quiesced = await asyncio.wait_for(quiesce, 15)
+    finally:
+        if quiesce is not None:  # a failed check: the closed claimer lets it finish
+            await asyncio.wait_for(asyncio.gather(quiesce, return_exceptions=True), 15)
     assert (quiesced.phase, quiesced.changed) == ("quiescing", True)
     # The claim it waited for committed before the phase change: it counts against the cutover.
     assert (await rig.events([event_id]))[event_id] == ("legacy_event", "processing")
     refused = await _cutover_refused(rig, "legacy_lease_active")
     assert str(event_id) in json.dumps([b.message for b in refused.blockers])
     # The claimer's lease is gone with the quiesce (revoked) and a new claim is refused.
-    rows = await (await rig.conn.execute(legacy_store.EVENT_LEGACY_CLAIM_BATCH, claim)).fetchall()
-    assert rows == []
+    assert await legacy_store.event_legacy_claim_batch(rig.conn, claim) == []
+
+
+async def test_quiesce_waits_for_a_legacy_claim_transaction_in_flight(rig: Rig) -> None:
+    await quiesce_waits_for_the_claim(rig)
+
+
+async def test_control_a_legacy_claim_without_for_share_is_not_waited_for(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the legacy claim statement's authority read without ``FOR SHARE``. The quiesce then
+    locks the authority row at once (proving nothing about claims in flight) and waits on the
+    scheduler lease row instead: the check above reports it."""
+    shared = authority.LEGACY_AUTHORITY
+    assert "FOR SHARE" in shared and shared in legacy_store.EVENT_LEGACY_CLAIM_BATCH
+    monkeypatch.setattr(
+        legacy_store,
+        "EVENT_LEGACY_CLAIM_BATCH",
+        legacy_store.EVENT_LEGACY_CLAIM_BATCH.replace(shared, shared.replace("FOR SHARE", "")),
+    )
+    with pytest.raises(AssertionError, match="the quiesce waits on the authority row"):
+        await quiesce_waits_for_the_claim(rig)
