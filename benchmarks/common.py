@@ -125,6 +125,12 @@ EXPECTED: tuple[Expected, ...] = (
              "stmts/delivery"),
     Expected("sql.row_writes_per_delivery", "sql-budget", "SQL row writes per delivery", "rows/delivery"),
     Expected("sql.wal_bytes_per_delivery", "sql-budget", "WAL bytes per delivery", "B/delivery"),
+    # ./dev bench --long only (benchmarks.sustained, issue #29 item 5)
+    Expected("sustained.p99_ratio", "sustained",
+             "sustained e2e, p99 last windows / first windows (30 min at 70% of the maximum)", "ratio",
+             "<= 1.2"),
+    Expected("sustained.size_ratio", "sustained",
+             "sustained e2e, queue tables + indexes peak, last windows / first steady", "ratio", "<= 1.2"),
 )  # fmt: skip
 
 _TARGET = re.compile(r"^\s*(>=|<=|>|<)\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*$")

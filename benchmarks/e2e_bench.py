@@ -73,6 +73,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -698,13 +699,30 @@ def _exactly_once(conn: Any) -> dict[str, int]:
     return out
 
 
-def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
+@dataclass
+class Services:
+    """The three service processes of one run, started by ``start_services`` (also used by
+    ``benchmarks.sustained``): their pids by name, the ingress HTTP port, the metrics ports, the
+    webhook secret of the pack and the benchmark database's name."""
+
+    procs: dict[str, subprocess.Popen[bytes]]
+    http_port: int
+    metrics: dict[str, int]
+    secret: str
+    dbname: str
+
+
+def start_services(
+    url: str, *, upkeep: str = "auto", figures: str = "on", extra_env: dict[str, str] | None = None
+) -> Services:
+    """Install the bench pack into ``url`` and start ``connector ingress``, ``materializer`` and
+    ``executor --no-admin`` as processes with the services' default settings (plus ``extra_env``);
+    stop them with ``_stop(list(services.procs.values()))``."""
     import psycopg
 
     dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
     secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
     os.environ[SECRET_ENV] = secret  # the pack apply checks the reference resolves
-    t_setup = time.monotonic()
     asyncio.run(_install(url))
     logs = ROOT / ".bench" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -720,10 +738,11 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "CONNECTOR_MATERIALIZER_METRICS_PORT": str(metrics["materializer"]),
         "CONNECTOR_EXECUTOR_GRPC_PORT": str(_free_port()),
         "CONNECTOR_EXECUTOR_METRICS_PORT": str(metrics["executor"]),
-        "CONNECTOR_EXECUTOR_UPKEEP_MODE": args.upkeep,
-        "CONNECTOR_MATERIALIZER_UPKEEP_MODE": args.upkeep,
+        "CONNECTOR_EXECUTOR_UPKEEP_MODE": upkeep,
+        "CONNECTOR_MATERIALIZER_UPKEEP_MODE": upkeep,
+        **(extra_env or {}),
     }
-    if getattr(args, "figures", "on") == "off":
+    if figures == "off":
         env["CONNECTOR_INGRESS_FIGURES_FLUSH_S"] = env["CONNECTOR_EXECUTOR_FIGURES_FLUSH_S"] = "0"
     ingress_args = ["ingress", "--http-port", str(http_port), "--grpc-port", str(_free_port()),
                     "--metrics-port", str(metrics["ingress"])]  # fmt: skip
@@ -732,6 +751,24 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "materializer": _spawn("materializer", ["materializer"], env, logs),
         "executor": _spawn("executor", ["executor", "--no-admin"], env, logs),
     }
+    return Services(procs, http_port, metrics, secret, dbname)
+
+
+def spawn_loadgen(cfg: dict[str, Any], secret: str) -> subprocess.Popen[str]:
+    """The load generator process (``_loadgen``); its last stdout line is its JSON summary."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.e2e_bench", "--loadgen", json.dumps(cfg)],
+        cwd=ROOT, env={**os.environ, SECRET_ENV: secret}, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    import psycopg
+
+    t_setup = time.monotonic()
+    services = start_services(url, upkeep=args.upkeep, figures=getattr(args, "figures", "on"))
+    procs, http_port, metrics, secret = services.procs, services.http_port, services.metrics, services.secret
+    dbname = services.dbname
     sampler = CpuSampler({k: p.pid for k, p in procs.items()}, dbname)
     gen: subprocess.Popen[str] | None = None
     stop_vacuum = threading.Event()
@@ -759,10 +796,7 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
             server_before = _server_stats(conn)
             figures_before = _figures_stats(conn)
             scraped_before = _scrape(metrics)
-            gen = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.e2e_bench", "--loadgen", json.dumps(cfg)],
-                cwd=ROOT, env={**os.environ, SECRET_ENV: secret}, stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            gen = spawn_loadgen(cfg, secret)
             sampler.name("load_generator", gen.pid)
             if args.vacuum_every > 0:
                 vacuumer = threading.Thread(target=_vacuum_loop, args=(url, args.vacuum_every, stop_vacuum))

@@ -1,7 +1,8 @@
 """The benchmark suite: every stage, end to end, the peers and PostgreSQL's own limit, in one run.
 
-    .venv/bin/python -m benchmarks.run [--quick] [--only NAME,...] [--json PATH] [--repeat R]
+    .venv/bin/python -m benchmarks.run [--quick] [--long] [--only NAME,...] [--json PATH] [--repeat R]
     ./dev bench [same options]
+    ./dev bench --long        # the suite plus the long runs (``benchmarks.sustained``: 30 minutes)
 
 Holds ``/tmp/connector-bench.lock`` for the whole run (two benchmarks never share this 2-core
 machine), runs each benchmark module as its own process with ``--json-out`` (contract:
@@ -39,6 +40,8 @@ class Bench:
     timeout_s: float = 1800.0
     quick_timeout_s: float = 60.0
     takes_repeat: bool = False
+    #: Runs only with ``--long`` (or by name with ``--only``): never in a default run, never in CI.
+    long: bool = False
 
 
 BENCHES: tuple[Bench, ...] = (
@@ -52,6 +55,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("graphile-worker", "benchmarks.peers.graphile_worker_peer", "peer", 3600.0, takes_repeat=True),
     Bench("procrastinate", "benchmarks.peers.procrastinate_peer", "peer", 3600.0, takes_repeat=True),
     Bench("pgbench", "benchmarks.reference", "reference", takes_repeat=True),
+    Bench("sustained", "benchmarks.sustained", "stage", 3000.0, quick_timeout_s=300.0, long=True),
 )
 BY_NAME = {b.name: b for b in BENCHES}
 
@@ -270,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: small counts, the suite in under a minute"
     )
+    parser.add_argument(
+        "--long",
+        action="store_true",
+        help="also the long runs (sustained: 30 minutes at 70%% of the maximum; a quiet machine)",
+    )
     parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BY_NAME)}")
     parser.add_argument("--json", type=Path, default=common.BENCH_DIR / "results.json", help="results file")
     parser.add_argument("--repeat", type=int, default=None, help="runs per peer/reference config (median)")
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    selected = list(BENCHES)
+    selected = [b for b in BENCHES if args.long or not b.long]
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in BY_NAME]
