@@ -87,6 +87,22 @@ async def test_dlq_list_show_replay(cli, seed: Seed) -> None:
 
 async def test_replay_refused_for_a_changed_identity_in_one_line(cli, seed: Seed) -> None:
     """Issue #28 item 5: the CLI's refusal is one line naming the reason and what to look at."""
+    await _replay_refused_in_one_line(cli, seed)
+
+
+async def test_control_replay_without_the_identity_check_is_not_refused(
+    cli, seed: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the admin server's replay without its identity check (``replay._identity_refusal``
+    answering "no refusal"): the CLI replays the item and the check above fails."""
+    from connector.executor.admin import replay
+
+    monkeypatch.setattr(replay, "_identity_refusal", lambda *args: None)
+    with pytest.raises(AssertionError, match="assert 0 == 1"):
+        await _replay_refused_in_one_line(cli, seed)
+
+
+async def _replay_refused_in_one_line(cli, seed: Seed) -> None:
     pack = await seed.pack()
     work_id = await seed.item(pack)
     await seed.generation(pack, 2, route_extra={"idempotency_header": None})

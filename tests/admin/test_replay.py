@@ -4,10 +4,13 @@ refusal (fail closed); fenced against concurrent changes; AIP-155 request ids; l
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import grpc
 import psycopg
+import pytest
 
+from connector.executor.admin import replay
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -156,9 +159,7 @@ async def _unchanged(seed: Seed, work_id: int) -> None:
     )
 
 
-async def test_companion_snapshot_must_cover_the_current_routes_required_fields(
-    admin: Admin, seed: Seed
-) -> None:
+async def companion_snapshot_checked(admin: Admin, seed: Seed) -> None:
     """Issue #28 item 5: an event materialized under a route that required less than the current
     one is refused (COMPANION_INCOMPLETE, the missing field named, never a value); once the current
     route requires only what the snapshot holds, the same item replays."""
@@ -178,7 +179,7 @@ async def test_companion_snapshot_must_cover_the_current_routes_required_fields(
     assert (await _replay(admin, work_id)).work_item.generation == 3
 
 
-async def test_identity_template_must_yield_the_events_replay_identity(admin: Admin, seed: Seed) -> None:
+async def identity_template_checked(admin: Admin, seed: Seed) -> None:
     """Issue #28 item 5: the current route's identity template, applied to the event's stored facts,
     must give the event's key. The event was keyed ``orders:id:<delivery id>#0`` (idempotency
     header); a route that keys by body digest, or whose ``extract.delivery_id`` pointer yields
@@ -210,7 +211,7 @@ async def test_identity_template_must_yield_the_events_replay_identity(admin: Ad
     assert (await _replay(admin, work_id)).work_item.generation == 4
 
 
-async def test_a_body_pointer_delivery_id_that_yields_the_key_replays(admin: Admin, seed: Seed) -> None:
+async def body_pointer_checked(admin: Admin, seed: Seed) -> None:
     """The re-derivation's positive case: a receipt keyed by ``/id`` of its body replays under a
     route whose ``extract.delivery_id`` is that pointer (and not under one pointing elsewhere)."""
     pack = await seed.pack(
@@ -230,6 +231,44 @@ async def test_a_body_pointer_delivery_id_that_yields_the_key_replays(admin: Adm
         pack, 3, route_extra={"idempotency_header": None, "extract": {"delivery_id": {"pointer": "/id"}}}
     )
     assert (await _replay(admin, work_id)).work_item.generation == 3
+
+
+async def test_companion_snapshot_must_cover_the_current_routes_required_fields(
+    admin: Admin, seed: Seed
+) -> None:
+    await companion_snapshot_checked(admin, seed)
+
+
+async def test_identity_template_must_yield_the_events_replay_identity(admin: Admin, seed: Seed) -> None:
+    await identity_template_checked(admin, seed)
+
+
+async def test_a_body_pointer_delivery_id_that_yields_the_key_replays(admin: Admin, seed: Seed) -> None:
+    await body_pointer_checked(admin, seed)
+
+
+# The controls: each check above against a build without the replay check it exists for.
+WITHOUT_CHECK: list[tuple[str, Callable[[Admin, Seed], Awaitable[None]]]] = [
+    ("_companion_refusal", companion_snapshot_checked),
+    ("_identity_refusal", identity_template_checked),
+    ("_identity_refusal", body_pointer_checked),
+]
+
+
+@pytest.mark.parametrize(("removed", "check"), WITHOUT_CHECK, ids=lambda v: getattr(v, "__name__", v))
+async def test_control_replay_without_its_check_fails(
+    admin: Admin,
+    seed: Seed,
+    monkeypatch: pytest.MonkeyPatch,
+    removed: str,
+    check: Callable[..., Awaitable[None]],
+) -> None:
+    """Control: ``replay.<removed>`` answering "no refusal" (the check deleted); the item replays
+    where the test expects COMPANION_INCOMPLETE / IDENTITY_CHANGED, and the check fails."""
+    assert callable(getattr(replay, removed))
+    monkeypatch.setattr(replay, removed, lambda *args: None)
+    with pytest.raises(AssertionError, match=r"expected StatusCode\.FAILED_PRECONDITION, the call succeeded"):
+        await check(admin, seed)
 
 
 async def test_payload_missing(admin: Admin, seed: Seed) -> None:

@@ -5,9 +5,10 @@ rollback receipt admits the legacy path (legacy_active, and quiescing on its way
 again after the re-cutover — never both; the operator surface keeps its command, RPC and roles
 (``ViewConnectorEvents``). ``trace`` names the path that owns each WorkItem.
 
-The real materializer, WorkItem executor, legacy executor, AdminService and CLI. Control: the
-rollback's first listing is the one the old read model got wrong (it kept showing the WorkItem
-period's dead item beside ListLegacyFailures): the test fails on a build without the switch.
+The real materializer, WorkItem executor, legacy executor, AdminService and CLI. Control (kept, in
+the test): the rollback's first listing is the one the old read model got wrong (it kept showing the
+WorkItem period's dead item beside ListLegacyFailures); the same listing check runs first against the
+WorkItem read without its ownership clause (``WORK_ITEM_FAILURE_OWNED``) and must fail there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from connector.cli import main as cli_main
+from connector.common.store import work_items
 from connector.executor import cutover
 from connector.executor.legacy import legacy_outcome_resolve
 
@@ -83,8 +85,17 @@ async def test_the_dlq_follows_the_generations_claim_path(rig: Rig, cli: Any) ->
         "rollback_fenced: the WorkItem receipt still admits the generation"
     )
     await cutover.rollback_complete(rig.conn, rig.pack, rig.generation, actor="test")
-    # The control: the WorkItem period's dead item is no longer a dead letter of this generation.
-    assert await _dlq(cli) == [], "legacy-owned: no legacy failure yet, and no WorkItem DLQ beside it"
+
+    async def rollback_listing() -> None:  # the WorkItem period's dead item is no longer listed
+        assert await _dlq(cli) == [], "legacy-owned: no legacy failure yet, and no WorkItem DLQ beside it"
+
+    # Control: the same listing from a build whose WorkItem read lacks the ownership clause (the old
+    # read model) shows the WorkItem period's dead item beside the legacy path's failures.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(work_items.admin, "WORK_ITEM_FAILURE_OWNED", "TRUE")
+        with pytest.raises(AssertionError, match="no WorkItem DLQ beside it"):
+            await rollback_listing()
+    await rollback_listing()
     paths = await _trace_paths(cli, [dead_wi, failing], rig)
     assert paths == {dead_wi: "legacy_event", failing: "legacy_event"}
 

@@ -3,15 +3,19 @@ finishing an event after the quiesce: finalizes are not gated by the phase) is a
 (``legacy_receipt_unprojected``), not an ambiguity: ``legacy_receipt_conflict`` names only receipts
 the cutover's own projection read and found contradicting. Found by tests/cutover/test_live_paths.py
 (issue #28 item 1), where the old count reported such receipts as conflicts while legacy leases were
-still active; here the finalize is placed right after the cutover's projection on purpose."""
+still active; here the finalize is placed right after the cutover's projection on purpose. Control
+(kept): ``test_control_the_previous_count_calls_it_a_conflict``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import psycopg
 import pytest
 
 from connector.executor import cutover
 from connector.executor.cutover import proofs
+from connector.executor.cutover.authority import Blocker
 
 from .conftest import Rig
 from .test_receipts import _claim, _finalize, _rollback
@@ -20,6 +24,32 @@ from .test_receipts import _claim, _finalize, _rollback
 async def test_a_receipt_written_during_the_cutover_is_a_wait_not_a_conflict(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    await receipt_written_during_the_cutover(rig, monkeypatch)
+
+
+async def test_control_the_previous_count_calls_it_a_conflict(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: gate 5 as it was before f7fed7c, counting every unprojected receipt as a conflict
+    (``legacy_receipt_conflict`` with their number): the check above fails on it."""
+    real = proofs.reconciliation_proof
+
+    async def previous_count(conn: psycopg.AsyncConnection, locked: Any, blockers: list[Blocker]) -> Any:
+        proof = await real(conn, locked, blockers)
+        codes = ("legacy_receipt_conflict", "legacy_receipt_unprojected")
+        unprojected = [b for b in blockers if b.code in codes]
+        if unprojected:
+            n = sum(b.count for b in unprojected)
+            blockers[:] = [b for b in blockers if b.code not in codes]
+            blockers.append(Blocker("legacy_receipt_conflict", n, "legacy outcome receipts contradict"))
+        return proof
+
+    monkeypatch.setattr(proofs, "reconciliation_proof", previous_count)
+    with pytest.raises(AssertionError, match="legacy_receipt_conflict"):
+        await receipt_written_during_the_cutover(rig, monkeypatch)
+
+
+async def receipt_written_during_the_cutover(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     await rig.install()
     (fenced,) = await rig.deliver("ok")
     await _rollback(rig)

@@ -266,58 +266,122 @@ async def test_metrics_count_outcomes(db, executor_factory) -> None:
     assert sample("connector_executor_claim_statements_total", result="rows") > 0
 
 
-async def test_metrics_claim_latency_slots_in_use_and_retry_rate(db, executor_factory) -> None:
-    """The seed's proof metrics asserted, not only exported (issue #28 item 6): claim latency (one
-    observation per claim statement, its sum positive), executor concurrency (slots in use equal to
-    the handlers running, on the handlers' word; back to 0 when they finish) and the retry rate
-    (retry outcomes = the attempts that asked for a retry). Controls (by hand, docs/executor.md): the
-    gauge bound to a constant 0, or the claimer not observing its latency, fail this test."""
+def _sample(name: str, **labels: str) -> float:
     from connector.executor.metrics import REGISTRY
 
-    def sample(name: str, **labels) -> float:
-        return REGISTRY.get_sample_value(name, labels) or 0.0
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
-    def claims() -> float:
-        return sum(sample("connector_executor_claim_statements_total", result=r) for r in ("rows", "empty"))
 
+def _claims() -> float:
+    return sum(_sample("connector_executor_claim_statements_total", result=r) for r in ("rows", "empty"))
+
+
+async def proof_metrics_run(db, executor_factory) -> dict[str, float]:
+    """The workload of the proof-metrics test and its readings: two items that always ask for a retry
+    (3 attempts each), then six that hold their slot until released (four run at once)."""
     effects.SEEN.clear()
     release = effects.held_reset()
     pack = seed.seed_pack(db, "p", {"hold": _wt("held"), "bad": _wt("always_retry", max_attempts=3)})
     bad = {"pack": "p", "work_type": "bad"}
     before = {
-        "claims": claims(),
-        "count": sample("connector_executor_claim_seconds_count"),
-        "sum": sample("connector_executor_claim_seconds_sum"),
-        "inf": sample("connector_executor_claim_seconds_bucket", le="+Inf"),
-        "retry": sample("connector_executor_outcomes_total", **bad, state="retry"),
-        "dead": sample("connector_executor_outcomes_total", **bad, state="dead"),
+        "claims": _claims(),
+        "count": _sample("connector_executor_claim_seconds_count"),
+        "sum": _sample("connector_executor_claim_seconds_sum"),
+        "inf": _sample("connector_executor_claim_seconds_bucket", le="+Inf"),
+        "retry": _sample("connector_executor_outcomes_total", **bad, state="retry"),
+        "dead": _sample("connector_executor_outcomes_total", **bad, state="dead"),
     }
-    seed.seed_items(db, pack, 2, work_type="bad", max_attempts=3)
-    svc = await executor_factory(workers=4)
-    await await_for(lambda: states(db) == {"dead": 2}, 20, "both retrying items dead")
-    await await_for(
-        lambda: sample("connector_executor_outcomes_total", **bad, state="dead") - before["dead"] >= 2,
-        10,
-        "outcomes counted",
-    )
-    attempts = db.execute("SELECT sum(attempts) FROM connector_work_item").fetchone()[0]
-    retries = sample("connector_executor_outcomes_total", **bad, state="retry") - before["retry"]
-    assert (attempts, retries) == (6, 4), "each attempt but the last asked for a retry: 4 of 6"
-
-    assert sample("connector_executor_slots") == 4
-    seed.seed_items(db, pack, 6, work_type="hold")
-    await await_for(lambda: len(effects.SEEN) - 6 == 4, 20, "four held handlers running")
-    assert svc.engine.running == 4
-    assert sample("connector_executor_slots_in_use") == 4, "every slot in use, as the handlers say"
-    release.set()
+    r: dict[str, float] = {}
+    try:
+        seed.seed_items(db, pack, 2, work_type="bad", max_attempts=3)
+        svc = await executor_factory(workers=4)
+        await await_for(lambda: states(db) == {"dead": 2}, 20, "both retrying items dead")
+        await await_for(
+            lambda: _sample("connector_executor_outcomes_total", **bad, state="dead") - before["dead"] >= 2,
+            10,
+            "outcomes counted",
+        )
+        r["attempts"] = db.execute("SELECT sum(attempts) FROM connector_work_item").fetchone()[0]
+        r["retries"] = _sample("connector_executor_outcomes_total", **bad, state="retry") - before["retry"]
+        r["slots"] = _sample("connector_executor_slots")
+        seed.seed_items(db, pack, 6, work_type="hold")
+        await await_for(lambda: len(effects.SEEN) - 6 == 4, 20, "four held handlers running")
+        assert svc.engine.running == 4, "the workload: four handlers held"
+        r["in_use_held"] = _sample("connector_executor_slots_in_use")
+    finally:
+        release.set()
     await await_for(lambda: states(db) == {"dead": 2, "succeeded": 6}, 20, "held items finished")
-    await await_for(lambda: sample("connector_executor_slots_in_use") == 0, 10, "slots free again")
+    await await_for(lambda: svc.engine.running == 0, 10, "handlers returned")
+    r["in_use_after"] = _sample("connector_executor_slots_in_use")
+    r["claims"] = _claims() - before["claims"]
+    r["observed"] = _sample("connector_executor_claim_seconds_count") - before["count"]
+    r["inf"] = _sample("connector_executor_claim_seconds_bucket", le="+Inf") - before["inf"]
+    r["sum"] = _sample("connector_executor_claim_seconds_sum") - before["sum"]
+    return r
 
-    n = claims() - before["claims"]
-    observed = sample("connector_executor_claim_seconds_count") - before["count"]
-    assert n >= 3 and observed == n, "one latency observation per claim statement"
-    assert sample("connector_executor_claim_seconds_bucket", le="+Inf") - before["inf"] == observed
-    assert sample("connector_executor_claim_seconds_sum") - before["sum"] > 0
+
+def check_retry_rate(r: dict[str, float]) -> None:
+    assert (r["attempts"], r["retries"]) == (6, 4), "each attempt but the last asked for a retry: 4 of 6"
+
+
+def check_slots_in_use(r: dict[str, float]) -> None:
+    assert r["slots"] == 4
+    assert r["in_use_held"] == 4, "every slot in use, as the handlers say"
+    assert r["in_use_after"] == 0, "slots free again"
+
+
+def check_claim_latency(r: dict[str, float]) -> None:
+    assert r["claims"] >= 3 and r["observed"] == r["claims"], "one latency observation per claim statement"
+    assert r["inf"] == r["observed"]
+    assert r["sum"] > 0
+
+
+PROOF_CHECKS = (check_retry_rate, check_slots_in_use, check_claim_latency)
+
+
+async def test_metrics_claim_latency_slots_in_use_and_retry_rate(db, executor_factory) -> None:
+    """The seed's proof metrics asserted, not only exported (issue #28 item 6): claim latency (one
+    observation per claim statement, its sum positive), executor concurrency (slots in use equal to
+    the handlers running, on the handlers' word; back to 0 when they finish) and the retry rate
+    (retry outcomes = the attempts that asked for a retry). Controls:
+    ``test_control_proof_metrics_on_a_broken_build``."""
+    readings = await proof_metrics_run(db, executor_factory)
+    for check in PROOF_CHECKS:
+        check(readings)
+
+
+def _slots_gauge_bound_to_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.executor import metrics as m
+
+    bind = m.SLOTS_IN_USE.set_function
+    monkeypatch.setattr(m.SLOTS_IN_USE, "set_function", lambda fn: bind(lambda: 0))
+
+
+def _claimer_not_observing_latency(monkeypatch: pytest.MonkeyPatch) -> None:
+    from connector.executor import metrics as m
+
+    monkeypatch.setattr(m.CLAIM_SECONDS, "observe", lambda seconds: None)
+
+
+@pytest.mark.parametrize(
+    ("mutation", "caught_by"),
+    [(_slots_gauge_bound_to_0, check_slots_in_use), (_claimer_not_observing_latency, check_claim_latency)],
+    ids=["slots_gauge_bound_to_0", "claimer_not_observing_latency"],
+)
+async def test_control_proof_metrics_on_a_broken_build(
+    db, executor_factory, monkeypatch, mutation, caught_by
+) -> None:
+    """Control: the same run on a build whose slots-in-use gauge is bound to a constant 0, or whose
+    claimer does not observe its latency: the check for that metric fails, the others pass (the
+    workload itself ran as it should)."""
+    mutation(monkeypatch)
+    readings = await proof_metrics_run(db, executor_factory)
+    for check in PROOF_CHECKS:
+        if check is caught_by:
+            with pytest.raises(AssertionError):
+                check(readings)
+        else:
+            check(readings)
 
 
 def test_event_claim_path_without_a_pack_is_refused_clearly(db_url) -> None:
