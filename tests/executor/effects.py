@@ -212,6 +212,14 @@ async def sleeps_forever(ctx: HandlerContext) -> None:
     await asyncio.sleep(3600)
 
 
+@work_handler(needs_event=False)
+async def sleeps_first_attempt(ctx: HandlerContext) -> None:
+    """The first attempt never ends (only its process's death does); any later one succeeds."""
+    SEEN.append((ctx.work_id, ctx.attempt))
+    if ctx.attempt == 1:
+        await asyncio.Event().wait()
+
+
 #: ``held`` handlers wait for this (set by the test; a fresh one per test: ``held_reset``).
 HELD_RELEASE: asyncio.Event | None = None
 

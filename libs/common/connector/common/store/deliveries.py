@@ -76,11 +76,21 @@ ORDER BY c.receipt_id
 # repeats its part of the predicate: a row that changed since the classification stays, and a
 # WorkItem that appeared since is not in the list; the next delete then fails on the foreign key
 # (the chunk rolls back) instead of deleting part of a delivery.
+#
+# A WorkItem's ended attempts (``connector_work_attempt``, no foreign key) go with it, in the same
+# statement: a data-modifying CTE deletes those of the WorkItems actually deleted (most have none:
+# one primary-key probe each). The result is the number of WorkItems deleted.
 WORK_ITEM_DELETE_RETIRED = """
-DELETE FROM connector_work_item
-WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[])))
-  AND state IN ('succeeded', 'cancelled', 'coalesced')
-  AND rollback_execution_fence_id IS NULL AND legacy_outcome_receipt_version IS NULL
+WITH d AS (
+  DELETE FROM connector_work_item
+  WHERE work_id = ANY(ARRAY(SELECT unnest(%(work_ids)s::bigint[])))
+    AND state IN ('succeeded', 'cancelled', 'coalesced')
+    AND rollback_execution_fence_id IS NULL AND legacy_outcome_receipt_version IS NULL
+  RETURNING work_id
+), a AS (
+  DELETE FROM connector_work_attempt a WHERE a.work_id = ANY(ARRAY(SELECT d.work_id FROM d))
+)
+SELECT count(*) FROM d
 """
 EVENT_DELETE_RETIRED = """
 DELETE FROM connector_event
@@ -103,7 +113,8 @@ async def receipt_chunk_classify(
 
 
 async def work_item_delete_retired(conn: Conn, work_ids: list[int]) -> int:
-    return (await conn.execute(WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids})).rowcount
+    row = await (await conn.execute(WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids})).fetchone()
+    return int(row[0]) if row else 0
 
 
 async def event_delete_retired(conn: Conn, event_ids: list[int]) -> int:

@@ -499,6 +499,37 @@ work_item = Table(
 )
 
 
+# The ended attempts of a WorkItem that did not succeed (issue #25, docs/console.md "Delivery"): a
+# row is written only by the statements that end a claim without success — the fenced fail
+# statement (retry, dead, a started release: ``work_items.finalize.WORK_ITEM_FAIL_BATCH``) and the
+# reclaim of an expired lease (``WORK_ITEM_RECLAIM_EXPIRED``) — never by the complete statement: a
+# first-time success writes nothing here, and the last attempt of any item is its WorkItem row.
+# Bounded per item: a ring of ``ATTEMPTS_KEPT`` slots (``slot`` = the claim counter of the lease
+# token modulo it, an insert that overwrites the slot of an older claim), so no delete is needed.
+# No foreign key (an RI trigger per deleted WorkItem cost 3x the explicit delete in retention's
+# chunk): retention deletes an item's attempts with it (``deliveries.WORK_ITEM_DELETE_RETIRED``).
+# ``failure_summary`` is the same sanitized text the WorkItem row holds, never a payload.
+ATTEMPT_OUTCOMES = ("retry", "dead", "released", "lease_expired")
+work_attempt = Table(
+    "connector_work_attempt",
+    metadata,
+    Column("work_id", BigInteger, nullable=False),
+    Column("slot", SmallInteger, nullable=False),
+    # The claim's fencing token (strictly increasing per WorkItem: the attempts' order).
+    Column("lease_token", BigInteger, nullable=False),
+    # The WorkItem's attempt count at the claim (restarts at 1 after a replay).
+    Column("attempt", Integer, nullable=False),
+    Column("lease_owner", Text, nullable=True),
+    _ts("started_at"),
+    _ts("ended_at", nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("failure_class", Text, nullable=True),
+    Column("failure_summary", Text, nullable=True),
+    PrimaryKeyConstraint("work_id", "slot"),
+    CheckConstraint(sql_in("outcome", ATTEMPT_OUTCOMES), name="outcome"),
+)
+
+
 # One row per (pack, rate-limit key): the key's limit, as the latest materialized declaration gave it,
 # and its GCRA state (docs/adr/011-rate-limits.md). The materializer creates it (and updates the limit
 # when a new declaration differs) in the transaction that inserts the key's WorkItems; the claim

@@ -469,6 +469,22 @@ async def work_item_list_by_events(conn: Conn, event_ids: Sequence[int]) -> list
     return await fetch_dicts(conn, WORK_ITEM_LIST_BY_EVENTS, {"ids": list(event_ids)})
 
 
+# The kept ended attempts of a delivery's WorkItems (the trace, issue #25): primary-key ranges of
+# ``connector_work_attempt`` (at most ``finalize.ATTEMPTS_KEPT`` rows per item), in claim order.
+WORK_ATTEMPT_LIST = """
+SELECT a.work_id, a.lease_token, a.attempt, a.lease_owner, a.started_at, a.ended_at, a.outcome,
+       a.failure_class, a.failure_summary
+FROM connector_work_attempt a WHERE a.work_id = ANY(%(ids)s::bigint[])
+ORDER BY a.work_id, a.lease_token
+"""
+
+
+async def work_attempt_list(conn: Conn, work_ids: Sequence[int]) -> list[dict[str, Any]]:
+    if not work_ids:
+        return []
+    return await fetch_dicts(conn, WORK_ATTEMPT_LIST, {"ids": list(work_ids)})
+
+
 # The receipt of a WorkItem's event (TraceDelivery by work id): two primary-key probes.
 WORK_ITEM_RECEIPT_ID = """
 SELECT e.receipt_id FROM connector_work_item w JOIN connector_event e ON e.event_id = w.event_id

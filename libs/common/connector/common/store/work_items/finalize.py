@@ -20,6 +20,7 @@ from connector.common.store.lanes import (
     lane_lock_batch,
     lane_settle_batch,
 )
+from connector.common.store.tokens import TOKEN_COUNTER_BITS
 from connector.common.store.vocabulary import CHANNEL_WORK
 from connector.common.store.work_items.claim import AUTHORITY_ROWS
 
@@ -49,6 +50,25 @@ RETURNING w.work_id
 """
 
 
+#: Ended attempts kept per WorkItem (``connector_work_attempt``: a ring of this many slots).
+ATTEMPTS_KEPT = 20
+
+# The attempt a fail / reclaim statement ends (schema ``connector_work_attempt``): written in the same
+# statement, as a data-modifying CTE over the rows the update changed (a stale row writes none). The
+# lease owner is the row's value before the update (which clears it): a scalar subquery reads it in
+# the statement's snapshot, one primary-key probe of a row the update has just visited. The slot is the
+# claim counter of the token modulo ``ATTEMPTS_KEPT``: the insert overwrites the attempt of the claim
+# ``ATTEMPTS_KEPT`` claims earlier, so the table stays bounded per item without a delete.
+_OLD_OWNER = "(SELECT o.lease_owner FROM connector_work_item o WHERE o.work_id = w.work_id) AS owner"
+_SLOT = f"mod(u.lease_token & {(1 << TOKEN_COUNTER_BITS) - 1}, {ATTEMPTS_KEPT})::smallint"
+_ATTEMPT_INSERT = """INSERT INTO connector_work_attempt (work_id, slot, lease_token, attempt, lease_owner,
+    started_at, ended_at, outcome, failure_class, failure_summary)"""
+_ATTEMPT_UPSERT = """ON CONFLICT (work_id, slot) DO UPDATE SET lease_token = excluded.lease_token,
+    attempt = excluded.attempt, lease_owner = excluded.lease_owner, started_at = excluded.started_at,
+    ended_at = excluded.ended_at, outcome = excluded.outcome, failure_class = excluded.failure_class,
+    failure_summary = excluded.failure_summary"""
+
+
 class FailOp(StrEnum):
     """A non-success transition of ``WORK_ITEM_FAIL_BATCH`` (its value is the statement's op code)."""
 
@@ -61,12 +81,12 @@ class FailOp(StrEnum):
 # attempts are exhausted becomes dead. A release returns the row to the ready set at once (its
 # run_after is unchanged, so it keeps its place); ``unstarted`` gives back the attempt of an item whose
 # handler never started.
-WORK_ITEM_FAIL_BATCH = """
+WORK_ITEM_FAIL_BATCH = f"""
 WITH f AS (
   SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(ops)s::text[], %(delays)s::float8[],
                        %(unstarted)s::int[], %(classes)s::text[], %(summaries)s::text[])
     AS f(id, token, op, delay, unstarted, fclass, summary)
-)
+), u AS (
 UPDATE connector_work_item w
 SET state = CASE
       WHEN f.op = 'd' OR (f.op = 'r' AND w.attempts >= w.max_attempts) THEN 'dead'
@@ -90,7 +110,18 @@ SET state = CASE
 FROM f
 WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token
   AND w.state = 'processing'
-RETURNING w.work_id, w.state
+RETURNING w.work_id, w.state, f.op, f.unstarted, w.lease_token, w.attempts, w.started_at, w.updated_at,
+  w.failure_class, w.failure_summary, {_OLD_OWNER}
+), a AS (
+  {_ATTEMPT_INSERT}
+  SELECT u.work_id, {_SLOT}, u.lease_token, u.attempts, u.owner, u.started_at, u.updated_at,
+         CASE WHEN u.op = 'l' THEN 'released' ELSE u.state END,
+         CASE WHEN u.op = 'l' THEN NULL ELSE u.failure_class END,
+         CASE WHEN u.op = 'l' THEN NULL ELSE u.failure_summary END
+  FROM u WHERE u.op <> 'l' OR u.unstarted = 0
+  {_ATTEMPT_UPSERT}
+)
+SELECT u.work_id, u.state FROM u
 """
 
 # Expired leases: a small set read from the processing index (slots x processes rows at most), in
@@ -109,7 +140,7 @@ LIMIT %(limit)s
 # of every processing entry left since the last vacuum (tests/executor/test_explain.py).
 WORK_ITEM_RECLAIM_EXPIRED = f"""
 WITH auth AS MATERIALIZED ({AUTHORITY_ROWS}
-)
+), u AS (
 UPDATE connector_work_item w
 SET state = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
     run_after = now(),
@@ -123,7 +154,16 @@ WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token 
   AND w.state = 'processing' AND w.lease_until < clock_timestamp()
   AND w.generation = ANY (ARRAY(SELECT a.generation FROM auth a
                                WHERE a.installed_pack_id = w.installed_pack_id))
-RETURNING w.work_id, w.state, w.installed_pack_id
+RETURNING w.work_id, w.state, w.installed_pack_id, w.lease_token, w.attempts, w.started_at, w.updated_at,
+  w.failure_class, w.failure_summary, {_OLD_OWNER}
+), a AS (
+  {_ATTEMPT_INSERT}
+  SELECT u.work_id, {_SLOT}, u.lease_token, u.attempts, u.owner, u.started_at, u.updated_at,
+         'lease_expired', u.failure_class, u.failure_summary
+  FROM u
+  {_ATTEMPT_UPSERT}
+)
+SELECT u.work_id, u.state, u.installed_pack_id FROM u
 """
 
 

@@ -285,6 +285,20 @@ def upgrade() -> None:
     sa.Column('lease_until', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('installed_pack_id', 'generation', name=op.f('pk_connector_scheduler_lease'))
     )
+    op.create_table('connector_work_attempt',
+    sa.Column('work_id', sa.BigInteger(), nullable=False),
+    sa.Column('slot', sa.SmallInteger(), nullable=False),
+    sa.Column('lease_token', sa.BigInteger(), nullable=False),
+    sa.Column('attempt', sa.Integer(), nullable=False),
+    sa.Column('lease_owner', sa.Text(), nullable=True),
+    sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('ended_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('outcome', sa.Text(), nullable=False),
+    sa.Column('failure_class', sa.Text(), nullable=True),
+    sa.Column('failure_summary', sa.Text(), nullable=True),
+    sa.CheckConstraint("outcome IN ('retry', 'dead', 'released', 'lease_expired')", name=op.f('ck_connector_work_attempt_outcome')),
+    sa.PrimaryKeyConstraint('work_id', 'slot', name=op.f('pk_connector_work_attempt'))
+    )
     op.create_table('connector_event',
     sa.Column('event_id', sa.BigInteger(), sa.Identity(always=False), nullable=False),
     sa.Column('receipt_id', sa.BigInteger(), nullable=False),
@@ -478,6 +492,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_event_installed_pack_id_generation', table_name='connector_event')
     op.drop_index('ix_connector_event_correlation_ids', table_name='connector_event', postgresql_using='gin', postgresql_ops={'correlation_ids': 'jsonb_path_ops'})
     op.drop_table('connector_event')
+    op.drop_table('connector_work_attempt')
     op.drop_table('connector_scheduler_lease')
     op.drop_index('ix_connector_rollback_fence_open', table_name='connector_rollback_fence', postgresql_where=sa.text("status = 'open'"))
     op.drop_table('connector_rollback_fence')
