@@ -314,13 +314,17 @@ class Seed:
         process_id: str | None = None,
         service: str = "executor",
         pid: int = 1,
+        admitted: list[int] | None = None,
     ) -> str:
+        """A registered process; ``admitted``: the receipt ids its claim admission names (None: it
+        declares none, as a build without claim admission)."""
         self._seq += 1
         process_id = process_id or f"p-{self._seq}"
         await self.conn.execute(
             "INSERT INTO connector_process (process_id, service, hostname, pid, version, claim_capability,"
-            " heartbeat_at) VALUES (%s, %s, 'h', %s, 'test', %s, now() - make_interval(secs => %s))",
-            (process_id, service, pid, capability, age_s),
+            " heartbeat_at, admitted_receipt_ids)"
+            " VALUES (%s, %s, 'h', %s, 'test', %s, now() - make_interval(secs => %s), %s)",
+            (process_id, service, pid, capability, age_s, admitted),
         )
         return process_id
 

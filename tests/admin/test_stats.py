@@ -348,6 +348,65 @@ async def test_cutover_state(admin: Admin, seed: Seed) -> None:
     )
 
 
+async def test_cutover_state_counts_each_generations_own_claimers(admin: Admin, seed: Seed) -> None:
+    await claimers_per_generation(admin, seed)
+
+
+async def test_control_the_registry_wide_count_fails_it(
+    admin: Admin, seed: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the count as it was (every fresh claim-capable process, whatever it may claim)."""
+    from connector.common.store import authority
+
+    monkeypatch.setattr(authority, "CLAIMERS_WORK_ITEM_OF_GENERATION", "TRUE")
+    monkeypatch.setattr(authority, "CLAIMERS_LEGACY_OF_GENERATION", "TRUE")
+    with pytest.raises(AssertionError, match="own claimers"):
+        await claimers_per_generation(admin, seed)
+
+
+async def claimers_per_generation(admin: Admin, seed: Seed) -> None:
+    """The claim-capable processes of a generation, by the gates' rules (#28 leftover: the count was
+    the whole registry's for every generation): a WorkItem executor counts where its claim admission
+    names a receipt of the generation (one declaring none, an older build, everywhere); a legacy
+    executor where its service names the generation (one naming none, everywhere)."""
+    from connector.executor.legacy.service import service_scope
+
+    shop = await seed.pack()
+    crm = await seed.pack("crm")
+    await seed.generation(shop, 2, claim_path="none", activate=False)
+    receipt = {
+        (int(p), int(g)): int(r)
+        for p, g, r in await (
+            await seed.conn.execute(
+                "SELECT installed_pack_id, generation, min(cutover_receipt_id) FROM connector_cutover_receipt"
+                " GROUP BY 1, 2"
+            )
+        ).fetchall()
+    }
+    await seed.process("work_item", admitted=[receipt[(shop, 1)]])
+    await seed.process("work_item", admitted=[receipt[(shop, 1)], receipt[(crm, 1)]])
+    await seed.process("work_item", admitted=[])  # admits nothing now
+    await seed.process("work_item", admitted=[receipt[(crm, 1)]], age_s=300)  # stale
+    await seed.process("work_item")  # declares no admission: an older build
+    await seed.process("legacy_event", service=service_scope(shop, 2))
+    await seed.process("legacy_event", service=service_scope(crm, 1))
+    await seed.process("legacy_event", service=service_scope(crm, 1), age_s=300)  # stale
+    await seed.process("none")
+
+    response = await admin.stub.GetCutoverState(pb.GetCutoverStateRequest(), metadata=Admin.md(VIEW))
+    got = {
+        (g.installed_pack_id, g.generation): (
+            g.claim_capable_processes,
+            g.work_item_claim_processes,
+            g.legacy_event_claim_processes,
+        )
+        for g in response.generations
+    }
+    assert got == {(shop, 1): (3, 3, 0), (shop, 2): (2, 1, 1), (crm, 1): (3, 2, 1)}, (
+        "each generation's own claimers"
+    )
+
+
 # --- plans ----------------------------------------------------------------------------------------
 
 

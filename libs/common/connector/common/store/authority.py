@@ -381,6 +381,20 @@ async def claim_authority_insert(conn: Conn, pack: int, generation: int, receipt
 # --------------------------------------------------------------------------------------------------
 
 
+# The live claim-capable processes of a generation ``g`` (GetCutoverState), by the gates' own rules:
+# a WorkItem executor whose claim admission names a receipt of the generation, or that declares none
+# (an older build claims every admitted generation; gate 4, ``processes.PROCESS_LIST_ADMITTING``);
+# a legacy Event executor scoped to the generation (service ``executor-legacy:<pack>:<generation>``,
+# ``legacy.service.service_scope``) or to none (gate 2, ``processes.PROCESS_LIST_LEGACY_FRESH``).
+CLAIMERS_WORK_ITEM_OF_GENERATION = """(pr.admitted_receipt_ids IS NULL OR EXISTS (
+            SELECT 1 FROM connector_cutover_receipt r
+            WHERE r.cutover_receipt_id = ANY (pr.admitted_receipt_ids)
+              AND r.installed_pack_id = g.installed_pack_id AND r.generation = g.generation))"""
+CLAIMERS_LEGACY_OF_GENERATION = """(
+            pr.service = 'executor-legacy:' || g.installed_pack_id || ':' || g.generation
+            OR pr.service NOT LIKE 'executor-legacy:%%')"""
+
+
 def cutover_state_list_sql(pack: int | None) -> str:
     return f"""
 SELECT g.installed_pack_id, g.generation, g.status,
@@ -408,6 +422,14 @@ SELECT g.installed_pack_id, g.generation, g.status,
        (SELECT count(*) FROM connector_legacy_outcome_receipt o
         WHERE NOT o.projected AND o.installed_pack_id = g.installed_pack_id
           AND o.generation = g.generation) AS unprojected_legacy_receipts,
+       (SELECT count(*) FROM connector_process pr
+        WHERE pr.claim_capability = 'work_item'
+          AND pr.heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8)
+          AND {CLAIMERS_WORK_ITEM_OF_GENERATION}) AS work_item_claim_processes,
+       (SELECT count(*) FROM connector_process pr
+        WHERE pr.claim_capability = 'legacy_event'
+          AND pr.heartbeat_at >= now() - make_interval(secs => %(stale_s)s::float8)
+          AND {CLAIMERS_LEGACY_OF_GENERATION}) AS legacy_event_claim_processes,
        a.version AS authority_version, a.rollback_fence_id, a.cutover_receipt_id
 FROM connector_pack_generation g
 JOIN connector_installed_pack p ON p.installed_pack_id = g.installed_pack_id

@@ -105,12 +105,6 @@ WHERE p.claim_capability = 'work_item'
 ORDER BY p.process_id
 """
 
-PROCESS_COUNT_BY_CAPABILITY = """
-SELECT claim_capability, count(*) AS n FROM connector_process
-WHERE claim_capability <> 'none' AND heartbeat_at >= now() - make_interval(secs => %(stale_s)s)
-GROUP BY claim_capability
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class ProcessRow:
@@ -181,11 +175,6 @@ async def process_count_work_item_fresh(conn: Conn, *, stale_s: float) -> int:
     cur = await conn.execute(PROCESS_COUNT_WORK_ITEM_FRESH, {"stale_s": stale_s})
     row = await cur.fetchone()
     return int(row[0]) if row is not None else 0
-
-
-async def process_count_by_capability(conn: Conn, *, stale_s: float) -> dict[str, int]:
-    cur = await conn.execute(PROCESS_COUNT_BY_CAPABILITY, {"stale_s": stale_s})
-    return {str(r[0]): int(r[1]) for r in await cur.fetchall()}
 
 
 async def process_admit(conn: Conn, process_id: str) -> list[int] | None:

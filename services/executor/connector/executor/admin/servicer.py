@@ -647,11 +647,11 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             if pack is not None and not await stats.pack_exists(conn, pack):
                 raise not_found(Reason.PACK_NOT_FOUND, f"pack {pack} not found")
             state = await stats.cutover_state_get(conn, pack, stale_s=self._stale_s)
-        work_item_procs = state.processes.get("work_item", 0)
-        legacy_procs = state.processes.get("legacy_event", 0)
         response = pb.GetCutoverStateResponse()
         for g in state.generations:
             key = (int(g["installed_pack_id"]), int(g["generation"]))
+            work_item_procs = int(g["work_item_claim_processes"])
+            legacy_procs = int(g["legacy_event_claim_processes"])
             response.generations.append(
                 pb.GenerationCutoverState(
                     installed_pack_id=key[0],

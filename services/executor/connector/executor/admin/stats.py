@@ -35,7 +35,6 @@ from psycopg import AsyncConnection
 from connector.common.store import authority, circuits, flow, pauses, receipts, work_items
 from connector.common.store import debounce as debounce_store
 from connector.common.store.packs import pack_exists
-from connector.common.store.processes import process_count_by_capability
 from connector.common.store.vocabulary import PAUSE_WHOLE_PACK
 from connector.common.store.work_items.stats import QUEUE_STATES
 
@@ -197,9 +196,10 @@ async def queue_stats(
 
 @dataclass(slots=True)
 class CutoverState:
+    #: one row per generation, its live claim-capable processes counted by the gates' rules
+    #: (``work_item_claim_processes``, ``legacy_event_claim_processes``)
     generations: list[dict[str, Any]]
     receipts: dict[tuple[int, int], list[dict[str, Any]]]
-    processes: dict[str, int]
 
 
 async def cutover_state_get(conn: AsyncConnection[Any], pack: int | None, *, stale_s: float) -> CutoverState:
@@ -208,5 +208,4 @@ async def cutover_state_get(conn: AsyncConnection[Any], pack: int | None, *, sta
     by_generation: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for row in await authority.cutover_receipt_list(conn, params):
         by_generation.setdefault((int(row["installed_pack_id"]), int(row["generation"])), []).append(row)
-    processes = await process_count_by_capability(conn, stale_s=stale_s)
-    return CutoverState(generations=generations, receipts=by_generation, processes=processes)
+    return CutoverState(generations=generations, receipts=by_generation)
