@@ -149,3 +149,50 @@ async def test_lock_set_includes_neighbour_lanes(adb) -> None:
     async with adb.transaction():
         locked, _ = await lanes_change(adb, [(PACK, "s", "S1")])
     assert (PACK, "t", "T") in locked and (PACK, "s", "S1") in locked
+
+
+async def _inverted(
+    conn: psycopg.AsyncConnection, lane: str, token: int = 7, base: int = 0
+) -> tuple[int, int]:
+    """A lane whose processing member is not its head: a later member started (lease ``token``),
+    then an earlier delivery materialized late (blocked, first holding member). (later, earlier)."""
+    later = await _member(conn, base + 10, lane)
+    await conn.execute(
+        "UPDATE connector_work_item SET state='processing', lease_owner='x', lease_token=%s,"
+        " lease_until=now() + interval '1 hour' WHERE work_id=%s",
+        (token, later),
+    )
+    earlier = await _member(conn, base + 5, lane)
+    assert await _states(conn, later, earlier) == ["processing", "blocked"]
+    return later, earlier
+
+
+async def test_idle_lanes_skip_the_busy_probe_and_only_they(adb) -> None:
+    # The probe is what keeps an inverted lane's head blocked; ``idle`` (a lane whose processing
+    # member the transaction itself moved out) skips it for the lanes named and no other.
+    _, e_l = await _inverted(adb, "L")
+    _, e_m = await _inverted(adb, "M", base=100)
+    lanes = [(PACK, "s", "L"), (PACK, "s", "M")]
+    async with adb.transaction():
+        locked = await lane_lock_batch(adb, lanes)
+        assert (await lane_settle_batch(adb, locked)).promoted == 0
+    assert await _states(adb, e_l, e_m) == ["blocked", "blocked"]
+    async with adb.transaction():  # control: the flag is what skips the probe (a lie promotes)
+        locked = await lane_lock_batch(adb, lanes)
+        assert (await lane_settle_batch(adb, locked, idle={(PACK, "s", "L")})).promoted == 1
+    assert await _states(adb, e_l, e_m) == ["pending", "blocked"]
+
+
+async def test_finalize_marks_idle_only_the_lanes_a_member_really_left(adb) -> None:
+    # A stale completion (another lease token) left nothing: its lane keeps the probe and the late
+    # earlier member stays blocked; the holder's own completion frees the lane.
+    from connector.common.store.work_items.finalize import FailBatch, work_item_finalize
+
+    later, earlier = await _inverted(adb, "L", token=7)
+    lane = (PACK, "s", "L")
+    res = await work_item_finalize(adb, [later], [6], FailBatch(), [lane], member_lanes={later: [lane]})
+    assert res.complete_stale == 1 and res.promoted == 0
+    assert await _states(adb, later, earlier) == ["processing", "blocked"]
+    res = await work_item_finalize(adb, [later], [7], FailBatch(), [lane], member_lanes={later: [lane]})
+    assert res.completed == [later] and res.promoted == 1
+    assert await _states(adb, later, earlier) == ["succeeded", "pending"]

@@ -310,6 +310,7 @@ def settle_lanes(conn: psycopg.Connection, lanes: set[tuple[int, str, str]]) -> 
                     "packs": [r[0] for r in locked],
                     "kinds": [r[1] for r in locked],
                     "keys": [r[2] for r in locked],
+                    "idle": [False] * len(locked),
                     "demote": False,
                 },
             )

@@ -221,7 +221,9 @@ def test_lane_statements_use_lane_indexes(db, backlog, mode) -> None:
     params = {"packs": [x[0] for x in lanes], "kinds": [x[1] for x in lanes], "keys": [x[2] for x in lanes]}
     plan = _explain(db, "lane_lock", LANE_LOCK_BATCH, params, mode)
     _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
-    plan = _explain(db, "lane_settle", LANE_SETTLE_BATCH, {**params, "demote": False}, mode)
+    plan = _explain(
+        db, "lane_settle", LANE_SETTLE_BATCH, {**params, "idle": [False] * len(lanes), "demote": False}, mode
+    )
     _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
 
 

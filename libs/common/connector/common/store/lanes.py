@@ -18,7 +18,7 @@ A lane is identified by (installed_pack_id, kind, key), kind a ``LaneKind``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -102,14 +102,22 @@ FROM (SELECT * FROM keyed ORDER BY lock_key, pack, kind, key) ordered
 # Promote each locked lane's first member when it is blocked, nothing in its lanes is processing,
 # and it is first in its other lane too (which must be locked as well). With demote, ready members
 # that are not runnable any more (an earlier delivery materialized late) go back to blocked.
+# ``idle`` marks lanes known to have nothing in processing: the caller's transaction moved the
+# lane's member out of processing (fenced), and the partial UNIQUE index on processing lane members
+# lets no other member be processing in any snapshot of that transaction. Their "busy" probe is
+# skipped: with the processing index full of entries left since the last vacuum, it was most of the
+# statement's buffers (the planner scans ix_connector_work_item_processing whole for it;
+# /work/helpers/lanes-design.md has the breakdown).
 LANE_SETTLE_BATCH = f"""
 WITH locked AS (
-  SELECT * FROM unnest(%(packs)s::bigint[], %(kinds)s::text[], %(keys)s::text[]) AS l(pack, kind, key)
+  SELECT * FROM unnest(%(packs)s::bigint[], %(kinds)s::text[], %(keys)s::text[], %(idle)s::bool[])
+    AS l(pack, kind, key, idle)
 ), heads AS (
   SELECT l.pack, l.kind, l.key, h.work_id AS first_id, h.state AS first_state,
-         EXISTS (SELECT 1 FROM connector_work_item p
-                 WHERE p.installed_pack_id = l.pack AND p.source_lane_key = l.key
-                   AND p.state = 'processing') AS busy
+         CASE WHEN l.idle THEN false ELSE EXISTS (
+           SELECT 1 FROM connector_work_item p
+           WHERE p.installed_pack_id = l.pack AND p.source_lane_key = l.key AND p.state = 'processing')
+         END AS busy
   FROM locked l LEFT JOIN LATERAL (
     SELECT w.work_id, w.state FROM connector_work_item w
     WHERE w.installed_pack_id = l.pack AND w.source_lane_key = l.key AND {_HOLD_W}
@@ -117,9 +125,11 @@ WITH locked AS (
   WHERE l.kind = 's'
   UNION ALL
   SELECT l.pack, l.kind, l.key, h.work_id, h.state,
-         EXISTS (SELECT 1 FROM connector_work_item p
-                 WHERE p.installed_pack_id = l.pack AND p.target_mutation_lane_key = l.key
-                   AND p.state = 'processing')
+         CASE WHEN l.idle THEN false ELSE EXISTS (
+           SELECT 1 FROM connector_work_item p
+           WHERE p.installed_pack_id = l.pack AND p.target_mutation_lane_key = l.key
+             AND p.state = 'processing')
+         END
   FROM locked l LEFT JOIN LATERAL (
     SELECT w.work_id, w.state FROM connector_work_item w
     WHERE w.installed_pack_id = l.pack AND w.target_mutation_lane_key = l.key AND {_HOLD_W}
@@ -181,12 +191,19 @@ async def lane_lock_batch(conn: AsyncConnection[Any], lanes: Iterable[Lane]) -> 
 
 
 async def lane_settle_batch(
-    conn: AsyncConnection[Any], locked: Sequence[Lane], *, demote: bool = False
+    conn: AsyncConnection[Any], locked: Sequence[Lane], *, demote: bool = False, idle: Collection[Lane] = ()
 ) -> SettleResult:
-    """Promote (and with ``demote``, re-block) members of lanes locked by ``lane_lock_batch``."""
+    """Promote (and with ``demote``, re-block) members of lanes locked by ``lane_lock_batch``.
+    ``idle``: lanes whose processing member this transaction has already moved out of processing
+    (nothing else of theirs can be processing: no probe)."""
     if not locked:
         return SettleResult(0, 0)
-    params: dict[str, Any] = {**_arrays(locked), "demote": demote}
+    arrays = _arrays(locked)
+    flags = [
+        (p, k, key) in idle
+        for p, k, key in zip(arrays["packs"], arrays["kinds"], arrays["keys"], strict=True)
+    ]
+    params: dict[str, Any] = {**arrays, "idle": flags, "demote": demote}
     cur = await conn.execute(LANE_SETTLE_BATCH, params, prepare=True)
     row = await cur.fetchone()
     assert row is not None

@@ -62,7 +62,16 @@ def circuit_outcome(out: Outcome | None) -> str:
 class Pending:
     """Finalizes waiting for the next flush (plain items and lane items kept apart)."""
 
-    __slots__ = ("circuits", "complete_ids", "complete_tokens", "fail", "items", "lanes", "slots")
+    __slots__ = (
+        "circuits",
+        "complete_ids",
+        "complete_tokens",
+        "fail",
+        "items",
+        "lanes",
+        "member_lanes",
+        "slots",
+    )
 
     def __init__(self) -> None:
         self.complete_ids: list[int] = []
@@ -70,6 +79,9 @@ class Pending:
         self.fail = work_items.finalize.FailBatch()
         self.items: list[InFlight] = []
         self.lanes: set[Lane] = set()
+        #: Each lane member's lanes (work id -> lanes): those of the members that leave processing
+        #: are idle for the settle (no busy probe).
+        self.member_lanes: dict[int, list[Lane]] = {}
         #: Concurrency slots the flush gives back: work id -> (pack, concurrency key).
         self.slots: dict[int, tuple[int, str]] = {}
         #: Outcomes the circuit breakers count, in finish order: work id -> (pack, circuit key, code).
@@ -162,10 +174,12 @@ class Finalizer:
         if not chunks or len(chunks[-1]) >= LANE_FLUSH_MAX:
             chunks.append(Pending())
         p = chunks[-1]
+        mine = p.member_lanes[f.work_id] = []
         if s_key is not None:
-            p.lanes.add((f.installed_pack_id, LaneKind.SOURCE, s_key))
+            mine.append((f.installed_pack_id, LaneKind.SOURCE, s_key))
         if t_key is not None:
-            p.lanes.add((f.installed_pack_id, LaneKind.TARGET, t_key))
+            mine.append((f.installed_pack_id, LaneKind.TARGET, t_key))
+        p.lanes.update(mine)
         if f.concurrency_key is not None:
             p.slots[f.work_id] = (f.installed_pack_id, f.concurrency_key)
         return p
@@ -278,6 +292,7 @@ class Finalizer:
                 notify_above=free if e.claiming else 0,
                 slots=batch.slots,
                 circuits=batch.circuits,
+                member_lanes=batch.member_lanes,
             )
         return await work_items.finalize.work_item_finalize(
             conn,

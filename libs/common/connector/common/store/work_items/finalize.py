@@ -374,6 +374,7 @@ async def work_item_finalize(
     notify_above: int = 0,
     slots: Mapping[int, tuple[int, str]] | None = None,
     circuits: Mapping[int, tuple[int, str, str]] | None = None,
+    member_lanes: Mapping[int, Sequence[Lane]] | None = None,
 ) -> FinalizeResult:
     """Apply one flush of finalizes. Without lanes or concurrency slots: at most two autocommit
     statements. Otherwise one transaction: ``lane_lock_batch`` → fenced updates → the slots of the
@@ -382,7 +383,9 @@ async def work_item_finalize(
     promoted or parked items woken than ``notify_above`` (the caller's free capacity: what it cannot
     claim itself right away, other claimers should look at). ``circuits`` (work id → (pack, circuit
     key, outcome code), in finish order): the outcomes the circuit breakers count, fed after the
-    slots for the rows that actually left ``processing`` (``circuits.circuit_record``)."""
+    slots for the rows that actually left ``processing`` (``circuits.circuit_record``).
+    ``member_lanes`` (work id → its lanes): the lanes of the rows that left ``processing`` here are
+    idle for the settle (``lane_settle_batch``'s ``idle``: no busy probe)."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
@@ -398,7 +401,8 @@ async def work_item_finalize(
         if circuits:
             result.circuits = await circuit_record(conn, _circuit_outcomes(circuits, left))
         if locked:
-            settled = await lane_settle_batch(conn, locked)
+            idle = {lane for wid in left for lane in member_lanes.get(wid, ())} if member_lanes else set()
+            settled = await lane_settle_batch(conn, locked, idle=idle)
             result.promoted = settled.promoted
         if result.promoted + result.woken > notify_above:
             await work_notify(conn, "lanes")
