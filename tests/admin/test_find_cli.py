@@ -81,3 +81,32 @@ async def test_trace_view_json_and_errors(cli, seed: Seed) -> None:  # noqa: F81
     assert code == 1 and err.startswith("error: NOT_FOUND RECEIPT_NOT_FOUND: ")
     code, _, err = await cli("trace", "--work-id", str(head), "--payload", token=VIEW)
     assert code == 1 and "PAYLOAD_NOT_ALLOWED" in err
+
+
+async def test_trace_view_lists_attempts(cli, seed: Seed) -> None:  # noqa: F811
+    from connector.common.store.work_items import claim, finalize
+
+    pack = await seed.pack()
+    item = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    await seed.conn.execute("UPDATE connector_work_item SET attempts = 0, lease_token = 0")
+    for op in (finalize.FailOp.RETRY, finalize.FailOp.DEAD):
+        ((_, token, *_),) = await claim.work_item_claim_batch(
+            seed.conn, [pack], ["default"], [1], owner="exec-a", lease_s=30
+        )
+        batch = finalize.FailBatch()
+        batch.add(item, token, op, failure_class="http_503", summary=f"upstream said 503 ({op.name})")
+        await finalize.work_item_fail_batch(seed.conn, batch)
+        await seed.conn.execute(
+            "UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (item,)
+        )
+    code, out, _ = await cli("trace", "--work-id", str(item), token=VIEW)
+    assert code == 0, out
+    lines = [x.strip() for x in out.splitlines() if x.strip().startswith("attempt ")]
+    assert len(lines) == 2, out
+    assert lines[0].startswith("attempt 1   retry") and "token 1  owner exec-a" in lines[0]
+    assert lines[0].endswith("http_503: upstream said 503 (RETRY)")
+    assert lines[1].startswith("attempt 2   dead") and lines[1].endswith("http_503: upstream said 503 (DEAD)")
+    assert "not kept" not in out
+    code, out, _ = await cli("trace", "--work-id", str(item), "--json", token=VIEW)
+    (wt,) = json.loads(out)["events"][0]["work_items"]
+    assert [a["outcome"] for a in wt["attempts"]] == ["retry", "dead"]

@@ -30,7 +30,7 @@ from .recording import OnePool, Recording
 pytestmark = pytest.mark.slow
 
 N = 1_000_000
-BIG = ("connector_ingress_receipt", "connector_event", "connector_work_item")
+BIG = ("connector_ingress_receipt", "connector_event", "connector_work_item", "connector_work_attempt")
 #: A scan without a key examines at most FIND_SCAN_LIMIT receipts, plus the page's probes.
 SCAN_READ_MAX = 40_000
 KEY_READ_MAX = 500
@@ -108,6 +108,15 @@ def _seed(db: psycopg.Connection) -> None:
                 WHEN event_id % 100 < 92 THEN 'retry' WHEN event_id % 100 < 96 THEN 'dead'
                 WHEN event_id % 100 < 97 THEN 'processing' ELSE 'blocked' END AS s
               FROM connector_event) e
+        """
+    )
+    # Three ended attempts of every item in retry or dead (60k items, 180k rows).
+    db.execute(
+        """
+        INSERT INTO connector_work_attempt (work_id, slot, lease_token, attempt, lease_owner, started_at,
+          ended_at, outcome, failure_class, failure_summary)
+        SELECT w.work_id, n, n, n, 'x', now() - interval '1 minute', now(), 'retry', 'c', 's'
+        FROM connector_work_item w, generate_series(1, 3) n WHERE w.state IN ('retry', 'dead')
         """
     )
     for table in (*BIG, "connector_route", "connector_claim_authority", "connector_installed_pack"):
@@ -189,6 +198,7 @@ def _calls() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         ("delivery+state", pb.FindDeliveriesRequest(provider_delivery_id="d-777777", work_item_state="dead")),
         ("trace-receipt", pb.TraceDeliveryRequest(receipt_id=500_010)),
         ("trace-work", pb.TraceDeliveryRequest(work_id=600_098)),  # blocked, in a lane
+        ("trace-dead", pb.TraceDeliveryRequest(work_id=600_093)),  # dead, with attempts
         ("trace-delivery", pb.TraceDeliveryRequest(provider_delivery_id="d-700010", include_payload=True)),
     ]
     scans = [
@@ -226,9 +236,10 @@ async def test_find_and_trace_statements_use_indexes_at_a_million_rows(big_db: s
                     problems.append(f"{label}: seq={seq} rows={rows} :: {' '.join(query.split())[:160]}")
     assert not problems, "\n".join(problems)
     # The trace sent one statement per part, whatever the number of WorkItems (batched).
-    # work id -> receipt, receipt, events, WorkItems, lane positions, claim authorities, claimants.
+    # work id -> receipt, receipt, events, WorkItems, lane positions, claim authorities, attempts,
+    # claimants.
     trace_statements = [q for label, q, _ in recorded_keyed if label == "trace-work"]
-    assert len(trace_statements) == 7, trace_statements
+    assert len(trace_statements) == 8, trace_statements
 
 
 def test_the_plan_check_catches_a_scan(big_db: str) -> None:

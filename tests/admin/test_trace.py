@@ -273,7 +273,7 @@ async def test_the_trace_is_batched_whatever_the_number_of_work_items(admin: Adm
 
     single, fan = await count(single_receipt), await count(fan_receipt)
     assert single[1] == 1 and fan[1] == 3
-    assert single[0] == fan[0] == 7, (single, fan)  # snapshot + 6 reads
+    assert single[0] == fan[0] == 8, (single, fan)  # snapshot + 7 reads (the attempts one)
 
 
 async def test_paused_and_cancelled_items_say_so(admin: Admin, seed: Seed) -> None:
@@ -417,3 +417,89 @@ async def test_a_delayed_item_with_a_rate_key_waits_on_its_delay(admin: Admin, s
         "UPDATE connector_work_item SET updated_at = clock_timestamp() WHERE work_id = %s", (delayed,)
     )
     assert (await _item_trace(admin, delayed)).wait.reason == pb.WAIT_REASON_RATE_LIMITED
+
+
+async def test_attempts_in_claim_order_with_the_success_from_the_work_item(admin: Admin, seed: Seed) -> None:
+    """Two failed claims then a success: three attempts, tokens increasing, the first two as the
+    fail statement kept them (outcome, class, sanitized error, owner), the third read from the
+    WorkItem row (no attempt row for it). Control: a running claim shows as ``running`` with its
+    owner, and an item never claimed has none."""
+    from connector.common.store.work_items import claim, finalize
+
+    pack = await seed.pack("shop")
+    item = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    never = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    await seed.conn.execute("UPDATE connector_work_item SET attempts = 0, lease_token = 0")
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET run_after = now() + interval '1 hour' WHERE work_id = %s", (never,)
+    )
+
+    async def take(owner: str) -> int:
+        rows = await claim.work_item_claim_batch(seed.conn, [pack], ["default"], [1], owner=owner, lease_s=30)
+        assert [r[0] for r in rows] == [item]
+        return int(rows[0][1])
+
+    for n, owner in enumerate(("exec-a", "exec-b")):
+        batch = finalize.FailBatch()
+        batch.add(
+            item, await take(owner), finalize.FailOp.RETRY, failure_class="http_503", summary=f"503 #{n}"
+        )
+        assert await finalize.work_item_fail_batch(seed.conn, batch) == [(item, "retry")]
+        await seed.conn.execute(
+            "UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (item,)
+        )
+    token = await take("exec-c")
+    running = await _item_trace(admin, item)
+    assert [(a.outcome, a.lease_owner, a.lease_token) for a in running.attempts] == [
+        ("retry", "exec-a", 1),
+        ("retry", "exec-b", 2),
+        ("running", "exec-c", 3),
+    ]
+    assert not running.attempts[2].HasField("end_time")
+    assert await finalize.work_item_complete_batch(seed.conn, [item], [token]) == [item]
+    got = await _item_trace(admin, item)
+    assert [
+        (a.attempt, a.outcome, a.lease_token, a.failure_class, a.failure_summary) for a in got.attempts
+    ] == [
+        (1, "retry", 1, "http_503", "503 #0"),
+        (2, "retry", 2, "http_503", "503 #1"),
+        (3, "succeeded", 3, "", ""),
+    ]
+    for a in got.attempts:
+        assert a.end_time.ToDatetime() >= a.start_time.ToDatetime()
+        assert a.duration.ToTimedelta() == a.end_time.ToDatetime() - a.start_time.ToDatetime()
+    assert got.claims_not_kept == 0
+    assert (await _item_trace(admin, never)).attempts == []
+
+
+async def test_attempts_of_old_claims_are_said_not_kept(admin: Admin, seed: Seed) -> None:
+    """25 failed claims, then a success: the attempts of the last 20 claims are shown (tokens 7-26),
+    claims 1-6 are counted as not kept. Control: the success (claim 26) overwrote no slot, so claim
+    6's row is still in the table (20 rows): the trace leaves it out."""
+    from connector.common.store.work_items import claim, finalize
+
+    pack = await seed.pack("shop")
+    item = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET max_attempts = 100, attempts = 0, lease_token = 0 WHERE work_id = %s",
+        (item,),
+    )
+    token = 0
+    for n in range(26):
+        ((_, token, *_),) = await claim.work_item_claim_batch(
+            seed.conn, [pack], ["default"], [1], owner=f"o{n}", lease_s=30
+        )
+        if n == 25:
+            assert await finalize.work_item_complete_batch(seed.conn, [item], [token]) == [item]
+            break
+        batch = finalize.FailBatch()
+        batch.add(item, token, finalize.FailOp.RETRY, failure_class="c", summary="s")
+        await finalize.work_item_fail_batch(seed.conn, batch)
+        await seed.conn.execute(
+            "UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (item,)
+        )
+    got = await _item_trace(admin, item)
+    assert got.claims_not_kept == 6
+    assert [a.lease_token for a in got.attempts] == list(range(7, 27))
+    assert got.attempts[-1].outcome == "succeeded"
+    assert await seed.one("SELECT count(*) FROM connector_work_attempt WHERE work_id = %s", (item,)) == 20

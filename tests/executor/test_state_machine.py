@@ -39,7 +39,10 @@ class ClaimMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.db = psycopg.connect(url, autocommit=True)
-        self.db.execute("TRUNCATE connector_work_attempt, connector_work_item, connector_event, connector_ingress_receipt CASCADE")
+        self.db.execute(
+            "TRUNCATE connector_work_attempt, connector_work_item, connector_event, connector_ingress_receipt"
+            " CASCADE"
+        )
         row = self.db.execute(
             "SELECT installed_pack_id FROM connector_installed_pack WHERE name = 'sm'"
         ).fetchone()

@@ -1357,16 +1357,42 @@ class LanePosition(_message.Message):
     def __init__(self, kind: _Optional[_Union[LaneKind, str]] = ..., lane_key: _Optional[str] = ..., head_work_id: _Optional[int] = ..., head_state: _Optional[_Union[_types_pb2.WorkItemState, str]] = ..., processing_work_id: _Optional[int] = ..., ahead: _Optional[int] = ...) -> None: ...
 
 class WorkItemTrace(_message.Message):
-    __slots__ = ("work_item", "lanes", "wait", "claim_path")
+    __slots__ = ("work_item", "lanes", "wait", "claim_path", "attempts", "claims_not_kept")
     WORK_ITEM_FIELD_NUMBER: _ClassVar[int]
     LANES_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     CLAIM_PATH_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     work_item: _types_pb2.WorkItem
     lanes: _containers.RepeatedCompositeFieldContainer[LanePosition]
     wait: WorkItemWait
     claim_path: str
-    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., lanes: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., wait: _Optional[_Union[WorkItemWait, _Mapping]] = ..., claim_path: _Optional[str] = ...) -> None: ...
+    attempts: _containers.RepeatedCompositeFieldContainer[WorkAttempt]
+    claims_not_kept: int
+    def __init__(self, work_item: _Optional[_Union[_types_pb2.WorkItem, _Mapping]] = ..., lanes: _Optional[_Iterable[_Union[LanePosition, _Mapping]]] = ..., wait: _Optional[_Union[WorkItemWait, _Mapping]] = ..., claim_path: _Optional[str] = ..., attempts: _Optional[_Iterable[_Union[WorkAttempt, _Mapping]]] = ..., claims_not_kept: _Optional[int] = ...) -> None: ...
+
+class WorkAttempt(_message.Message):
+    __slots__ = ("attempt", "lease_token", "lease_owner", "start_time", "end_time", "duration", "outcome", "failure_class", "failure_summary")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_OWNER_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    lease_token: int
+    lease_owner: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    duration: _duration_pb2.Duration
+    outcome: str
+    failure_class: str
+    failure_summary: str
+    def __init__(self, attempt: _Optional[int] = ..., lease_token: _Optional[int] = ..., lease_owner: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., outcome: _Optional[str] = ..., failure_class: _Optional[str] = ..., failure_summary: _Optional[str] = ...) -> None: ...
 
 class EventTrace(_message.Message):
     __slots__ = ("event", "execution_owner", "legacy_state", "work_items")

@@ -104,6 +104,16 @@ def _lane(lane: pb.LanePosition) -> str:
     return f"{kind} {lane.lane_key!r}: {head}{flight}, {lane.ahead} ahead"
 
 
+def _attempt(a: pb.WorkAttempt) -> str:
+    """One attempt of a WorkItem: number, outcome, duration, token, owner, error."""
+    took = f"{a.duration.ToTimedelta().total_seconds():.3f}s" if a.HasField("duration") else "-"
+    error = f"  {a.failure_class or '-'}: {a.failure_summary or '-'}" if a.failure_class else ""
+    return (
+        f"attempt {a.attempt:<3} {a.outcome:<13} {took:>9}  token {a.lease_token}"
+        f"  owner {a.lease_owner or '-'}  started {when(a.start_time, a.HasField('start_time'))}{error}"
+    )
+
+
 def render_trace(
     response: pb.TraceDeliveryResponse,
     *,
@@ -172,6 +182,13 @@ def render_trace(
             )
             if w.failure_class or w.failure_summary:
                 emit(f"      last error  {w.failure_class or '-'}: {w.failure_summary or '-'}")
+            if wt.claims_not_kept:
+                emit(
+                    f"      attempts    of claims 1-{wt.claims_not_kept}: not kept"
+                    " (those of the last 20 claims are)"
+                )
+            for a in wt.attempts:
+                emit(f"      {_attempt(a)}")
             for lane in wt.lanes:
                 emit(f"      lane        {_lane(lane)}")
             emit(f"      why         {_wait_reason(wt.wait.reason)}: {wt.wait.detail}")

@@ -25,6 +25,8 @@ from connector.common.store import pauses as pause_store
 from connector.common.store.lanes import LaneKind, LaneMember, lane_position_batch, lanes_of
 from connector.common.store.receipts.find import DeliveryFilter
 from connector.common.store.rows import snapshot_read_only
+from connector.common.store.tokens import TOKEN_COUNTER_BITS
+from connector.common.store.work_items.finalize import ATTEMPTS_KEPT
 from connector.executor.admin import convert
 from connector.executor.admin.auth import Principal
 from connector.executor.admin.errors import Reason, invalid_argument, not_found, permission_denied
@@ -602,6 +604,48 @@ async def _receipt_id(conn: Any, request: pb.TraceDeliveryRequest) -> int:
     return ids[0]
 
 
+def work_attempts(w: dict[str, Any], kept: list[dict[str, Any]]) -> tuple[list[pb.WorkAttempt], int]:
+    """A WorkItem's attempts, oldest first, and how many of its claims are too old to be kept
+    (``WorkItemTrace.attempts``). ``kept``: its ``connector_work_attempt`` rows in token order. The
+    ring keeps the slots of the last ``ATTEMPTS_KEPT`` claims; a slot a later success did not overwrite
+    may hold an older claim's attempt, which is left out so that "not kept" is exact. The current claim
+    is read from the WorkItem row when nothing ended it with a row: running, or succeeded."""
+    token = int(w["w_lease_token"] or 0)
+    claims = token & ((1 << TOKEN_COUNTER_BITS) - 1)
+    first_kept = claims - ATTEMPTS_KEPT
+    out = [
+        pb.WorkAttempt(
+            attempt=int(a["attempt"]),
+            lease_token=int(a["lease_token"]),
+            lease_owner=a.get("lease_owner") or "",
+            start_time=convert.ts(a.get("started_at")),
+            end_time=convert.ts(a["ended_at"]),
+            duration=convert.duration(a["ended_at"] - a["started_at"]) if a.get("started_at") else None,
+            outcome=str(a["outcome"]),
+            failure_class=a.get("failure_class") or "",
+            failure_summary=a.get("failure_summary") or "",
+        )
+        for a in kept
+        if int(a["lease_token"]) & ((1 << TOKEN_COUNTER_BITS) - 1) > first_kept
+    ]
+    state = str(w["w_state"])
+    ended = any(int(a["lease_token"]) == token for a in kept)
+    if claims and not ended and state in ("processing", "succeeded") and w.get("w_started_at"):
+        start, end = w["w_started_at"], w.get("w_finished_at") if state == "succeeded" else None
+        out.append(
+            pb.WorkAttempt(
+                attempt=int(w["w_attempts"]),
+                lease_token=token,
+                lease_owner=w.get("w_lease_owner") or "",
+                start_time=convert.ts(start),
+                end_time=convert.ts(end),
+                duration=convert.duration(end - start) if end is not None else None,
+                outcome="running" if state == "processing" else "succeeded",
+            )
+        )
+    return out, max(0, first_kept)
+
+
 async def trace_delivery(
     pool: Any, request: pb.TraceDeliveryRequest, principal: Principal | None, *, stale_s: float
 ) -> pb.TraceDeliveryResponse:
@@ -627,6 +671,9 @@ async def trace_delivery(
         authorities = await authority.claim_authority_list(
             conn, [(int(w["w_installed_pack_id"]), int(w["w_generation"])) for w in item_rows]
         )
+        attempt_rows: dict[int, list[dict[str, Any]]] = {}
+        for a in await work_items.admin.work_attempt_list(conn, [int(w["w_work_id"]) for w in item_rows]):
+            attempt_rows.setdefault(int(a["work_id"]), []).append(a)
         claimants = await processes.process_count_work_item_fresh(conn, stale_s=stale_s)
         pause_rows: dict[tuple[int, str], dict[str, Any]] = {}
         if any(a.get("paused_queue_classes") for a in authorities.values()):
@@ -692,8 +739,11 @@ async def trace_delivery(
             circuit_rows,
         )
 
+        attempts, not_kept = work_attempts(w, attempt_rows.get(work_id, []))
         by_event[int(w["w_event_id"])].work_items.append(
             pb.WorkItemTrace(
+                attempts=attempts,
+                claims_not_kept=not_kept,
                 claim_path=owner_path(
                     w["w_state"], authorities.get((int(w["w_installed_pack_id"]), int(w["w_generation"])))
                 ),

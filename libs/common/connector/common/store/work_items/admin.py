@@ -457,7 +457,8 @@ async def work_item_state_by_event(conn: Conn, event_id: int, work_type: str) ->
 # The WorkItems of found or traced deliveries (one statement per page or trace), by their events:
 # ``uq_connector_work_item_event_id_work_type``; with the lane policy the trace's wait reads.
 WORK_ITEM_LIST_BY_EVENTS = f"""
-SELECT {WORK_ITEM_SELECT_COLUMNS}, w.dead_blocks_lane AS w_dead_blocks_lane
+SELECT {WORK_ITEM_SELECT_COLUMNS}, w.dead_blocks_lane AS w_dead_blocks_lane,
+  w.started_at AS w_started_at
 FROM connector_work_item w WHERE w.event_id = ANY(%(ids)s::bigint[])
 ORDER BY w.event_id, w.work_id
 """
