@@ -91,6 +91,24 @@ SECRET_ENV = "CONNECTOR_BENCH_WEBHOOK_SECRET"
 TARGET_RATE = ">= 3000"
 TARGET_P99 = "< 1000"
 SERVICES = ("ingress", "materializer", "executor", "postgres", "postgres shared", "load_generator")
+#: ``postgres`` split by the service whose connection it served (``CpuSampler`` with a url).
+BACKENDS = (
+    "postgres: ingress",
+    "postgres: materializer",
+    "postgres: executor",
+    "postgres: bench",
+    "postgres: ?",
+)
+#: Print order of the CPU figures: each process, PostgreSQL's backends (their sum, then per service).
+CPU_ORDER = (
+    "ingress",
+    "materializer",
+    "executor",
+    "postgres",
+    *BACKENDS,
+    "postgres shared",
+    "load_generator",
+)
 
 
 async def noop(ctx: Any) -> None:
@@ -239,12 +257,22 @@ class CpuSampler:
     """Samples the CPU counters of every process on the machine (``/proc``) every ``interval`` and
     labels them: our services by pid, PostgreSQL (backends of the benchmark database plus the
     server's shared background processes), backends of other databases, and everything else by
-    command name, so that "other" load on a shared machine is visible rather than guessed."""
+    command name, so that "other" load on a shared machine is visible rather than guessed.
 
-    def __init__(self, pids: dict[str, int], dbname: str, interval: float = 0.5) -> None:
+    With ``url``, each backend of the benchmark database is labelled by the service that opened it
+    (``postgres: ingress`` / ``materializer`` / ``executor``, from its ``application_name``
+    ``connector-<service>[-<job>]``; ``postgres: bench`` for the harness's own connections), and
+    ``cores_between`` adds their sum as ``postgres``."""
+
+    def __init__(
+        self, pids: dict[str, int], dbname: str, interval: float = 0.5, url: str | None = None
+    ) -> None:
         self.names = {pid: name for name, pid in pids.items()}
         self.dbname = dbname
         self.interval = interval
+        self.url = url
+        self._conn: Any = None
+        self._apps: dict[int, str] = {}
         self.samples: list[tuple[float, dict[int, tuple[float, float]], tuple[float, float, float]]] = []
         self._labels: dict[int, str] = {}
         self._stop = threading.Event()
@@ -273,6 +301,8 @@ class CpuSampler:
             if comm == "postgres":
                 if "127.0.0.1(" in title or "[local]" in title:
                     label = "postgres" if f" {self.dbname} " in title else "postgres, other databases"
+                    if label == "postgres" and self.url is not None:
+                        label = f"postgres: {self._backend_service(pid)}"
                 else:  # the postmaster and the server's shared processes (WAL writer, checkpointer, ...)
                     role = title.rsplit(":", 1)[-1].strip() if ":" in title else "postmaster"
                     label = f"postgres shared: {role or 'postmaster'}"
@@ -280,6 +310,29 @@ class CpuSampler:
                 label = f"other: {comm}"
         self._labels[pid] = label
         return label
+
+    def _backend_service(self, pid: int) -> str:
+        """The service that opened backend ``pid`` (its ``application_name``; ``bench`` for the
+        harness's connections, ``?`` when it is gone or cannot be read)."""
+        if pid not in self._apps:
+            with contextlib.suppress(Exception):
+                import psycopg
+
+                if self._conn is None and self.url is not None:
+                    self._conn = psycopg.connect(
+                        self.url, autocommit=True, application_name="connector-bench-sampler"
+                    )
+                rows = self._conn.execute(
+                    "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
+                ).fetchall()
+                self._apps.update({int(r[0]): str(r[1] or "") for r in rows})
+        app = self._apps.get(pid)
+        if app is None:
+            return "?"
+        for service in ("ingress", "materializer", "executor"):
+            if app == f"connector-{service}" or app.startswith(f"connector-{service}-"):
+                return service
+        return "bench"
 
     def sample(self) -> None:
         counters: dict[int, tuple[float, float]] = {}
@@ -304,6 +357,10 @@ class CpuSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
 
     def cores_between(self, t0: float, t1: float) -> dict[str, float]:
         """Cores busy per label between the samples nearest ``t0`` and ``t1``, plus ``machine`` (all
@@ -325,7 +382,10 @@ class CpuSampler:
                 # two samples show up only here: in their parent's count of waited-for children.
                 key = f"exited children of {label}"
                 out[key] = out.get(key, 0.0) + (children - before[1]) / span
+        backends = [v for k, v in out.items() if k.startswith("postgres: ")]
         out = {k: v for k, v in out.items() if v >= 0.005}
+        if backends:  # their sum, small ones included
+            out["postgres"] = out.get("postgres", 0.0) + sum(backends)
         out["kernel irq/softirq"] = (irq_b - irq_a) / span
         out["machine"] = (busy_b - busy_a) / span
         out["processes created per s"] = (forks_b - forks_a) / span
@@ -769,7 +829,7 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
     services = start_services(url, upkeep=args.upkeep, figures=getattr(args, "figures", "on"))
     procs, http_port, metrics, secret = services.procs, services.http_port, services.metrics, services.secret
     dbname = services.dbname
-    sampler = CpuSampler({k: p.pid for k, p in procs.items()}, dbname)
+    sampler = CpuSampler({k: p.pid for k, p in procs.items()}, dbname, url=url)
     gen: subprocess.Popen[str] | None = None
     stop_vacuum = threading.Event()
     vacuumer: threading.Thread | None = None
@@ -841,11 +901,12 @@ def run_once(args: argparse.Namespace, url: str) -> dict[str, Any]:
             for k, v in cpu.items()
             if k not in ("machine", "load_generator", "processes created per s")
             and not k.startswith("exited children of ")
+            and not (k == "postgres" and any(b in cpu for b in BACKENDS))  # their sum
         )
         cpu["unattributed"] = max(0.0, cpu["machine"] - known - cpu["load_generator"])
     cpu["postgres shared"] = shared
     rate = figures["executed_per_s"]
-    per = {k: round(cpu[k] / rate * 1e6, 1) for k in SERVICES if k in cpu and rate > 0}
+    per = {k: round(cpu[k] / rate * 1e6, 1) for k in CPU_ORDER if k in cpu and rate > 0}
     rollups = {
         k: round((figures_after[k] - figures_before[k]) / load_s, 2)
         for k in figures_before
@@ -901,7 +962,7 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
           f"drained {ms(f['drained_s_after_end'])} s after the end")  # fmt: skip
     if load["late_sends"]:
         print(f"  late sends (open loop)    {load['late_sends']:,} (p99 {load['late_p99_ms']:.1f} ms late)")
-    main = [k for k in SERVICES if k in cpu]
+    main = [k for k in CPU_ORDER if k in cpu]
     skip = ("machine", "processes created per s")
     rest = sorted((k for k in cpu if k not in main and k not in skip), key=lambda k: -cpu[k])
     rest = [k for k in rest if cpu[k] >= 0.01]

@@ -246,7 +246,9 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     t_setup = time.monotonic()
     services = e2e_bench.start_services(url, upkeep="auto", extra_env=extra_env)
     procs = services.procs
-    sampler = e2e_bench.CpuSampler({k: p.pid for k, p in procs.items()}, services.dbname, interval=1.0)
+    sampler = e2e_bench.CpuSampler(
+        {k: p.pid for k, p in procs.items()}, services.dbname, interval=1.0, url=url
+    )
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             e2e_bench._wait_ready(services.http_port, procs)
@@ -325,6 +327,9 @@ def _sustain(
         per_s = len(rows) / max(1e-9, t1 - t0)
         cpu = {k: round(cores.get(k, 0.0) / per_s * 1e6, 1) if per_s else None for k in CPU_LABELS}
         cpu_total = round(sum(v for v in cpu.values() if v is not None), 1)
+        for k in e2e_bench.BACKENDS:  # the postgres figure split by the service it served
+            if k in cores and per_s:
+                cpu[k] = round(cores[k] / per_s * 1e6, 1)
         w = windows[i]
         w.update(
             received=len(rows),

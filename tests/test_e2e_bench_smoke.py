@@ -75,3 +75,21 @@ def test_tiny_run_produces_contract_rows(db_url: str, rate: float, vacuum_every:
         wanted = {e.key for e in common.EXPECTED if e.module == "e2e"}
         assert wanted <= keys
     assert all(r["value"] is not None for r in rows)
+
+
+def test_backends_are_labelled_by_the_service_that_opened_them(db_url: str) -> None:
+    import psycopg
+
+    sampler = e2e_bench.CpuSampler({}, "unused", url=db_url)
+    try:
+        with (
+            psycopg.connect(db_url, application_name="connector-executor-upkeep") as upkeep,
+            psycopg.connect(db_url, application_name="connector-ingress") as ingress,
+            psycopg.connect(db_url, application_name="psql") as other,
+        ):
+            pids = [c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in (upkeep, ingress, other)]  # type: ignore[index]
+            assert [sampler._backend_service(pid) for pid in pids] == ["executor", "ingress", "bench"]
+        # control: a pid that is no backend of the database is not attributed to a service
+        assert sampler._backend_service(2**22 + 7) == "?"
+    finally:
+        sampler.stop()
