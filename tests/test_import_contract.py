@@ -132,6 +132,7 @@ WRITERS: dict[str, frozenset[str]] = {
     # executor: WorkItem claim / lease / renew / finalize / retry / dead, reclaim
     "work_item_claim_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_claim_plain_batch": frozenset({EXECUTOR_ROLE}),
+    "work_item_claim_circuit_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_claim_rate_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_renew_lease_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_complete_batch": frozenset({EXECUTOR_ROLE}),

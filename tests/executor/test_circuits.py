@@ -32,6 +32,13 @@ async def _claim(adb, pack: int, n: int = 50, held: dict | None = None, owner: s
     )
 
 
+async def _claim_circuit(adb, pack: int, n: int = 50, needs: dict | None = None, owner: str = "me"):
+    """The circuit statement (closed circuits on the plain path); the levels it left in ``needs``."""
+    return await work_items.claim.work_item_claim_circuit_batch(
+        adb, [pack], ["default"], [n], owner=owner, lease_s=30.0, keyed={}, needs=needs
+    )
+
+
 def _circuit(db: psycopg.Connection, pack: int, key: str = KEY) -> dict:
     row = db.execute(
         """SELECT state, forced, consecutive, cardinality(probe_ids), reason, opened_count,
@@ -222,20 +229,23 @@ async def test_concurrent_claimers_never_admit_more_probes_than_declared(db, db_
             await c.close()
 
 
+@pytest.mark.parametrize("statement", ["flow", "circuit"])
 @pytest.mark.parametrize("control", [False, True], ids=["gate", "control-unlocked-read"])
 async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
-    db, db_url, adb, monkeypatch, control
+    db, db_url, adb, monkeypatch, control, statement
 ) -> None:
     """The race the gate closes: a claim holding a closed circuit (its transaction not committed)
     makes the trip wait (``FOR UPDATE`` after ``KEY SHARE``); once it has committed, a claim
-    admits nothing of the target. Control: a claim that reads the circuit without the lock lets
-    the open commit while it still admits items (the test sees the open finish at once)."""
+    admits nothing of the target. The holder's claim is the flow statement or the circuit
+    statement (closed circuits on the plain path), which takes the same lock. Control: a claim that
+    reads the circuit without the lock lets the open commit while it still admits items (the test
+    sees the open finish at once)."""
+    name = "WORK_ITEM_CLAIM_BATCH" if statement == "flow" else "WORK_ITEM_CLAIM_CIRCUIT_BATCH"
+    claim = _claim if statement == "flow" else _claim_circuit
     if control:
-        stmt = work_items.claim.WORK_ITEM_CLAIM_BATCH
+        stmt = getattr(work_items.claim, name)
         assert "FOR KEY SHARE SKIP LOCKED" in stmt
-        monkeypatch.setattr(
-            work_items.claim, "WORK_ITEM_CLAIM_BATCH", stmt.replace("FOR KEY SHARE SKIP LOCKED", "")
-        )
+        monkeypatch.setattr(work_items.claim, name, stmt.replace("FOR KEY SHARE SKIP LOCKED", ""))
     pack = seed.seed_pack(db, "p", WT)
     pol = {"consecutive_failures": 1, "open_s": 60}
     seed.seed_items(db, pack, 1, circuit_keys=[KEY], circuit=pol)
@@ -243,7 +253,7 @@ async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
     seed.seed_items(db, pack, 10, circuit_keys=[KEY] * 10, circuit=pol)
     holder = await psycopg.AsyncConnection.connect(db_url)
     try:
-        held = await _claim(holder, pack, 3, owner="holder")  # inside an open transaction
+        held = await claim(holder, pack, 3, owner="holder")  # inside an open transaction
         assert len(held) == 3
         opener = asyncio.create_task(_finish(adb, victim, [FAILURE]))
         await asyncio.sleep(0.5)
@@ -254,9 +264,56 @@ async def test_an_open_waits_for_the_claims_in_flight_and_later_claims_see_it(
         await holder.commit()
         res = await asyncio.wait_for(opener, 10)
         assert [t.state for t in res.circuits] == ["open"]
-        assert await _claim(adb, pack) == []
+        assert await claim(adb, pack) == []
+        if statement == "circuit":  # it left the open circuit's items (untouched) to the flow statement
+            assert (
+                db.execute(
+                    "SELECT count(*) FROM connector_work_item WHERE state = 'pending' AND attempts = 0"
+                    " AND run_after <= now()"
+                ).fetchone()[0]
+                == 7
+            )
     finally:
         await holder.close()
+
+
+async def test_the_circuit_claim_takes_closed_circuits_and_leaves_the_rest(db, adb) -> None:
+    """The circuit statement claims the unkeyed candidates and those of closed circuits; it leaves
+    untouched, with the level each needs, those of an open circuit (the flow statement's: it defers
+    them or admits probes), those with a rate key (the rate statement's) and those with a rate key
+    and a circuit or another flow key (the flow statement's). The ready-groups read says a head whose
+    circuit is not closed needs the flow statement (an empty circuit claim cannot say so)."""
+    pack = seed.seed_pack(db, "p", WT)
+    pol = {"consecutive_failures": 5, "open_s": 60}
+    other = "http://other:80"
+    free = seed.seed_items(db, pack, 2)
+    closed = seed.seed_items(db, pack, 3, circuit_keys=[KEY] * 3, circuit=pol)
+    opened = seed.seed_items(db, pack, 2, circuit_keys=[other] * 2, circuit=pol)
+    rated = seed.seed_items(db, pack, 2, rate_keys=["a", "b"], rate_limit=(1, 60.0, 1))
+    slotted = seed.seed_items(db, pack, 1, concurrency_keys=["c"], concurrency=1)
+    db.execute(
+        "UPDATE connector_circuit SET state = 'open', open_until = now() + interval '1 hour'"
+        " WHERE circuit_key = %s",
+        (other,),
+    )
+    keyed: dict = {}
+    needs: dict = {}
+    rows = await work_items.claim.work_item_claim_circuit_batch(
+        adb, [pack], ["default"], [50], owner="me", lease_s=30.0, keyed=keyed, needs=needs
+    )
+    assert sorted(r[0] for r in rows) == sorted(free + closed)
+    assert keyed == {(pack, "default"): 5} and needs == {(pack, "default"): work_items.claim.FLOW}
+    assert rows[0][-1] is not None and sorted(rows[0][-1]) == [2, 2, 3, 3, 3]  # rate x2, flow x3
+    left = db.execute(
+        "SELECT state, attempts, run_after <= now() FROM connector_work_item WHERE work_id = ANY(%s)",
+        (opened + rated + slotted,),
+    ).fetchall()
+    assert left == [("pending", 0, True)] * 5  # untouched: not claimed, not deferred
+    [group] = await work_items.claim.work_item_ready_groups(adb)
+    assert group.keyed and group.need == work_items.claim.FLOW  # the head: the open circuit's item
+    db.execute("UPDATE connector_circuit SET state = 'closed', open_until = NULL")
+    [group] = await work_items.claim.work_item_ready_groups(adb)
+    assert group.keyed and group.need == work_items.claim.CIRCUIT
 
 
 async def test_an_open_circuit_keeps_the_counts_that_opened_it_until_it_closes(db, adb) -> None:

@@ -6,7 +6,7 @@ is tests/executor/test_claim_plain.py and test_rate_limits.py."""
 
 from __future__ import annotations
 
-from connector.executor.work.claim_levels import FLOW, PLAIN, RATE, ClaimLevels
+from connector.executor.work.claim_levels import CIRCUIT, FLOW, PLAIN, RATE, ClaimLevels
 from connector.executor.work.scheduler import Scheduler
 
 A, B, C = (1, "default"), (2, "default"), (3, "default")
@@ -36,7 +36,7 @@ def test_levels_only_rise_and_a_batch_takes_its_most_demanding_group() -> None:
 def test_the_recheck_forgets_all_but_discoverys_keyed_heads() -> None:
     lv, _ = _levels(recheck_s=10.0)
     lv.discovered({A: RATE}, now=0.0)
-    lv.left(PLAIN, {B: 3}, {B}, now=1.0)  # a plain claim left B's keyed rows for the flow statement
+    lv.left(PLAIN, {B: 3}, {B: FLOW}, now=1.0)  # a plain claim left B's keyed rows for the flow statement
     assert lv.levels == {A: RATE, B: FLOW}
     assert lv.level([A, B], now=9.9) == FLOW
     assert lv.level([A, B], now=10.0) == RATE  # B forgotten, A kept (its head is keyed)
@@ -45,12 +45,25 @@ def test_the_recheck_forgets_all_but_discoverys_keyed_heads() -> None:
 
 def test_what_a_claim_left_goes_up_a_level() -> None:
     lv, _ = _levels()
-    lv.left(PLAIN, {A: 2, B: 1}, {B}, now=0.0)
-    assert lv.levels == {A: RATE, B: FLOW}
-    lv.left(RATE, {A: 1}, (), now=0.0)
-    assert lv.levels == {A: FLOW, B: FLOW}
-    lv.left(FLOW, {}, (), now=0.0)  # nothing left: nothing changes
-    assert lv.levels == {A: FLOW, B: FLOW}
+    lv.left(PLAIN, {A: 2, B: 1, C: 4}, {B: FLOW, C: CIRCUIT}, now=0.0)
+    assert lv.levels == {A: RATE, B: FLOW, C: CIRCUIT}
+    lv.left(RATE, {A: 1}, {}, now=0.0)
+    assert lv.levels == {A: FLOW, B: FLOW, C: CIRCUIT}
+    lv.left(CIRCUIT, {C: 2}, {C: FLOW}, now=0.0)  # a circuit that is not closed: the flow statement's
+    assert lv.levels == {A: FLOW, B: FLOW, C: FLOW}
+    lv.left(FLOW, {}, {}, now=0.0)  # nothing left: nothing changes
+    assert lv.levels == {A: FLOW, B: FLOW, C: FLOW}
+
+
+def test_a_batch_of_a_circuit_group_and_a_rate_group_takes_the_flow_statement() -> None:
+    """The circuit statement leaves rate keys and the rate statement circuits: together, only the
+    flow statement judges both."""
+    lv, _ = _levels()
+    lv.need({A: CIRCUIT, B: RATE}, now=0.0)
+    assert lv.level([A], now=1.0) == CIRCUIT
+    assert lv.level([A, C], now=1.0) == CIRCUIT
+    assert lv.level([B], now=1.0) == RATE
+    assert lv.level([A, B], now=1.0) == FLOW
 
 
 def test_deferred_due_times_reach_the_scheduler_when_the_group_has_no_due_rows() -> None:

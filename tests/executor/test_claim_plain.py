@@ -30,6 +30,7 @@ _CLAIMS = {
     "flow": "work_item_claim_batch",
     "rate": "work_item_claim_rate_batch",
     "plain": "work_item_claim_plain_batch",
+    "circuit": "work_item_claim_circuit_batch",
 }
 
 
@@ -271,7 +272,7 @@ async def test_the_rate_claim_judges_rate_keys_and_leaves_other_keys(db, adb, mo
 async def test_a_rate_limited_pack_goes_through_the_rate_statement(db, executor_factory, monkeypatch) -> None:
     """Rate-limit keys only: the claimer sends the group through the rate statement, never the flow
     statement; a concurrency-keyed item arriving in the same group moves it to the flow statement."""
-    sent = {"flow": 0, "rate": 0, "plain": 0}
+    sent = {"flow": 0, "rate": 0, "plain": 0, "circuit": 0}
 
     def counting(name, fn):  # type: ignore[no-untyped-def]
         async def call(*a, **kw):  # type: ignore[no-untyped-def]
@@ -330,8 +331,8 @@ async def test_the_plain_and_rate_claims_run_generic_plans_and_the_flow_claim_cu
     the generic mode replaced by the server's, the plain and rate claims are custom-planned."""
     if control:
         monkeypatch.setitem(work_items.claim.CLAIM_PLANS, True, work_items.claim.CLAIM_PLANS[False])
-    seen: dict[str, set[tuple[str, bool]]] = {"plain": set(), "rate": set(), "flow": set()}
-    marks = {"plain": "NOT c.keyed", "rate": "NOT c.other", "flow": "cranked AS"}
+    seen: dict[str, set[tuple[str, bool]]] = {"plain": set(), "rate": set(), "flow": set(), "circuit": set()}
+    marks = {"plain": "NOT c.keyed", "rate": "NOT c.other", "flow": "cranked AS", "circuit": "FROM lft l"}
 
     def watching(name, fn):  # type: ignore[no-untyped-def]
         async def call(conn, *a, **kw):  # type: ignore[no-untyped-def]
@@ -364,3 +365,66 @@ async def test_the_plain_and_rate_claims_run_generic_plans_and_the_flow_claim_cu
         return
     assert seen["plain"] == {("force_generic_plan", True)}, seen
     assert seen["rate"] == {("force_generic_plan", True)}, seen
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["circuit", "control-circuit-needs-flow"])
+async def test_a_closed_breaker_is_claimed_through_the_circuit_statement(
+    db, executor_factory, monkeypatch, control
+) -> None:
+    """Circuit breakers' keys only (docs/adr/013-circuit-breakers.md, "Closed circuits on the plain
+    path"): while the circuit is closed the claimer sends the group through the circuit statement
+    (by its generic plan), never the flow statement. Once the circuit is open, the circuit
+    statement leaves its items and the flow statement defers them without an attempt. Control:
+    with a circuit's candidates reported as needing the flow statement (the level before the
+    circuit statement existed), the flow statement claims them."""
+    sent = {"flow": 0, "rate": 0, "plain": 0, "circuit": 0}
+    modes: set[str] = set()
+
+    def counting(name, fn):  # type: ignore[no-untyped-def]
+        async def call(conn, *a, **kw):  # type: ignore[no-untyped-def]
+            sent[name] += 1
+            rows = await fn(conn, *a, **kw)
+            if name == "circuit":
+                modes.add((await (await conn.execute("SHOW plan_cache_mode")).fetchone())[0])
+            return rows
+
+        return call
+
+    _wrap_claims(monkeypatch, counting)
+    if control:
+        need = f"THEN {work_items.claim.CIRCUIT} ELSE"
+        for name in ("WORK_ITEM_READY_GROUPS", "WORK_ITEM_CLAIM_PLAIN_BATCH"):
+            stmt = getattr(work_items.claim, name)
+            assert need in stmt
+            monkeypatch.setattr(
+                work_items.claim, name, stmt.replace(need, f"THEN {work_items.claim.FLOW} ELSE")
+            )
+    pack = seed.seed_pack(db, "p", WT)
+    pol = {"consecutive_failures": 5, "open_s": 60}
+    seed.seed_items(db, pack, 200, circuit_keys=["https://t:443"] * 200, circuit=pol)
+    svc = await executor_factory(workers=8, claim_batch=16)
+    await await_for(lambda: states(db) == {"succeeded": 200}, 30, "the breaker's items ran")
+    if control:
+        assert sent["flow"] >= 200 // 16 and sent["circuit"] == 0, sent
+        return
+    assert sent["circuit"] >= 200 // 16 and sent["flow"] == 0, sent
+    assert modes == {"force_generic_plan"}
+    assert svc.engine.claimer._flow.get((pack, "default")) == claimer_mod.CIRCUIT
+    db.execute("UPDATE connector_circuit SET state = 'open', forced = true, reason = 'manual_open'")
+    waiting = seed.seed_items(db, pack, 8, circuit_keys=["https://t:443"] * 8, circuit=pol)
+    svc.engine.wake.set()
+    await await_for(
+        lambda: sent["flow"] >= 1, 30, f"the open circuit's items went to the flow statement {sent}"
+    )
+    await await_for(
+        lambda: (
+            db.execute(
+                "SELECT count(*) FROM connector_work_item WHERE work_id = ANY(%s) AND state = 'pending'"
+                " AND attempts = 0 AND run_after > now() + interval '30 seconds'",
+                (waiting,),
+            ).fetchone()[0]
+            == 8
+        ),
+        30,
+        "8 items deferred without an attempt",
+    )

@@ -147,6 +147,20 @@ def test_hot_path_plans(db, backlog, mode) -> None:
             False,
         ),
         (
+            "claim_circuit",
+            work_items.claim.WORK_ITEM_CLAIM_CIRCUIT_BATCH,
+            {
+                "packs": [b["pack"]],
+                "queue_classes": ["default"],
+                "limits": [64],
+                "owner": "o",
+                "lease_s": 30.0,
+                "process": None,
+            },
+            {"ix_connector_work_item_ready", "pk_connector_work_item"},
+            False,
+        ),
+        (
             "renew",
             work_items.finalize.WORK_ITEM_RENEW_LEASE_BATCH,
             {"ids": b["ids"], "tokens": b["tokens"], "lease_s": 30.0},
@@ -326,10 +340,11 @@ def test_by_id_statements_ignore_dead_processing_entries() -> None:
     "claim",
     [
         work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH,
+        work_items.claim.WORK_ITEM_CLAIM_CIRCUIT_BATCH,
         work_items.claim.WORK_ITEM_CLAIM_RATE_BATCH,
         work_items.claim.WORK_ITEM_CLAIM_BATCH,
     ],
-    ids=["plain", "rate", "flow"],
+    ids=["plain", "circuit", "rate", "flow"],
 )
 def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
     """The claim's generic plan is made with statistics taken at an idle moment (no ready rows:

@@ -205,6 +205,37 @@ def test_claim_with_circuits_open_or_probing(big, mode, state) -> None:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("state", ["closed", "open"])
+def test_circuit_claim_probes_circuits_by_key(big, mode, state) -> None:
+    """The circuit statement (closed circuits on the plain path, ``WORK_ITEM_CLAIM_CIRCUIT_BATCH``) on
+    the window of 64: one read of the ready index; the 8 distinct circuits of the window's 8
+    circuit-only candidates probed (and locked ``KEY SHARE``) by primary key; claimed: the 8 unkeyed
+    candidates and, while the circuits are closed, those 8. The 48 others (rate or concurrency keys)
+    are left untouched. Open circuits: no probe returns a row, only the unkeyed 8 are claimed."""
+    db, pack = big
+    setup = (
+        ("UPDATE connector_circuit SET state = 'open', open_until = now() + interval '1 hour'",)
+        if state == "open"
+        else ()
+    )
+    query = work_items.claim.WORK_ITEM_CLAIM_CIRCUIT_BATCH
+    nodes = explain_in_rollback(db, query, {**CLAIM, "packs": [pack]}, mode, setup)
+    assert not _seq_scans(nodes), _seq_scans(nodes)
+    ready = [n for n in nodes if n.get("Index Name") == "ix_connector_work_item_ready"]
+    assert len(ready) == 1 and ready[0]["Actual Rows"] == 64
+    keys = [n for n in nodes if n.get("Index Name") == "pk_connector_circuit"]
+    assert len(keys) == 1 and keys[0]["Actual Loops"] == 8
+    assert keys[0]["Actual Rows"] == (1 if state == "closed" else 0)  # per loop
+    assert not any(
+        n.get("Relation Name") in ("connector_rate_limit", "connector_concurrency_limit") for n in nodes
+    )
+    assert nodes[0]["Node Type"] == "ModifyTable" and nodes[0]["Actual Rows"] == (
+        16 if state == "closed" else 8
+    )
+    assert _buffers(nodes[0]) < 6000
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_key_declaration_and_stats_probe_by_key(big, mode) -> None:
     db, pack = big
     keys = [f"k{i}" for i in range(0, 200, 2)] + ["new1", "new2"]

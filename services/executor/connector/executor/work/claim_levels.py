@@ -1,10 +1,14 @@
 """Claim levels: which claim statement each (pack, queue class) group's batches go through, and when
 the rows a claim deferred become due (the claimer's flow-level state, docs/executor.md#the-claim-path).
 
-A group's *level* is the statement it needs: ``PLAIN`` (0, ``work_item_claim_plain_batch``), ``RATE``
-(rate-limit keys only: ``work_item_claim_rate_batch``) or ``FLOW`` (concurrency, debounce or circuit
-keys: ``work_item_claim_batch``). A batch goes through the statement its most demanding group needs;
-every other batch through the plain one, which costs what the claim cost before flow limits existed.
+A group's *level* is the statement it needs: ``PLAIN`` (0, ``work_item_claim_plain_batch``),
+``CIRCUIT`` (circuit breakers' keys only: ``work_item_claim_circuit_batch``, the plain statement with
+the closed circuits' ``KEY SHARE`` gate), ``RATE`` (rate-limit keys only: ``work_item_claim_rate_batch``)
+or ``FLOW`` (concurrency or debounce keys, a rate key with a circuit, a circuit that is not closed:
+``work_item_claim_batch``). A batch goes through the statement its most demanding group needs (a
+batch with both a circuit group and a rate group through the flow statement: neither of the two
+judges the other's keys); every other batch through the plain one, which costs what the claim cost
+before flow limits existed.
 Levels are raised by discovery (a group's first ready row is keyed) and by the plain and rate
 statements themselves (they claim no candidate they cannot judge and report the groups they left
 some in), and forgotten every ``recheck_s`` so that a group whose limits were removed returns to the
@@ -24,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
+from connector.common.store.work_items.claim import CIRCUIT, FLOW, PLAIN, RATE
 from connector.executor.work.scheduler import GroupKey, Scheduler
 
-#: The claim statements a group may need: the plain one, rate-limit keys only, any flow key.
-PLAIN, RATE, FLOW = 0, 1, 2
+__all__ = ["CIRCUIT", "FLOW", "PLAIN", "RATE", "ClaimLevels"]
 
 
 class ClaimLevels:
@@ -72,18 +76,28 @@ class ClaimLevels:
         if flow and now >= self.until:
             flow.clear()
             self.need(self._keyed_heads, now)
-        return max((flow.get(key, 0) for key in keys), default=0) if flow else PLAIN
+        if not flow:
+            return PLAIN
+        level = PLAIN
+        seen_circuit = seen_rate = False
+        for key in keys:
+            need = flow.get(key, PLAIN)
+            seen_circuit |= need == CIRCUIT
+            seen_rate |= need == RATE
+            level = max(level, need)
+        return FLOW if seen_circuit and seen_rate else level
 
     def left(
-        self, level: int, keyed: Mapping[GroupKey, int], other: Collection[GroupKey], now: float
+        self, level: int, keyed: Mapping[GroupKey, int], needs: Mapping[GroupKey, int], now: float
     ) -> None:
         """A claim at ``level`` left keyed candidates in these groups for a more demanding statement:
-        the plain claim's go to the rate statement (or the flow one, groups in ``other``), the rate
-        claim's to the flow statement."""
+        the plain and circuit claims' go to the level they need (``needs``: the highest their
+        candidates reported; the rate statement's when not told), the rate claim's to the flow
+        statement."""
         if not keyed:
             return
-        if level == PLAIN:
-            self.need({key: FLOW if key in other else RATE for key in keyed}, now)
+        if level in (PLAIN, CIRCUIT):
+            self.need({key: needs.get(key, RATE) for key in keyed}, now)
         else:
             self.need(dict.fromkeys(keyed, FLOW), now)
 

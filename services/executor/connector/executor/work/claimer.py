@@ -1,7 +1,7 @@
 """The claimer: the only scanner of this process. It discovers which (pack, queue class) groups have
 ready rows, asks the scheduler how many of the free window each gets, claims them in one statement
-(``work_item_claim_plain_batch``; the rate or flow statement when a group carries flow keys; the
-plain and rate statements by their generic plans, ``work_items.claim.CLAIM_PLANS``),
+(``work_item_claim_plain_batch``; the circuit, rate or flow statement when a group carries flow keys;
+all but the flow statement by their generic plans, ``work_items.claim.CLAIM_PLANS``),
 loads the generation's handlers and the batch's event facts, and hands the items to the runners. It
 sleeps on ``engine.wake`` (space, a NOTIFY, a due retry) with
 ``poll_interval_s`` as the fallback. Which statement each group needs, and when the rows a claim
@@ -25,12 +25,12 @@ from connector.common.store.packs import pack_generation_manifest, pack_names
 from connector.common.store.work_items.claim import EVENT_ROW_BODY, EVENT_ROW_CONTENT_TYPE
 from connector.executor import metrics as m
 from connector.executor.handlers import EventFact
-from connector.executor.work.claim_levels import FLOW, PLAIN, RATE, ClaimLevels
+from connector.executor.work.claim_levels import CIRCUIT, FLOW, PLAIN, RATE, ClaimLevels
 from connector.executor.work.doors import ClaimerDoor
 from connector.executor.work.inflight import InFlight
 from connector.executor.work.scheduler import Group, GroupKey
 
-__all__ = ["DUE_PROBE_S", "FLOW", "FLOW_RECHECK_S", "PLAIN", "RATE", "Claimer"]
+__all__ = ["CIRCUIT", "DUE_PROBE_S", "FLOW", "FLOW_RECHECK_S", "PLAIN", "RATE", "Claimer"]
 
 monotonic = time.monotonic
 
@@ -152,9 +152,7 @@ class Claimer:
         # statement is what enforces a pause, whatever this process knows.
         e.scheduler.set_paused({(g.pack, g.queue_class) for g in rows if g.paused})
         e.scheduler.observe([(g.pack, g.queue_class, g.due_in) for g in rows if not g.paused], now)
-        self.levels.discovered(
-            {(g.pack, g.queue_class): FLOW if g.other else RATE for g in rows if g.keyed}, now
-        )
+        self.levels.discovered({(g.pack, g.queue_class): g.need for g in rows if g.keyed}, now)
 
     async def _claim(self, conn: AsyncConnection[Any], alloc: list[tuple[Group, int]]) -> None:
         """One claim for ``alloc`` through the statement its groups need; what each group yielded goes
@@ -206,9 +204,14 @@ class Claimer:
         packs = [g.pack for g, _ in alloc]
         qcs = [g.queue_class for g, _ in alloc]
         limits = [n for _, n in alloc]
-        if level == PLAIN:
-            other: set[GroupKey] = set()
-            rows = await work_items.claim.work_item_claim_plain_batch(
+        if level == PLAIN or level == CIRCUIT:
+            needs: dict[GroupKey, int] = {}
+            claim = (
+                work_items.claim.work_item_claim_plain_batch
+                if level == PLAIN
+                else work_items.claim.work_item_claim_circuit_batch
+            )
+            rows = await claim(
                 conn,
                 packs,
                 qcs,
@@ -216,11 +219,11 @@ class Claimer:
                 owner=e.owner,
                 lease_s=e.cfg.lease_s,
                 keyed=keyed,
-                other=other,
+                needs=needs,
                 process=e.claim_process,
             )
             if keyed:
-                self.levels.left(PLAIN, keyed, other, now)
+                self.levels.left(level, keyed, needs, now)
         elif level == RATE:
             rows = await work_items.claim.work_item_claim_rate_batch(
                 conn,
@@ -235,7 +238,7 @@ class Claimer:
                 process=e.claim_process,
             )
             if keyed:  # candidates with other flow keys: the flow statement's
-                self.levels.left(RATE, keyed, (), now)
+                self.levels.left(RATE, keyed, {}, now)
         else:  # FLOW
             rows = await work_items.claim.work_item_claim_batch(
                 conn,

@@ -124,12 +124,26 @@ FLOW_KEYED = (
 #: A candidate the rate statement must leave to the flow statement: a flow key other than a rate key.
 FLOW_OTHER = "(w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL OR w.circuit_key IS NOT NULL)"
 
+#: The claim levels (the executor's ``claim_levels``): the statement a candidate needs. ``PLAIN``
+#: no flow key; ``CIRCUIT`` a circuit breaker's key only (the circuit statement: closed circuits
+#: under ``KEY SHARE``, docs/adr/013-circuit-breakers.md "Closed circuits on the plain path");
+#: ``RATE`` rate-limit keys only; ``FLOW`` anything else (concurrency, debounce, a rate key with a
+#: circuit, or a circuit the circuit statement could not admit).
+PLAIN, CIRCUIT, RATE, FLOW = 0, 1, 2, 3
+#: The level a candidate needs, as SQL over ``w``.
+CLAIM_NEED = (
+    "(CASE WHEN w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL"
+    f" OR (w.rate_key IS NOT NULL AND w.circuit_key IS NOT NULL) THEN {FLOW}"
+    f" WHEN w.rate_key IS NOT NULL THEN {RATE} WHEN w.circuit_key IS NOT NULL THEN {CIRCUIT}"
+    f" ELSE {PLAIN} END)"
+)
+
 #: The plain claim: the statement of a batch whose groups carry no flow keys (an unlimited pack pays
 #: nothing for the flow CTEs). It never claims a keyed candidate: it locks it for an instant and
 #: leaves it untouched, and every returned row carries, after the ``CLAIM_COLUMNS``, the pack, the
-#: queue class and whether it has a flow key other than a rate key (``FLOW_OTHER``) of each keyed
-#: candidate it left (three arrays, NULL when none; computed once per statement); the claimer sends
-#: those groups' next batches through the rate statement (rate keys only) or the flow statement. So a
+#: queue class and the claim level it needs (``CLAIM_NEED``) of each keyed candidate it left (three
+#: arrays, NULL when none; computed once per statement); the claimer sends those groups' next
+#: batches through the circuit, the rate or the flow statement. So a
 #: limit holds whichever statement a process sends (a process that has not yet seen a key is safe).
 #: The update is the top-level statement, as the claim was before flow limits: returning its rows
 #: through a CTE and a per-group count branch (``UNION ALL``) cost ~0.4 ms per claim of 256
@@ -138,14 +152,52 @@ FLOW_OTHER = "(w.concurrency_key IS NOT NULL OR w.debounce_key IS NOT NULL OR w.
 #: say whether a group's first ready row is keyed (``WORK_ITEM_READY_GROUPS``).
 WORK_ITEM_CLAIM_PLAIN_BATCH = f"""
 WITH auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
-), cand AS ({_candidates("c.keyed, c.other", f"{FLOW_KEYED} AS keyed, {FLOW_OTHER} AS other")}
+), cand AS ({_candidates("c.keyed, c.need", f"{FLOW_KEYED} AS keyed, {CLAIM_NEED} AS need")}
 )
 UPDATE connector_work_item w
 {_TAKE}
 WHERE w.work_id = ANY (ARRAY(SELECT c.work_id FROM cand c WHERE NOT c.keyed))
 RETURNING {_TAKEN},
   (SELECT array_agg(c.pack) FROM cand c WHERE c.keyed), (SELECT array_agg(c.qc) FROM cand c WHERE c.keyed),
-  (SELECT array_agg(c.other) FROM cand c WHERE c.keyed)
+  (SELECT array_agg(c.need) FROM cand c WHERE c.keyed)
+"""
+
+#: The circuit statement: the plain claim for groups whose keyed candidates carry a circuit
+#: breaker's key and nothing else (``CLAIM_NEED`` = ``CIRCUIT``), so a closed breaker costs a branch
+#: of the plain statement instead of the flow statement (docs/adr/013-circuit-breakers.md, "Closed
+#: circuits on the plain path"). Each distinct circuit of the window is probed by primary key and
+#: locked ``FOR KEY SHARE SKIP LOCKED`` only if its newest version is closed (a lock re-reads a row
+#: changed since the statement's snapshot, READ COMMITTED): the lock the flow statement takes on a
+#: closed circuit, so an open (``FOR UPDATE``) still waits for this claim and every later claim sees
+#: it. Their candidates are claimed. A circuit that is not closed (open, half-open, or held ``FOR
+#: UPDATE`` by an opener or a prober at that instant) leaves its candidates untouched, reported at
+#: level ``FLOW`` (deferral and probes are the flow statement's); candidates with other keys are left
+#: and reported as the plain statement does. It returns what the plain statement returns.
+WORK_ITEM_CLAIM_CIRCUIT_BATCH = f"""
+WITH auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
+), cand AS ({_candidates("c.need, c.circuit_key", f"{CLAIM_NEED} AS need, w.circuit_key")}
+), circ AS (
+  SELECT k.installed_pack_id AS pack, k.circuit_key
+  FROM (SELECT DISTINCT c.pack, c.circuit_key FROM cand c WHERE c.need = {CIRCUIT}) d
+  CROSS JOIN LATERAL (
+    SELECT k.installed_pack_id, k.circuit_key FROM connector_circuit k
+    WHERE k.installed_pack_id = d.pack AND k.circuit_key = d.circuit_key AND k.state = 'closed'
+    FOR KEY SHARE SKIP LOCKED) k
+), lft AS (
+  SELECT c.pack, c.qc, CASE WHEN c.need = {CIRCUIT} THEN {FLOW} ELSE c.need END AS need FROM cand c
+  WHERE c.need > {CIRCUIT} OR (c.need = {CIRCUIT} AND NOT EXISTS (
+    SELECT 1 FROM circ k WHERE k.pack = c.pack AND k.circuit_key = c.circuit_key))
+)
+UPDATE connector_work_item w
+{_TAKE}
+WHERE w.work_id = ANY (ARRAY(
+  SELECT c.work_id FROM cand c WHERE c.need = {PLAIN}
+  UNION ALL
+  SELECT c.work_id FROM cand c JOIN circ k ON k.pack = c.pack AND k.circuit_key = c.circuit_key
+  WHERE c.need = {CIRCUIT}))
+RETURNING {_TAKEN},
+  (SELECT array_agg(l.pack) FROM lft l), (SELECT array_agg(l.qc) FROM lft l),
+  (SELECT array_agg(l.need) FROM lft l)
 """
 
 # Circuit breakers (docs/adr/013-circuit-breakers.md, ``store.circuits``): a gate before the flow
@@ -486,18 +538,20 @@ CLAIM_PLANS = {True: "SET plan_cache_mode = force_generic_plan", False: "RESET p
 # first-ranked row's due time, which may be later than the earliest: the next discovery (every
 # poll interval) corrects it, so a due row waits at most one poll for it (docs/adr/014-priorities.md).
 # ``keyed``: the first-ranked row carries a flow key (``FLOW_KEYED``), so the claimer sends the group
-# through the rate statement or, with ``other`` (a key other than a rate key: ``FLOW_OTHER``), the
-# flow statement (the plain one cannot report keyed candidates when it claims nothing).
+# through the statement of its ``need`` (``CLAIM_NEED``: the circuit, rate or flow statement; the
+# plain and circuit statements cannot report keyed candidates when they claim nothing). A head
+# whose only key is a circuit that is not closed (one primary-key probe) needs the flow statement:
+# the circuit statement would leave it, and only the flow statement defers it or admits its probes.
 WORK_ITEM_READY_GROUPS = f"""
 WITH RECURSIVE g AS (
   (SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed,
-         {FLOW_OTHER} AS other
+         {CLAIM_NEED} AS need, w.circuit_key
    FROM connector_work_item w WHERE w.state IN ('pending', 'retry')
    ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1)
   UNION ALL
-  SELECT n.pack, n.qc, n.run_after, n.keyed, n.other FROM g CROSS JOIN LATERAL (
+  SELECT n.pack, n.qc, n.run_after, n.keyed, n.need, n.circuit_key FROM g CROSS JOIN LATERAL (
     SELECT w.installed_pack_id AS pack, w.queue_class AS qc, w.run_after, {FLOW_KEYED} AS keyed,
-         {FLOW_OTHER} AS other
+         {CLAIM_NEED} AS need, w.circuit_key
     FROM connector_work_item w
     WHERE w.state IN ('pending', 'retry') AND (w.installed_pack_id, w.queue_class) > (g.pack, g.qc)
     ORDER BY w.installed_pack_id, w.queue_class, {claim_rank("w")}, w.work_id LIMIT 1) n
@@ -513,7 +567,11 @@ SELECT g.pack, g.qc,
             ELSE extract(epoch FROM g.run_after - now())::float8 END,
        EXISTS (SELECT 1 FROM connector_pause p
                WHERE p.installed_pack_id = g.pack AND p.queue_class IN ('*', g.qc)) AS paused,
-       g.keyed, g.other
+       g.keyed,
+       CASE WHEN g.need = {CIRCUIT} AND NOT EXISTS (
+              SELECT 1 FROM connector_circuit k
+              WHERE k.installed_pack_id = g.pack AND k.circuit_key = g.circuit_key AND k.state = 'closed')
+            THEN {FLOW} ELSE g.need END
 FROM g
 """
 
@@ -650,23 +708,69 @@ async def work_item_claim_plain_batch(
     owner: str,
     lease_s: float,
     keyed: dict[tuple[int, str], int],
-    other: set[tuple[int, str]] | None = None,
+    needs: dict[tuple[int, str], int] | None = None,
     process: str | None = None,
 ) -> list[tuple[Any, ...]]:
     """``work_item_claim_batch`` for groups without flow keys (``WORK_ITEM_CLAIM_PLAIN_BATCH``):
     claims the unkeyed due items only; the count of keyed candidates it left, per ``(pack, queue
-    class)``, is added to ``keyed`` (those groups belong to the rate or the flow statement), and the
-    groups of those with a flow key other than a rate key to ``other`` (the flow statement's). When it
+    class)``, is added to ``keyed`` (those groups belong to a statement of a higher level), and the
+    highest level they need (``CLAIM_NEED``: ``CIRCUIT``, ``RATE`` or ``FLOW``) to ``needs``. When it
     claims nothing it cannot tell (``keyed`` stays as it was). The rows carry three more columns after
     ``CLAIM_COLUMNS``."""
-    rows = await _claim_rows(
-        conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s, process
+    return await _claim_left(
+        conn, WORK_ITEM_CLAIM_PLAIN_BATCH, packs, queue_classes, limits, owner, lease_s, process, keyed, needs
     )
+
+
+async def work_item_claim_circuit_batch(
+    conn: Conn,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    *,
+    owner: str,
+    lease_s: float,
+    keyed: dict[tuple[int, str], int],
+    needs: dict[tuple[int, str], int] | None = None,
+    process: str | None = None,
+) -> list[tuple[Any, ...]]:
+    """``work_item_claim_plain_batch`` that also claims the candidates of closed circuit breakers
+    (``WORK_ITEM_CLAIM_CIRCUIT_BATCH``); those of a circuit that is not closed are left and reported
+    at level ``FLOW``. Same rows as the plain claim."""
+    return await _claim_left(
+        conn,
+        WORK_ITEM_CLAIM_CIRCUIT_BATCH,
+        packs,
+        queue_classes,
+        limits,
+        owner,
+        lease_s,
+        process,
+        keyed,
+        needs,
+    )
+
+
+async def _claim_left(
+    conn: Conn,
+    statement: str,
+    packs: Sequence[int],
+    queue_classes: Sequence[str],
+    limits: Sequence[int],
+    owner: str,
+    lease_s: float,
+    process: str | None,
+    keyed: dict[tuple[int, str], int],
+    needs: dict[tuple[int, str], int] | None,
+) -> list[tuple[Any, ...]]:
+    """The plain or circuit claim's rows; what it left (its rows' last three columns) counted into
+    ``keyed`` and ``needs``."""
+    rows = await _claim_rows(conn, statement, packs, queue_classes, limits, owner, lease_s, process)
     if rows and rows[0][-3] is not None:
-        for pack, qc, beyond in zip(rows[0][-3], rows[0][-2], rows[0][-1], strict=True):
+        for pack, qc, need in zip(rows[0][-3], rows[0][-2], rows[0][-1], strict=True):
             keyed[pack, qc] = keyed.get((pack, qc), 0) + 1
-            if beyond and other is not None:
-                other.add((pack, qc))
+            if needs is not None and need > needs.get((pack, qc), PLAIN):
+                needs[pack, qc] = need
     return rows
 
 
@@ -676,13 +780,13 @@ class ReadyGroup(NamedTuple):
     due_in: float  # seconds until the group's first row is due (<= 0: due)
     paused: bool
     keyed: bool = False  # the group's first-ranked ready row carries a flow key (``FLOW_KEYED``)
-    other: bool = False  # ... one other than a rate key (``FLOW_OTHER``)
+    need: int = PLAIN  # ... and needs the statement of this level (``CLAIM_NEED``)
 
 
 async def work_item_ready_groups(conn: Conn) -> list[ReadyGroup]:
     cur = await conn.execute(WORK_ITEM_READY_GROUPS, prepare=True)
     return [
-        ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3]), bool(r[4]), bool(r[5]))
+        ReadyGroup(int(r[0]), str(r[1]), float(r[2]), bool(r[3]), bool(r[4]), int(r[5]))
         for r in await cur.fetchall()
     ]
 
