@@ -214,20 +214,33 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0)
     raise SystemExit("ingress did not become ready")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``)."""
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its live children (``--processes``: the supervisor's workers)."""
-    total = _cpu_seconds(pid)
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process."""
+    return sum(_cpu_split(pid))
+
+
+def _tree_cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process and its live children (``--processes``: the
+    supervisor's workers)."""
+    user, system = _cpu_split(pid)
     with contextlib.suppress(OSError):
         for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
             with contextlib.suppress(OSError):
-                total += _cpu_seconds(int(child))
-    return total
+                u, s = _cpu_split(int(child))
+                user, system = user + u, system + s
+    return user, system
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its live children."""
+    return sum(_tree_cpu_split(pid))
 
 
 def _postmaster_pid(url: str) -> int:
@@ -379,6 +392,7 @@ def _rows(args: argparse.Namespace, summary: dict[str, Any], common: Any) -> lis
         "avg_batch": round(summary["avg_batch"], 1),
         "avg_commit_ms": round(summary["avg_commit_ms"], 2),
         "cpu_cores": {k: round(v, 2) for k, v in summary["cpu"].items()},
+        "cpu_us_per_ack": {k: round(v, 1) for k, v in summary["cpu_us_per_ack"].items()},
     }
     if ref:
         extra["pgbench_c64_tps"] = {k: round(v["tps"]) for k, v in ref.items()}
@@ -453,8 +467,8 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
             "warmup": args.warmup,
             "body_bytes": args.body_bytes,
         }
-        cpu_before, pg_before, wall_before = (
-            _tree_cpu_seconds(ingress.pid),
+        split_before, pg_before, wall_before = (
+            _tree_cpu_split(ingress.pid),
             _postgres_cpu_seconds(postmaster, dbname),
             time.monotonic(),
         )
@@ -466,9 +480,21 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
         )
         load = json.loads(gen.stdout.strip().splitlines()[-1])
         wall = time.monotonic() - wall_before
+        split_after = _tree_cpu_split(ingress.pid)
+        pg_used = _postgres_cpu_seconds(postmaster, dbname) - pg_before
+        user_s, system_s = split_after[0] - split_before[0], split_after[1] - split_before[1]
+        # Per ack over the whole load window (warm-up included on both sides): the figure that does
+        # not swing with the machine's load, unlike acks/s.
+        acks = max(1, load["accepted_total"])
+        per_ack_us = {
+            "ingress": (user_s + system_s) * 1e6 / acks,
+            "ingress_user": user_s * 1e6 / acks,
+            "ingress_system": system_s * 1e6 / acks,
+            "postgres": pg_used * 1e6 / acks,
+        }
         cpu = {
-            "ingress": (_tree_cpu_seconds(ingress.pid) - cpu_before) / wall,
-            "postgres": (_postgres_cpu_seconds(postmaster, dbname) - pg_before) / wall,
+            "ingress": (user_s + system_s) / wall,
+            "postgres": pg_used / wall,
             "load_generator": load.pop("cpu_s") / wall,
         }
         scraped = _scrape(metrics_port, args.processes)
@@ -501,6 +527,11 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
     print(f"  answers by status       {load['statuses']}")
     busy = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
     print(f"  CPU (cores busy)        {busy}")
+    print(
+        f"  CPU per ack             ingress {per_ack_us['ingress']:.1f} µs"
+        f" (user {per_ack_us['ingress_user']:.1f}, system {per_ack_us['ingress_system']:.1f}),"
+        f" postgres {per_ack_us['postgres']:.1f} µs"
+    )
     print(f"  group commit            avg batch {avg_batch:.1f}, avg commit {commit_ms:.2f} ms")
     durable = "ok" if rows == load["accepted_total"] else "MISMATCH"
     print(f"  rows in receipt table   {rows} = 200 answers incl. warm-up {load['accepted_total']}: {durable}")
@@ -514,6 +545,7 @@ def _run(args: argparse.Namespace, url: str, receipt_ref_url: str, simple_ref_ur
     summary = {
         "ingress": load,
         "cpu": cpu,
+        "cpu_us_per_ack": per_ack_us,
         "rows": rows,
         "avg_batch": avg_batch,
         "avg_commit_ms": commit_ms,

@@ -147,10 +147,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+#: One decoder for every body (``json.loads`` with an argument builds a new one per call).
+_DECODE = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
 def parse_json(body: bytes) -> Any:
     """Strict RFC 8259 JSON: UTF-8, no BOM, no NaN/Infinity. Raises ``ValueError``."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        return _DECODE(body.decode("utf-8"))
     except (UnicodeDecodeError, RecursionError) as exc:
         raise ValueError("not JSON") from exc
 
