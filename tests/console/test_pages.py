@@ -271,3 +271,61 @@ async def test_lanes_page_follows_the_lane_walk(
         found = re.search(r'<a href="(/lanes\?pack=0&amp;page=[^"]+)">More lanes</a>', text)
         path = html.unescape(found.group(1)) if found else ""
     assert pages > 1 and "post:inv-7" in seen and str(scene.blocked_head) in seen
+
+
+async def test_delivery_page_shows_each_attempt(console: Console, seed: Seed) -> None:
+    """A WorkItem that failed twice (retry by exec-a, then a lease that expired under exec-b) and
+    runs now under exec-c: the Delivery page lists the three attempts in claim order with outcome,
+    token, owner and sanitized error, and puts each on the timeline. Control: an item never claimed
+    has no attempts table."""
+    from connector.common.store.work_items import claim, finalize
+
+    pack = await seed.pack("shop")
+    item = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    await seed.conn.execute("UPDATE connector_work_item SET attempts = 0, lease_token = 0")
+
+    async def take(owner: str, lease_s: float = 30) -> int:
+        ((_, token, *_),) = await claim.work_item_claim_batch(
+            seed.conn, [pack], ["default"], [1], owner=owner, lease_s=lease_s
+        )
+        return int(token)
+
+    batch = finalize.FailBatch()
+    batch.add(item, await take("exec-a"), finalize.FailOp.RETRY, failure_class="http_503", summary="busy <b>")
+    await finalize.work_item_fail_batch(seed.conn, batch)
+    await seed.conn.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (item,))
+    await take("exec-b", lease_s=0.01)
+    await asyncio.sleep(0.05)
+    assert [r.work_id for r in await finalize.work_item_reclaim_expired(seed.conn)] == [item]
+    await seed.conn.execute("UPDATE connector_work_item SET run_after = now() WHERE work_id = %s", (item,))
+    await take("exec-c")
+    receipt = await seed.one(
+        "SELECT e.receipt_id FROM connector_work_item w JOIN connector_event e USING (event_id)"
+        " WHERE w.work_id = %s",
+        (item,),
+    )
+    op = await console.login(VIEW)
+    status, text, _ = await op.get(f"/deliveries/{receipt}")
+    assert status == 200, text[:800]
+    assert "busy &lt;b&gt;" in text and "busy <b>" not in text  # escaped
+    page = html.unescape(text)
+    rows = re.findall(r"<tr><td>(\d+)</td><td><span class=\"badge s-(\w+)\">", page)
+    assert rows == [("1", "retry"), ("2", "lease_expired"), ("3", "running")], rows
+    table = page.split('aria-label="Attempts of work item', 1)[1].split("</table>", 1)[0]
+    assert table.index("exec-a") < table.index("exec-b") < table.index("exec-c")
+    assert "http_503: busy <b>" in table and "lease_expired: the lease expired" in table
+    for step in (f"work item {item} attempt 1 retry", f"work item {item} attempt 2 lease expired",
+                 f"work item {item} attempt 3"):  # fmt: skip
+        assert step in page, step
+    assert "not kept" not in page
+    other = await seed.item(pack, state="pending", failure_class=None, finished_ago_s=None)
+    await seed.conn.execute(
+        "UPDATE connector_work_item SET attempts = 0, lease_token = 0 WHERE work_id = %s", (other,)
+    )
+    receipt = await seed.one(
+        "SELECT e.receipt_id FROM connector_work_item w JOIN connector_event e USING (event_id)"
+        " WHERE w.work_id = %s",
+        (other,),
+    )
+    status, text, _ = await op.get(f"/deliveries/{receipt}")
+    assert status == 200 and "Attempts of work item" not in text

@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from connector.console import web as edge
 from connector.console.params import BadInput, Params
-from connector.console.ui import NONE, OPTIONS_KEY, call, render, ts
+from connector.console.ui import NONE, OPTIONS_KEY, call, dur, render, ts
 from connector.v1 import admin_service_pb2 as pb
 from connector.v1 import types_pb2
 
@@ -111,6 +111,38 @@ class Step:
     kind: str = ""
 
 
+#: Attempt outcomes that are the WorkItem's finish (its "finished" step would repeat them).
+ATTEMPT_FINAL = ("dead", "succeeded")
+_ATTEMPT_KIND = {"succeeded": "ok", "running": "wait", "released": "wait"}
+
+
+def attempt_steps(work_id: int, attempts: Any) -> list[Step]:
+    """Each attempt of a WorkItem (``WorkItemTrace.attempts``): its claim, and its end unless running."""
+    out: list[Step] = []
+    for a in attempts:
+        owner = a.lease_owner or NONE
+        out.append(
+            Step(
+                a.start_time,
+                f"work item {work_id} attempt {a.attempt}",
+                f"by {owner}, lease token {a.lease_token}",
+            )
+        )
+        if a.HasField("end_time"):
+            detail = f"after {dur(a.duration)}"
+            if a.failure_class:
+                detail += f" — {a.failure_class}: {a.failure_summary}"
+            out.append(
+                Step(
+                    a.end_time,
+                    f"work item {work_id} attempt {a.attempt} {a.outcome.replace('_', ' ')}",
+                    detail,
+                    _ATTEMPT_KIND.get(a.outcome, "bad"),
+                )
+            )
+    return out
+
+
 def timeline(trace: Any) -> list[Step]:
     r, rt = trace.receipt, trace.routing
     steps = [
@@ -142,7 +174,11 @@ def timeline(trace: Any) -> list[Step]:
             steps.append(
                 Step(w.create_time, f"work item {w.work_id} created", f"{w.work_type} in {w.queue_class}")
             )
-            if w.lease_owner:
+            if wt.attempts:
+                steps.extend(attempt_steps(w.work_id, wt.attempts))
+                if wt.attempts[-1].outcome in ATTEMPT_FINAL:
+                    continue
+            elif w.lease_owner:
                 steps.append(
                     Step(
                         w.update_time,
