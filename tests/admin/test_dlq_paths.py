@@ -3,7 +3,8 @@ WorkItem-owned generations and the latest failed / unknown legacy outcome of leg
 merged newest first and paged across both without loss or repeat; and EXPLAIN of both reads on a
 realistic table (the dead list through ``ix_connector_work_item_dead`` or the (pack, generation,
 state) index, the legacy read through ``ix_connector_legacy_outcome_receipt_failed``, no sequential
-scan of a big table; control: the legacy read without its partial index scans the table)."""
+scan of a big table; control: the legacy read without its partial index scans the table). Control
+of the paging: ``test_control_a_legacy_keyset_off_by_one_repeats_rows``."""
 
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ async def _legacy_failure(
     return event_id
 
 
-async def _all_pages(admin: Admin, size: int) -> list[tuple[str, int]]:
+async def _all_pages(admin: Admin, size: int, bound: int = 100) -> list[tuple[str, int]]:
+    """Every page at ``size``; at most ``bound`` rows (a pager that repeats a row may never end)."""
     seen: list[tuple[str, int]] = []
     token = ""
-    while True:
+    while len(seen) <= bound:
         r = await admin.stub.ListDeadLetters(
             pb.ListDeadLettersRequest(page_size=size, page_token=token), metadata=Admin.md(VIEW)
         )
@@ -60,9 +62,31 @@ async def _all_pages(admin: Admin, size: int) -> list[tuple[str, int]]:
         token = r.next_page_token
         if not token:
             return seen
+    return seen  # the caller's comparison reports the repeats
 
 
 async def test_both_paths_merged_newest_first_and_paged_once(admin: Admin, seed: Seed) -> None:
+    await merged_and_paged_once(admin, seed)
+
+
+async def test_control_a_legacy_keyset_off_by_one_repeats_rows(
+    admin: Admin, seed: Seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Control: the legacy read's keyset moved past the page token's row (``(time + 1 µs, id)``, an
+    off-by-one): the legacy row a page ended on comes again on the next, and the paging check fails."""
+    real = legacy_store.legacy_failure_dead_letters
+
+    async def off_by_one(conn: Any, clauses: Any, params: Any, *, after: Any, limit: int) -> Any:
+        if after is not None:
+            after = (after[0] + timedelta(microseconds=1), after[1])
+        return await real(conn, clauses, params, after=after, limit=limit)
+
+    monkeypatch.setattr(legacy_store, "legacy_failure_dead_letters", off_by_one)
+    with pytest.raises(AssertionError, match="page size 1"):
+        await merged_and_paged_once(admin, seed)
+
+
+async def merged_and_paged_once(admin: Admin, seed: Seed) -> None:
     shop = await seed.pack("shop")  # WorkItem-owned
     crm = await seed.pack("crm", claim_path="legacy_event")  # legacy-owned (rollback receipt)
     expected: list[tuple[datetime, int, str, int]] = []
