@@ -415,3 +415,60 @@ async def test_sampler_gauges_per_pack_and_target(db, adb) -> None:
     }
     assert labels <= {("pack", "state", "target"), ("pack", "target")}
     assert m.circuit_target_label("https://u:p@h/x?token=1") == "other"  # a key of another shape
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["moved-rows", "control-fed-from-the-flush"])
+async def test_a_flush_of_successes_is_one_statement_fed_by_the_rows_it_moved(
+    db, adb, monkeypatch, control
+) -> None:
+    """A flush of successes only (no failure, lane or slot) completes and feeds its circuits in one
+    autocommit statement (``WORK_ITEM_COMPLETE_FEED_BATCH``, no transaction): a success resets a
+    closed circuit's failures in a row; a stale completion (its token lost) feeds nothing; with a
+    failure ratio, successes that bring the window to ``min_outcomes`` can trip it (then
+    ``CIRCUIT_OPEN`` opens it). Control: a feed counted from the flush instead of the rows the
+    complete moved resets the count on a stale completion."""
+    if control:
+        stmt = work_items.finalize.WORK_ITEM_COMPLETE_FEED_BATCH
+        moved = "  FROM done d WHERE d.circuit_key IS NOT NULL GROUP BY 1, 2"
+        assert moved in stmt
+        monkeypatch.setattr(
+            work_items.finalize,
+            "WORK_ITEM_COMPLETE_FEED_BATCH",
+            stmt.replace(
+                moved,
+                "  FROM (SELECT unnest(%(packs)s::bigint[]) AS installed_pack_id,"
+                " unnest(%(keys)s::text[]) AS circuit_key) d GROUP BY 1, 2",
+            ),
+        )
+
+    def no_transaction(*a, **kw):  # type: ignore[no-untyped-def]
+        raise AssertionError("a flush of successes opened a transaction")
+
+    pack = seed.seed_pack(db, "p", WT)
+    pol = {"consecutive_failures": 3, "open_s": 60}
+    seed.seed_items(db, pack, 4, circuit_keys=[KEY] * 4, circuit=pol)
+    rows = sorted(await _claim(adb, pack))
+    await _finish(adb, rows[:2], [FAILURE, FAILURE])
+    assert _circuit(db, pack)["consecutive"] == 2
+    monkeypatch.setattr(type(adb), "transaction", no_transaction)
+    stale = [(r[0], r[1] + 1, *r[2:]) for r in rows[2:3]]  # another holder's token
+    res = await _finish(adb, stale, [SUCCESS])
+    assert res.completed == [] and res.complete_stale == 1
+    if control:
+        assert _circuit(db, pack)["consecutive"] == 0  # a success that never happened was counted
+        return
+    assert _circuit(db, pack)["consecutive"] == 2
+    res = await _finish(adb, rows[3:4], [SUCCESS])
+    assert res.completed == [rows[3][0]] and res.circuits == []
+    assert _circuit(db, pack)["consecutive"] == 0
+    # A ratio window that successes complete: 2 failures of 3 outcomes, min_outcomes 4, ratio 0.5.
+    pack2 = seed.seed_pack(db, "q", WT)
+    ratio = {"consecutive_failures": 0, "failure_ratio": 0.5, "min_outcomes": 4, "window_s": 60}
+    seed.seed_items(db, pack2, 4, circuit_keys=[KEY] * 4, circuit=ratio)
+    rows = sorted(await _claim(adb, pack2))
+    monkeypatch.undo()
+    await _finish(adb, rows[:3], [FAILURE, SUCCESS, FAILURE])
+    monkeypatch.setattr(type(adb), "transaction", no_transaction)
+    res = await _finish(adb, rows[3:4], [SUCCESS])  # 2 / 4 >= 0.5 with 4 outcomes
+    assert [(t.state, t.reason) for t in res.circuits] == [("open", "failure_ratio")]
+    assert _circuit(db, pack2)["state"] == "open"
