@@ -5,13 +5,16 @@ that does not admit the legacy path refuses to start (fail closed)."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
 
 from connector.executor import cutover
 
-from .conftest import Rig, wait_until
+from .conftest import ROOT, Rig, wait_until
+
+CONTROLS = ROOT / "tests" / "executor" / "controls"
 
 
 async def _rollback(rig: Rig) -> cutover.Transition:
@@ -24,8 +27,10 @@ async def test_crash_after_receipt_commit_is_repaired_from_the_receipt(rig: Rig)
     events = await rig.deliver("ok", "ok", "ok")
     await _rollback(rig)
 
-    crashing = rig.legacy_process(
-        CONNECTOR_TEST_FAULT_INJECT="legacy_after_receipt_commit", CONNECTOR_EXECUTOR_WORKERS="1"
+    crashing = rig.legacy_process(  # a build that dies between the finalize and its projection
+        CONNECTOR_TEST_LEGACY_CRASH_BEFORE_PROJECTION="1",
+        CONNECTOR_EXECUTOR_WORKERS="1",
+        PYTHONPATH=os.pathsep.join([str(CONTROLS), str(ROOT)]),
     )
     assert await crashing.wait_exit() == -signal.SIGKILL, crashing.log()
 

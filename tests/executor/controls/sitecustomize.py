@@ -16,6 +16,11 @@ Put this directory first on ``PYTHONPATH`` of a child process (``connector execu
   WorkItem for a fenced one, so it runs work types that finished on the WorkItem path
   (tests/cutover/test_live_paths.py).
 
+* ``CONNECTOR_TEST_LEGACY_CRASH_BEFORE_PROJECTION=1``: the legacy executor is SIGKILLed between an
+  Event's committed finalize (state + outcome receipts) and that Event's projection
+  (tests/cutover/test_processes.py; this was a fault point read from the environment by the
+  executor itself).
+
 * ``CONNECTOR_TEST_DEBOUNCE_NO_LATE=1``: the claim statement without the debounce key's
   ``last_claimed_id`` rule: a retry of an execution that a newer one of its key has overtaken runs
   again instead of being coalesced into the newer one (tests/executor/test_debounce_processes.py).
@@ -115,3 +120,20 @@ if os.environ.get("CONNECTOR_TEST_LEGACY_IGNORES_WORK_ITEM_STATE") == "1":
     _legacy.EVENT_LEGACY_WORK_PLAN = _legacy.EVENT_LEGACY_WORK_PLAN.replace(
         _STATE, "CASE WHEN w.state IS NOT NULL THEN 'awaiting_legacy_outcome' END AS work_state"
     )
+
+if os.environ.get("CONNECTOR_TEST_LEGACY_CRASH_BEFORE_PROJECTION") == "1":
+    # tests/cutover/test_processes.py: the legacy executor dies (SIGKILL) right after an Event's
+    # finalize committed its state and outcome receipts, before it projects them (the projection a
+    # successor must repair). The start-up and periodic projections (by generation) run as usual.
+    import signal as _signal
+
+    from connector.executor.legacy import executor as _legacy_executor
+
+    _project = _legacy_executor.legacy_outcome_project
+
+    async def _crash_before_projection(conn, **kw):  # type: ignore[no-untyped-def]
+        if "event_ids" in kw:
+            os.kill(os.getpid(), _signal.SIGKILL)
+        return await _project(conn, **kw)
+
+    _legacy_executor.legacy_outcome_project = _crash_before_projection  # type: ignore[assignment]

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,9 +57,6 @@ Conn = AsyncConnection[Any]
 
 #: Failure classes a handler uses to say "I cannot tell whether the effect happened".
 AMBIGUOUS_FAILURE_CLASSES = frozenset({"outcome_unknown"})
-#: Test-only fault injection (comma-separated points); never set in production.
-FAULT_ENV = "CONNECTOR_TEST_FAULT_INJECT"
-FAULT_AFTER_RECEIPT_COMMIT = "legacy_after_receipt_commit"
 
 CLAIMED = Counter(
     "connector_legacy_claimed_total", "Events claimed on the legacy Event path", registry=REGISTRY
@@ -129,14 +124,6 @@ class _TypeResult:
     failure_class: str | None = None
     summary: str | None = None
     delay_s: float = 0.0
-
-
-def _fault_point(name: str) -> None:
-    points = os.environ.get(FAULT_ENV, "")
-    if points and name in points.split(","):
-        log.error("test fault injection: SIGKILL", extra={"fault_point": name})
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LegacyExecutor:
@@ -483,8 +470,8 @@ class LegacyExecutor:
                         receipt_ids=",".join(map(str, receipt_ids[:20])),
                     )
             # The Event and its receipts are committed. The projection is a separate step: a crash
-            # here is repaired from the unprojected receipts by the next projection.
-            _fault_point(FAULT_AFTER_RECEIPT_COMMIT)
+            # here is repaired from the unprojected receipts by the next projection
+            # (tests/cutover/test_processes.py crashes here through a tests/executor/controls shim).
             if receipt_ids:
                 await legacy_outcome_project(conn, event_ids=[h.event_id])
 
