@@ -252,12 +252,16 @@ event_table = Table(
     CheckConstraint(sql_in("execution_owner", ("work_item", "legacy_event")), name="execution_owner"),
     CheckConstraint(f"legacy_state IS NULL OR {sql_in('legacy_state', LEGACY_STATES)}", name="legacy_state"),
     Index("ix_connector_event_installed_pack_id_generation", "installed_pack_id", "generation", "event_id"),
-    # Deliveries by correlation id (the admin API's FindDeliveries: ``correlation_ids @> {...}``).
+    # Deliveries by correlation id (the admin API's FindDeliveries: ``correlation_ids @> {...}``,
+    # which always names one id, so never matches ``{}``). Partial: an event without correlation ids
+    # (every event of a route that declares none) adds no GIN entry — 170 of 703 WAL bytes of the
+    # event insert in the SQL budget (docs/benchmarks.md, "WAL per delivery").
     Index(
         "ix_connector_event_correlation_ids",
         "correlation_ids",
         postgresql_using="gin",
         postgresql_ops={"correlation_ids": "jsonb_path_ops"},
+        postgresql_where=text("correlation_ids <> '{}'::jsonb"),
     ),
     Index(
         "ix_connector_event_legacy_active",

@@ -158,9 +158,12 @@ _FIND_BY_DELIVERY = """r.provider_delivery_id = %(delivery_id)s
     SELECT DISTINCT rt.namespace, rt.route_key || ':id:' || %(delivery_id)s FROM connector_route rt)"""
 _FIND_BY_IDEMPOTENCY_KEY = """r.idempotency_key = %(receipt_key)s
   AND r.namespace IN (SELECT DISTINCT rt.namespace FROM connector_route rt)"""
-# Correlation ids of routed deliveries: the events' (GIN ``ix_connector_event_correlation_ids``).
+# Correlation ids of routed deliveries: the events' (GIN ``ix_connector_event_correlation_ids``,
+# partial: events with ids only; the filter names one id, so ``<> '{}'`` changes no answer and lets
+# the planner use the partial index).
 _FIND_BY_CORRELATION = """r.receipt_id IN (
-  SELECT e.receipt_id FROM connector_event e WHERE e.correlation_ids @> %(correlation)s::jsonb)"""
+  SELECT e.receipt_id FROM connector_event e
+  WHERE e.correlation_ids @> %(correlation)s::jsonb AND e.correlation_ids <> '{}'::jsonb)"""
 _FIND_EVENT_KIND = """(r.event_kind = %(event_kind)s OR EXISTS (
   SELECT 1 FROM connector_event e WHERE e.receipt_id = r.receipt_id AND e.event_kind = %(event_kind)s))"""
 _FIND_WORK_STATE = """EXISTS (

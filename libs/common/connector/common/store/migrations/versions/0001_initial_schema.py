@@ -332,7 +332,7 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('event_id', name=op.f('pk_connector_event')),
     sa.UniqueConstraint('receipt_id', 'event_index', name=op.f('uq_connector_event_receipt_id_event_index'))
     )
-    op.create_index('ix_connector_event_correlation_ids', 'connector_event', ['correlation_ids'], unique=False, postgresql_using='gin', postgresql_ops={'correlation_ids': 'jsonb_path_ops'})
+    op.create_index('ix_connector_event_correlation_ids', 'connector_event', ['correlation_ids'], unique=False, postgresql_using='gin', postgresql_ops={'correlation_ids': 'jsonb_path_ops'}, postgresql_where=sa.text("correlation_ids <> '{}'::jsonb"))
     op.create_index('ix_connector_event_installed_pack_id_generation', 'connector_event', ['installed_pack_id', 'generation', 'event_id'], unique=False)
     op.create_index('ix_connector_event_legacy_active', 'connector_event', ['installed_pack_id', 'generation', 'event_id'], unique=False, postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.create_index('ix_connector_event_legacy_source', 'connector_event', ['installed_pack_id', 'generation', 'source_object_id', 'event_id'], unique=False, postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
@@ -490,7 +490,7 @@ def downgrade() -> None:
     op.drop_index('ix_connector_event_legacy_source', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.drop_index('ix_connector_event_legacy_active', table_name='connector_event', postgresql_where=sa.text("legacy_state IN ('pending', 'processing', 'retry')"))
     op.drop_index('ix_connector_event_installed_pack_id_generation', table_name='connector_event')
-    op.drop_index('ix_connector_event_correlation_ids', table_name='connector_event', postgresql_using='gin', postgresql_ops={'correlation_ids': 'jsonb_path_ops'})
+    op.drop_index('ix_connector_event_correlation_ids', table_name='connector_event', postgresql_using='gin', postgresql_ops={'correlation_ids': 'jsonb_path_ops'}, postgresql_where=sa.text("correlation_ids <> '{}'::jsonb"))
     op.drop_table('connector_event')
     op.drop_table('connector_work_attempt')
     op.drop_table('connector_scheduler_lease')
