@@ -107,6 +107,22 @@ def queue_bytes(size: dict[str, dict[str, int]]) -> int:
     return sum(v["table"] + v["index"] for k, v in size.items() if k != "other")
 
 
+def retention_deleted(port: int) -> float | None:
+    """Receipts the executor's retention sweep deleted so far (``connector_retention_deleted_total``
+    of the receipt table on its metrics port); None when the endpoint does not answer."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith('connector_retention_deleted_total{table="connector_ingress_receipt"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0  # no sweep deleted anything yet
+
+
 def _max_receipt_id(conn: Any) -> int:
     (v,) = conn.execute("SELECT coalesce(max(receipt_id), 0) FROM connector_ingress_receipt").fetchone()
     return int(v)
@@ -306,13 +322,15 @@ def _sustain(
     sampler.name("load_generator", gen.pid)
     n_windows = max(1, int(args.duration // args.window))
     bounds: list[tuple[float, int]] = [(start, _max_receipt_id(conn))]  # (time, max receipt id)
+    port = services.metrics["executor"]
+    deleted: list[float | None] = [retention_deleted(port)]  # at each bound
     windows: list[dict[str, Any]] = []
     keep_first: dict[int, list[float]] = {}
     keep_last: deque[tuple[int, list[float]]] = deque(maxlen=args.verdict_windows)
     pending: list[int] = []  # windows whose bounds are known, latency not read yet
     print(
         "  window   t s   recv/s  lat p50 / p99 ms  late | receipt  event  work_item  (tables+indexes MiB)"
-        " | dead rows | CPU us/delivery: ingress mat exec pg pg-shared = total",
+        " | dead rows  del/s | CPU us/delivery: ingress mat exec pg pg-shared = total",
         flush=True,
     )
 
@@ -331,7 +349,10 @@ def _sustain(
             if k in cores and per_s:
                 cpu[k] = round(cores[k] / per_s * 1e6, 1)
         w = windows[i]
+        d0, d1 = deleted[i], deleted[i + 1]
+        del_s = None if d0 is None or d1 is None else round((d1 - d0) / max(1e-9, t1 - t0), 1)
         w.update(
+            retention_deleted_per_s=del_s,
             received=len(rows),
             received_per_s=round(per_s, 1),
             late=late,
@@ -352,7 +373,8 @@ def _sustain(
         dead = sum(v["dead"] for k, v in size.items() if k != "other")
         print(
             f"  {i:>5} {w['t0']:>5.0f} {per_s:>8,.0f}  {w['p50_ms'] or 0:>7.1f} / {w['p99_ms'] or 0:>7.1f} "
-            f"{late:>5} | {mib('receipt')} {mib('event')} {mib('work_item')} | {dead:>9,} | "
+            f"{late:>5} | {mib('receipt')} {mib('event')} {mib('work_item')} | {dead:>9,} "
+            f"{'n/a' if del_s is None else f'{del_s:,.0f}':>6} | "
             + " ".join(f"{cpu[k] or 0:.0f}" for k in CPU_LABELS)
             + f" = {cpu_total:.0f}",
             flush=True,
@@ -374,6 +396,7 @@ def _sustain(
                     raise RuntimeError(f"load generator exited with code {gen.returncode}")
                 e2e_bench._check_alive(services.procs)
             bounds.append((time.time(), _max_receipt_id(conn)))
+            deleted.append(retention_deleted(port))
             size = sizes(conn)
             windows.append(
                 {
@@ -432,6 +455,7 @@ def _rows(args: argparse.Namespace, res: dict[str, Any]) -> list[dict[str, Any]]
                 "p99_ms",
                 "late",
                 "queue_bytes",
+                "retention_deleted_per_s",
                 "cpu_us_total",
                 "cpu_us_per_delivery",
                 "machine_busy_cores",

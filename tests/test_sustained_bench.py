@@ -71,17 +71,20 @@ def test_long_runs_only_with_long() -> None:
 
 def test_tiny_run_reads_both_series(db_url: str) -> None:
     args = argparse.Namespace(
-        duration=8.0, window=2.0, fraction=0.5, max_rate=60.0, probe=0.0, verdict_windows=2,
+        duration=14.0, window=2.0, fraction=0.5, max_rate=60.0, probe=0.0, verdict_windows=2,
         retention_s=8.0, concurrency=2, body_bytes=256,
     )  # fmt: skip
     res = sustained.run(args, db_url)
 
     windows = res["windows"]
-    assert [w["i"] for w in windows] == [0, 1, 2, 3]
+    assert [w["i"] for w in windows] == [0, 1, 2, 3, 4, 5, 6]
     assert res["rate"] == 30.0 and res["probe"]["given"]
     received = sum(w["received"] for w in windows)
     # every delivery of the load falls in one window (the last may be answered after the last bound)
-    assert 0 < received <= res["load"]["accepted_total"] <= 30.0 * 8.0 + 1
+    assert 0 < received <= res["load"]["accepted_total"] <= 30.0 * 14.0 + 1
+    # retention is on: receipts older than 8 s are deleted by sweeps every 2 s, seen in the series
+    deleted = [w["retention_deleted_per_s"] for w in windows]
+    assert all(d is not None and d >= 0 for d in deleted) and sum(deleted) > 0
     for w in windows:
         assert w["received"] > 0 and w["late"] == 0
         assert 0 < w["p50_ms"] <= w["p99_ms"]
@@ -89,7 +92,7 @@ def test_tiny_run_reads_both_series(db_url: str) -> None:
         assert w["sizes"]["receipt"]["table"] > 0 and w["sizes"]["work_item"]["index"] > 0
         assert w["cpu_us_per_delivery"]["executor"] is not None
     assert res["dead_work_items"] == 0 and res["failed_receipts"] == 0
-    assert res["verdict"]["p99_ratio"] is not None  # 4 windows: two groups of 2
+    assert res["verdict"]["p99_ratio"] is not None  # 7 windows: two groups of 2
     rows = common.validate_rows({"rows": sustained._rows(args, res)})
     assert {r["key"] for r in rows} == {
         "sustained.p99_ratio",
