@@ -47,7 +47,7 @@ def test_receipt_insert_batch_plan(big_table: psycopg.Connection, mode: str) -> 
         r[0]
         for r in conn.execute(
             """EXPLAIN EXECUTE receipt_insert_batch(
-                 '[["ns","r",1,1,null,"r:id:7","POST",null,null,1.0,"{}","none"]]',
+                 '[["ns","r",1,1,null,"r:id:7","POST",null,null,1000000,"{}","none"]]',
                  ARRAY['\\x00'::bytea], ARRAY['\\x7b7d'::bytea])"""
         )
     )
