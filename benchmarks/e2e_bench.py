@@ -36,8 +36,11 @@ What one run does (under the benchmark lock, ``benchmarks.common.bench_lock``):
    - backlog at the end of the window = deliveries received by then and not yet executed, split into
      not yet materialized (materializer queue) and materialized but not executed (executor queue);
    - per stage: acks/s, receipts materialized/s and items executed/s within the window, queue depths
-     per second, and CPU (cores busy) per process (ingress, materializer, executor, load generator,
-     PostgreSQL for this database, everything else on the machine) from ``/proc``.
+     per second, and CPU (cores busy, and µs per executed delivery) per process (ingress,
+     materializer, executor, load generator, PostgreSQL's backends of this database — also split by
+     the service each backend served, ``postgres: ingress`` / ``materializer`` / ``executor``, from
+     its ``application_name`` — PostgreSQL's shared processes, everything else on the machine) from
+     ``/proc``.
 
 The shared server runs with ``autovacuum`` off, so the services' own upkeep (ADR 008,
 ``connector.common.maintenance.upkeep``, mode ``auto``) vacuums and analyzes the queue tables during
