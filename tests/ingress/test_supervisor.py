@@ -180,7 +180,7 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(db_url: str) -> None:
 
 def test_processes_need_fixed_ports(db_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "connector.cli.main", "ingress", "--processes", "2", "--http-port", "0"],
+        [sys.executable, "-m", "connector.cli.main", "ingress", "--workers", "2", "--http-port", "0"],
         env=_env(db_url), capture_output=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2

@@ -249,23 +249,39 @@ class IngressService(ServiceBootstrap):
         log.info("ingress stopped")
 
 
+def _workers(value: str) -> int:
+    """``--workers``: a count, or ``auto`` for the CPUs this container may use."""
+    if value.strip().lower() == "auto":
+        from connector.ingress.supervisor import container_cpus
+
+        return min(container_cpus(), 64)
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("give a number of workers or auto") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-host", help="HTTP bind address (CONNECTOR_INGRESS_HTTP_HOST)")
     parser.add_argument("--http-port", type=int, help="HTTP port (CONNECTOR_INGRESS_HTTP_PORT)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (CONNECTOR_INGRESS_GRPC_PORT)")
     parser.add_argument("--metrics-port", type=int, help="metrics port (CONNECTOR_INGRESS_METRICS_PORT)")
     parser.add_argument(
+        "--workers",
         "--processes",
-        type=int,
-        help="worker processes sharing the HTTP and gRPC ports, supervised by this one "
-        "(CONNECTOR_INGRESS_PROCESSES, default 1; metrics on --metrics-port + worker index)",
+        dest="processes",
+        type=_workers,
+        metavar="N|auto",
+        help="worker processes sharing the HTTP and gRPC ports, supervised by this one; auto: the "
+        "container's CPU count (CONNECTOR_INGRESS_PROCESSES, default 1; metrics on --metrics-port + "
+        "worker index)",
     )
     # Set by the supervisor for its workers: the worker index (bind with SO_REUSEPORT).
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
 
 
 def cli(args: argparse.Namespace) -> int:
-    """``connector ingress``: run until SIGTERM/SIGINT (``--processes N``: supervise N workers)."""
+    """``connector ingress``: run until SIGTERM/SIGINT (``--workers N``: supervise N workers)."""
     logs.setup(SERVICE)
     db = load(DatabaseSettings)
     settings = load(IngressSettings)
@@ -280,11 +296,11 @@ def cli(args: argparse.Namespace) -> int:
     worker = getattr(args, "worker", None)
     if worker is None and settings.processes > 1:
         if settings.processes < 1 or settings.processes > 64:
-            print("connector ingress: --processes must be between 1 and 64", file=sys.stderr)
+            print("connector ingress: --workers must be between 1 and 64", file=sys.stderr)
             return 2
         if settings.http_port == 0 or settings.grpc_port == 0:
             print(
-                "connector ingress: --processes needs fixed HTTP and gRPC ports (0 picks a different "
+                "connector ingress: --workers needs fixed HTTP and gRPC ports (0 picks a different "
                 "free port in every worker)",
                 file=sys.stderr,
             )

@@ -1,4 +1,5 @@
-"""``connector ingress --processes N``: N ingress worker processes on one HTTP and one gRPC port.
+"""``connector ingress --workers N|auto`` (``--processes`` is the same option): N ingress worker
+processes on one HTTP and one gRPC port; ``auto`` is the container's CPU count (``container_cpus``).
 
 The ingress is CPU-bound in one process (HTTP parsing, HMAC, JSON: ~90 µs per delivery). The unit of
 scale is a process; on one host, N workers share the listening ports with ``SO_REUSEPORT`` and
@@ -43,6 +44,33 @@ BACKOFF_MAX_S = 30.0
 
 
 READY_FD_ENV = "CONNECTOR_INGRESS_READY_FD"
+#: Where a container's CPU limit is (cgroup v2 ``cpu.max``; v1 quota and period).
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def container_cpus(cgroup_root: str = CGROUP_ROOT) -> int:
+    """The CPUs this process may use: the CPUs it may run on, lowered to its cgroup's CPU limit
+    rounded up (a container limited to 1.5 CPUs gets 2 workers), at least 1. ``--workers auto``."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = period = None
+    try:
+        with open(os.path.join(cgroup_root, "cpu.max")) as f:
+            text = f.read().split()
+        if text and text[0] != "max":
+            quota, period = int(text[0]), int(text[1])
+    except (OSError, ValueError, IndexError):
+        try:
+            with open(os.path.join(cgroup_root, "cpu", "cpu.cfs_quota_us")) as f:
+                q = int(f.read())
+            with open(os.path.join(cgroup_root, "cpu", "cpu.cfs_period_us")) as f:
+                p = int(f.read())
+            if q > 0 and p > 0:
+                quota, period = q, p
+        except (OSError, ValueError):
+            pass
+    if quota is not None and period:
+        cpus = min(cpus, -(-quota // period))
+    return max(1, cpus)
 
 
 @dataclass
