@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,10 @@ async def test_a_second_sweeper_skips_while_one_holds_the_lock(db, db_url) -> No
         await first.close()
 
 
+def _info_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "connector.retention" and r.levelno == logging.INFO]
+
+
 async def test_the_service_loop_sweeps_and_logs_counts_only(
     db, db_url, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -335,14 +340,17 @@ async def test_the_service_loop_sweeps_and_logs_counts_only(
     with caplog.at_level(logging.INFO, logger="connector.retention"):
         loop.start()
         try:
-            for _ in range(400):  # poll the outcome (no signal to wait for), at most 20 s
-                if all(present(db, d) == (0, 0, 0) for d in ds):
+            # Poll the outcome (no signal to wait for): the rows gone *and* the round's line written
+            # (the round logs after its commit; stopped in between, under load, it had not yet).
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if all(present(db, d) == (0, 0, 0) for d in ds) and _info_lines(caplog):
                     break
                 await asyncio.sleep(0.05)
         finally:
             await loop.stop()
     assert all(present(db, d) == (0, 0, 0) for d in ds)
-    lines = [r for r in caplog.records if r.name == "connector.retention" and r.levelno == logging.INFO]
+    lines = _info_lines(caplog)
     assert len(lines) == 1, [r.getMessage() for r in lines]  # later rounds deleted nothing: silent
     rec = lines[0].__dict__
     assert (rec["deliveries"], rec["work_items"], rec["events"], rec["receipts"]) == (3, 6, 3, 3)
@@ -371,7 +379,8 @@ async def test_the_executor_service_runs_the_sweep(db, db_url) -> None:
     await svc.start()
     try:
         assert svc.retention is not None and svc.retention.cfg.delivered_s == DAY
-        for _ in range(400):  # poll the outcome, at most 20 s
+        deadline = time.monotonic() + 120  # poll the outcome
+        while time.monotonic() < deadline:
             if present(db, d) == (0, 0, 0):
                 break
             await asyncio.sleep(0.05)

@@ -70,7 +70,7 @@ def manifest(
     }
 
 
-async def wait_until(check: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, what: str = "") -> Any:
+async def wait_until(check: Callable[[], Awaitable[Any]], *, timeout: float = 60.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = await check()
@@ -309,7 +309,7 @@ class LegacyProcess:
         except OSError:
             return ""
 
-    async def wait_exit(self, timeout: float = 20.0) -> int:
+    async def wait_exit(self, timeout: float = 120.0) -> int:
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:
             if time.monotonic() > deadline:

@@ -6,7 +6,8 @@ claim path held the work at that moment — ``wi_held`` (the WorkItem row was ``
 token the handler got) and ``legacy_held`` (the Event was legacy ``processing`` under it). The proofs
 count effects per (event, work type) and path. Behaviour comes from the event body's ``data.mode``:
 ``ok``, ``fail`` (permanent), ``retry`` (always), ``retry_once``, ``unknown`` (``outcome_unknown``),
-``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, then succeeds), ``fail_once`` (fails
+``slow`` (sleeps ``CUTOVER_TEST_SLOW_S`` seconds, default 2, or until the file
+``CUTOVER_TEST_RELEASE_FILE`` names exists, then succeeds), ``fail_once`` (fails
 permanently the first time the work runs, succeeds afterwards, e.g. after a replay).
 ``CUTOVER_TEST_JITTER_S`` adds a random sleep of up to that long before the effect (work in flight).
 """
@@ -89,7 +90,14 @@ async def handle(ctx: HandlerContext) -> Outcome | None:
     doc = json.loads(ctx.payload or b"{}")
     mode = str(doc.get("data", {}).get("mode", "ok"))
     if mode == "slow":
-        await asyncio.sleep(float(os.environ.get("CUTOVER_TEST_SLOW_S", "2")))
+        release = os.environ.get("CUTOVER_TEST_RELEASE_FILE")
+        if release:  # held until the test says so (a state, not a time): at most 10 minutes
+            for _ in range(30_000):
+                if os.path.exists(release):
+                    break
+                await asyncio.sleep(0.02)
+        else:
+            await asyncio.sleep(float(os.environ.get("CUTOVER_TEST_SLOW_S", "2")))
     jitter = float(os.environ.get("CUTOVER_TEST_JITTER_S", "0"))
     if jitter:
         await asyncio.sleep(random.uniform(0, jitter))

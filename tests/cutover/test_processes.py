@@ -80,11 +80,12 @@ async def test_crash_after_receipt_commit_is_repaired_from_the_receipt(rig: Rig)
     assert (cut.phase, cut.receipt_kind) == ("work_item_active", "cutover")
 
 
-async def test_live_legacy_process_and_active_event_lease_block_the_cutover(rig: Rig) -> None:
+async def test_live_legacy_process_and_active_event_lease_block_the_cutover(rig: Rig, tmp_path) -> None:
     await rig.install()
     (slow,) = await rig.deliver("slow")
     await _rollback(rig)
-    proc = rig.legacy_process(CUTOVER_TEST_SLOW_S="2.5")
+    release = tmp_path / "release"  # the handler holds the event until the blockers are seen
+    proc = rig.legacy_process(CUTOVER_TEST_RELEASE_FILE=str(release))
     await wait_until(
         lambda: rig.scalar(
             "SELECT legacy_state = 'processing' FROM connector_event WHERE event_id = %s", (slow,)
@@ -107,6 +108,7 @@ async def test_live_legacy_process_and_active_event_lease_block_the_cutover(rig:
     assert await rig.scalar("SELECT count(*) FROM connector_cutover_receipt WHERE kind = 'cutover'") == 0
 
     # The in-flight event finishes under its lease; then the process drains and exits.
+    release.touch()
     assert await proc.wait_exit() == 0, proc.log()
     assert (await rig.events([slow]))[slow] == ("legacy_event", "succeeded")
     cut = await cutover.cutover_complete(rig.conn, rig.pack, rig.generation, actor="test", process_stale_s=5)
