@@ -103,6 +103,15 @@ class FinalizerStandIn:
         self.stats = {"stale": 0, "completed": 0, "deadlocks": 0, "abandoned": 0}
         self.figures = Recorder()
         self.spaced = 0
+        self.owner = "owner-1"
+        self.claim_process: str | None = None
+        self.cfg = SimpleNamespace(lease_s=30.0, lease_usable_s=20.0)
+        self.handed: list[Any] = []
+
+        async def hold(conn: Any, rows: list[Any], deadline: float) -> None:
+            self.handed.extend(rows)
+
+        self.claimer = SimpleNamespace(hold=hold)
 
     def error(self, loop: str, exc: BaseException) -> None:
         raise exc
@@ -134,8 +143,16 @@ async def test_the_finalizer_flush_needs_its_door_only(monkeypatch) -> None:
     calls: list[dict[str, Any]] = []
 
     async def finalize(conn, ids, tokens, fail, lanes=(), **kw):  # type: ignore[no-untyped-def]
-        calls.append({"ids": list(ids), "lanes": set(lanes), "notify_above": kw.get("notify_above")})
-        return FinalizeResult(completed=list(ids), promoted=1 if lanes else 0)
+        calls.append(
+            {
+                "ids": list(ids),
+                "lanes": set(lanes),
+                "notify_above": kw.get("notify_above"),
+                "handoff": kw.get("handoff"),
+            }
+        )
+        handed = [("row-of", 3)] if kw.get("handoff") else []
+        return FinalizeResult(completed=list(ids), promoted=1 if lanes else 0, handed=handed)
 
     monkeypatch.setattr(work_items.finalize, "work_item_finalize", finalize)
     fin = Finalizer(door)  # type: ignore[arg-type]
@@ -151,6 +168,11 @@ async def test_the_finalizer_flush_needs_its_door_only(monkeypatch) -> None:
     await fin._flush_batch(object(), lane)  # type: ignore[arg-type]
     # The window had 1 held of 10 when the lane flush started: up to 10 promotions are its own.
     assert calls[-1]["ids"] == [1] and calls[-1]["notify_above"] == door.capacity - 1 + 1
+    # The handoff replaces what the flush lets go (one member), leased to this process; what the
+    # write handed off is held like claimed rows.
+    handoff = calls[-1]["handoff"]
+    assert (handoff.n, handoff.owner, handoff.lease_s) == (1, "owner-1", 30.0)
+    assert door.handed == [("row-of", 3)]
     assert door.hints == [("ready", {7})] and door.wake.is_set()
     assert not door.held and door.held_by_pack == {7: 0}
-    assert door.stats["completed"] == 2 and door.spaced == 2
+    assert door.stats["completed"] == 2 and door.spaced == 2 and door.stats["handed_off"] == 1

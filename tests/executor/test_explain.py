@@ -20,6 +20,7 @@ from psycopg import sql
 from connector.common.core import testdb
 from connector.common.store import work_items
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
+from connector.common.store.work_items.finalize import LANE_HANDOFF_BATCH
 from tests.executor import seed
 from tests.plans import assert_update_reads_by_key, claimed_update, positional, prepared_explain
 
@@ -238,6 +239,17 @@ def test_lane_statements_use_lane_indexes(db, backlog, mode) -> None:
     plan = _explain(
         db, "lane_settle", LANE_SETTLE_BATCH, {**params, "idle": [False] * len(lanes), "demote": False}, mode
     )
+    _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
+    # The finalize's handoff (ADR 022): the same heads read; no seq scan of the work items.
+    handoff = {
+        **params,
+        "idle": [True] * len(lanes),
+        "handoff": 64,
+        "owner": "o",
+        "lease_s": 30.0,
+        "process": None,
+    }
+    plan = _explain(db, "lane_handoff", LANE_HANDOFF_BATCH, handoff, mode)
     _check(plan, {"ix_connector_work_item_source_lane", "ix_connector_work_item_target_lane"})
 
 

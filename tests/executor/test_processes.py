@@ -407,3 +407,65 @@ def test_sigterm_releases_in_flight_items_for_immediate_reclaim(db, spawn) -> No
     b = spawn()
     b.wait_registered(db)
     wait_for(_all_succeeded(db, 8), 10, "B finished at once (no lease to wait for)")
+
+
+def _handoff_kill_run(db: psycopg.Connection, spawn, *, handoff: bool) -> set[int]:
+    """A drains 20 source lanes alone and then holds what it runs (and has); B starts; A is killed.
+    Returns A's orphans that a lane handoff gave it: claimed in the transaction that finished their
+    lane predecessor (the orphan's row version has the predecessor's ``xmin``). Asserts B finishes
+    every item at least once, orphans only after their lease expired, and each lane in order."""
+    rnd = random.Random(29)
+    lanes = [f"h-{rnd.randrange(20)}" for _ in range(400)]
+    pack = _pack(db, name=f"handoff{random.randrange(10**9)}")
+    ids = seed.seed_items(db, pack, 400, source_lanes=lanes, labels=lanes)
+    env = {
+        "EXECUTOR_TEST_SLEEP_S": "0.01",
+        "CONNECTOR_EXECUTOR_LEASE_S": "2",
+        "CONNECTOR_EXECUTOR_LANE_HANDOFF": "1" if handoff else "0",
+    }
+    a = spawn(extra_env={**env, "EXECUTOR_TEST_HOLD_AFTER": "60"})
+    a_id = a.wait_registered(db)
+    # A member a handoff gave A shares its predecessor's transaction (``xmin``) until A's first
+    # lease renewal rewrites the row: sampled while A's holds pile up, kept if still an orphan.
+    seen: set[int] = set()
+
+    def holding() -> bool:
+        rows = db.execute(
+            """SELECT o.work_id, o.xmin::text = p.xmin::text FROM connector_work_item o
+               LEFT JOIN LATERAL (SELECT q.xmin FROM connector_work_item q
+                                  WHERE q.installed_pack_id = o.installed_pack_id
+                                    AND q.source_lane_key = o.source_lane_key
+                                    AND q.delivery_seq < o.delivery_seq
+                                  ORDER BY q.delivery_seq DESC LIMIT 1) p ON true
+               WHERE o.state = 'processing' AND o.lease_owner = %s""",
+            (a_id,),
+        ).fetchall()
+        seen.update(w for w, same in rows if same)
+        return len(rows) >= 15
+
+    done = "SELECT count(*) FROM connector_work_item WHERE installed_pack_id = %s AND state = 'succeeded'"
+    wait_for(lambda: holding() and db.execute(done, (pack,)).fetchone()[0] >= 60, 30, "A holds items")
+    handoffs = a.metric("connector_executor_lane_handoffs_total")
+    assert (handoffs > 0) is handoff, handoffs
+    b = spawn(extra_env={**env, "CONNECTOR_EXECUTOR_LANE_HANDOFF": "1"})
+    b.wait_registered(db)
+    orphans = _kill_and_snapshot(db, a, a_id)
+    handed = seen & set(orphans)
+    wait_for(lambda: db.execute(done, (pack,)).fetchone()[0] == 400, 90, "400 succeeded")
+    _assert_at_least_once(db, ids, orphans, b.pid)
+    assert _lane_violations(db, dict(zip(ids, lanes, strict=True))) == 0
+    b.stop()
+    return handed
+
+
+def test_kill_9_after_lane_handoffs_the_handed_members_are_reclaimed_in_order(db, spawn) -> None:
+    """A lane handoff (docs/adr/022-lane-handoff.md) claims the next member in its predecessor's
+    finalize transaction. Killed with such members held, the process leaves them processing under
+    its lease; the other process re-runs them only after the lease expired, and every lane stays in
+    delivery order. Control: with the handoff off, no orphan shares its predecessor's transaction
+    (so the check that finds the handed ones can fail)."""
+    db.execute(effects.EFFECT_TABLE)
+    handed = _handoff_kill_run(db, spawn, handoff=True)
+    assert handed, "A held no member a handoff gave it"
+    db.execute("TRUNCATE executor_test_effect")
+    assert not _handoff_kill_run(db, spawn, handoff=False)

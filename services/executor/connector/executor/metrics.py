@@ -137,6 +137,11 @@ LANE_PROMOTIONS = Counter(
     "Lane members made runnable by this process's finalizes",
     registry=REGISTRY,
 )
+LANE_HANDOFFS = Counter(
+    "connector_executor_lane_handoffs_total",
+    "Lane members this process's finalizes claimed for it in their own transaction (handoffs)",
+    registry=REGISTRY,
+)
 SLOTS_IN_USE = Gauge("connector_executor_slots_in_use", "Executor slots running a handler", registry=REGISTRY)
 SLOTS = Gauge("connector_executor_slots", "Executor slots (workers)", registry=REGISTRY)
 HELD = Gauge(

@@ -107,8 +107,9 @@ FROM (SELECT * FROM keyed ORDER BY lock_key, pack, kind, key) ordered
 # lets no other member be processing in any snapshot of that transaction. Their "busy" probe is
 # skipped: with the processing index full of entries left since the last vacuum, it was most of the
 # statement's buffers (the planner scans ix_connector_work_item_processing whole for it;
-# /work/helpers/lanes-design.md has the breakdown).
-LANE_SETTLE_BATCH = f"""
+# /work/helpers/lanes-design.md has the breakdown). ``LANE_SETTLE_HEADS`` (each lane's head and the
+# promotable members) is shared with the finalize's handoff (``work_items.finalize``).
+LANE_SETTLE_HEADS = f"""
 WITH locked AS (
   SELECT * FROM unnest(%(packs)s::bigint[], %(kinds)s::text[], %(keys)s::text[], %(idle)s::bool[])
     AS l(pack, kind, key, idle)
@@ -145,7 +146,9 @@ WITH locked AS (
     AND (x.target_mutation_lane_key IS NULL OR EXISTS (
           SELECT 1 FROM heads ht WHERE ht.kind = 't' AND ht.pack = x.installed_pack_id
             AND ht.key = x.target_mutation_lane_key AND ht.first_id = x.work_id AND NOT ht.busy))
-), demotable AS (
+"""
+LANE_SETTLE_BATCH = f"""
+{LANE_SETTLE_HEADS}), demotable AS (
   SELECT w.work_id FROM heads h JOIN connector_work_item w
     ON w.installed_pack_id = h.pack
    AND ((h.kind = 's' AND w.source_lane_key = h.key) OR (h.kind = 't' AND w.target_mutation_lane_key = h.key))
@@ -190,6 +193,16 @@ async def lane_lock_batch(conn: AsyncConnection[Any], lanes: Iterable[Lane]) -> 
     return [(int(r[0]), str(r[1]), str(r[2])) for r in await cur.fetchall()]
 
 
+def settle_params(locked: Sequence[Lane], idle: Collection[Lane]) -> dict[str, list[Any]]:
+    """``LANE_SETTLE_HEADS``' parameters: the locked lanes, each flagged idle or not."""
+    arrays = _arrays(locked)
+    arrays["idle"] = [
+        (p, k, key) in idle
+        for p, k, key in zip(arrays["packs"], arrays["kinds"], arrays["keys"], strict=True)
+    ]
+    return arrays
+
+
 async def lane_settle_batch(
     conn: AsyncConnection[Any], locked: Sequence[Lane], *, demote: bool = False, idle: Collection[Lane] = ()
 ) -> SettleResult:
@@ -198,12 +211,7 @@ async def lane_settle_batch(
     (nothing else of theirs can be processing: no probe)."""
     if not locked:
         return SettleResult(0, 0)
-    arrays = _arrays(locked)
-    flags = [
-        (p, k, key) in idle
-        for p, k, key in zip(arrays["packs"], arrays["kinds"], arrays["keys"], strict=True)
-    ]
-    params: dict[str, Any] = {**arrays, "idle": flags, "demote": demote}
+    params: dict[str, Any] = {**settle_params(locked, idle), "demote": demote}
     cur = await conn.execute(LANE_SETTLE_BATCH, params, prepare=True)
     row = await cur.fetchone()
     assert row is not None

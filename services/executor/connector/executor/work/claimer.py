@@ -186,7 +186,7 @@ class Claimer:
         levels.tell_due(e.scheduler)
         if rows:
             # The lease started no earlier than we sent the claim; the margin is never used.
-            await self._hold(conn, rows, t0 + e.cfg.lease_usable_s)
+            await self.hold(conn, rows, t0 + e.cfg.lease_usable_s)
 
     async def _statement(
         self,
@@ -301,9 +301,9 @@ class Claimer:
                 m.CLAIMED.labels(m.pack_label(g.pack), g.queue_class).inc(c)
         return short
 
-    async def _hold(self, conn: AsyncConnection[Any], rows: list[tuple[Any, ...]], deadline: float) -> None:
-        """The claimed rows become held items (their handlers and event facts loaded), ready for the
-        runners; idle runners are woken."""
+    async def hold(self, conn: AsyncConnection[Any], rows: list[tuple[Any, ...]], deadline: float) -> None:
+        """The claimed rows (of a claim, or handed off by a lane finalize) become held items (their
+        handlers and event facts loaded), ready for the runners; idle runners are woken."""
         e = self.engine
         registry = e.registry
         lookup = registry.lookup

@@ -20,10 +20,11 @@ door                  reads                                      changes
                                                                  ``idle_runners``, ``abandon``;
                                                                  ``finalizer.finish``,
                                                                  ``lease_watch.expire``
-``FinalizerDoor``     ``capacity``, ``claiming``, ``rnd``        ``held``, ``held_by_pack``,
-                                                                 ``wake``, ``stats``, ``figures``,
-                                                                 ``abandon``, ``space``; scheduler
-                                                                 hints
+``FinalizerDoor``     ``capacity``, ``claiming``, ``rnd``,       ``held``, ``held_by_pack``,
+                      ``owner``, ``claim_process``,              ``wake``, ``stats``, ``figures``,
+                      ``cfg.lease_s``                            ``abandon``, ``space``; scheduler
+                                                                 hints; ``claimer.hold`` (lane
+                                                                 members handed off to it)
 ``LeaseKeeperDoor``   ``cfg.lease_s``, ``held``, ``pool``        ``ready``, ``stats``, ``abandon``
 ``LeaseWatchDoor``    ``cfg.lease_s``, ``held``                  ``lease_keeper.lose``
 ``ReclaimerDoor``     ``cfg`` (reclaim settings), ``rnd``,       ``wake``, ``stats``, ``figures``;
@@ -84,6 +85,14 @@ class Loses(Protocol):
     """The lease keeper as the lease watch sees it: stop using an item whose lease is gone."""
 
     def lose(self, f: InFlight) -> None: ...
+
+
+class Holds(Protocol):
+    """The claimer as the finalizer sees it: lane members a finalize handed off to this process."""
+
+    async def hold(
+        self, conn: AsyncConnection[Any], rows: list[tuple[Any, ...]], deadline: float
+    ) -> None: ...
 
 
 class Releases(Protocol):
@@ -200,9 +209,17 @@ class RunnerDoor(Protocol):
 
 class FinalizerDoor(Loop, Connections, Protocol):
     @property
+    def cfg(self) -> LeaseSettings: ...
+    @property
     def capacity(self) -> int: ...
     @property
     def claiming(self) -> bool: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def claim_process(self) -> str | None: ...
+    @property
+    def claimer(self) -> Holds: ...
     @property
     def rnd(self) -> random.Random: ...
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections import deque
 from typing import Any
@@ -37,6 +38,9 @@ from connector.executor.work.inflight import InFlight
 monotonic = time.monotonic
 
 FINALIZERS = 2  # concurrent finalize flushes, one connection each (docs/executor.md: measured)
+#: Hand lane members made runnable by a flush to this process in the flush's transaction
+#: (docs/adr/022-lane-handoff.md); ``CONNECTOR_EXECUTOR_LANE_HANDOFF=0`` turns it off (a bench's base).
+LANE_HANDOFF = os.environ.get("CONNECTOR_EXECUTOR_LANE_HANDOFF", "1") != "0"
 LANE_FLUSH_MAX = 50  # lane members per flush: a round of 100 lanes splits between the two
 FINALIZE_GIVE_UP = 5  # a flush whose statement fails this often (connection fine) is abandoned
 
@@ -264,6 +268,7 @@ class Finalizer:
         t0 = monotonic()
         n = len(batch)
         res = await self._write(conn, batch)
+        e = self.engine
         m.FINALIZE_SECONDS.labels("yes" if batch.lanes else "no").observe(monotonic() - t0)
         m.FINALIZE_BATCH.observe(n)
         self._count_stale(res)
@@ -273,6 +278,12 @@ class Finalizer:
         figures.finalized(self.engine.figures, batch.items, batch.fail, res)
         m.HELD.set(len(self.engine.held))
         self.engine.space()
+        if res.handed:
+            # Claimed in the finalize's transaction (a lane handoff): held like claimed rows. The
+            # lease started no earlier than we sent the finalize.
+            e.stats["handed_off"] = e.stats.get("handed_off", 0) + len(res.handed)
+            m.LANE_HANDOFFS.inc(len(res.handed))
+            await e.claimer.hold(conn, res.handed, t0 + e.cfg.lease_usable_s)
 
     async def _write(self, conn: AsyncConnection[Any], batch: Pending) -> work_items.finalize.FinalizeResult:
         """The batch's one store call: every transition fenced by its lease token."""
@@ -283,6 +294,14 @@ class Finalizer:
             # The members this flush promotes are claimed by this process's own loop (woken below)
             # as far as its window allows; only what it cannot take is announced to the others.
             free = e.capacity - len(e.held) + len(batch)
+            # A handoff replaces what this flush lets go, never more: the process's share of the
+            # lanes (and of each pack's budget, the fair scheduler's allocation) does not grow by it.
+            n = min(free, len(batch))
+            handoff = (
+                work_items.finalize.Handoff(n, e.owner, e.cfg.lease_s, e.claim_process)
+                if e.claiming and n > 0 and LANE_HANDOFF
+                else None
+            )
             return await work_items.finalize.work_item_finalize(
                 conn,
                 batch.complete_ids,
@@ -293,6 +312,7 @@ class Finalizer:
                 slots=batch.slots,
                 circuits=batch.circuits,
                 member_lanes=batch.member_lanes,
+                handoff=handoff,
             )
         return await work_items.finalize.work_item_finalize(
             conn,

@@ -86,6 +86,8 @@ _TAKE = f"""SET state = 'processing', lease_token = {token_next("w.lease_token")
       lease_until = clock_timestamp() + make_interval(secs => %(lease_s)s::float8),
       attempts = w.attempts + 1, started_at = clock_timestamp(), updated_at = clock_timestamp()"""
 _TAKEN = ", ".join(_CLAIM_EXPRESSIONS.get(c, "w." + c) for c in CLAIM_COLUMNS)
+#: The same, for the finalize's lane handoff (``work_items.finalize``): a claim by another statement.
+TAKE, TAKEN = _TAKE, _TAKEN
 #: The select list of the flow and rate statements' per-group count rows over ``h (pack, qc, due,
 #: why)``: ``(NULL, count, pack, ms until the first due, queue class, marker, NULL…)``.
 _HELD_BACK = f"""SELECT NULL, count(*), h.pack, (extract(epoch FROM min(h.due) - now()) * 1000)::int,

@@ -22,14 +22,22 @@ from connector.common.store.circuits import (
 )
 from connector.common.store.flow import slots_release
 from connector.common.store.lanes import (
+    LANE_SETTLE_HEADS,
     Lane,
     LaneKind,
     lane_lock_batch,
     lane_settle_batch,
+    settle_params,
 )
 from connector.common.store.tokens import TOKEN_COUNTER_BITS
-from connector.common.store.vocabulary import CHANNEL_WORK
-from connector.common.store.work_items.claim import AUTHORITY_ROWS
+from connector.common.store.vocabulary import CHANNEL_WORK, NOW_RANK, claim_rank
+from connector.common.store.work_items.claim import (
+    AUTHORITY_ROWS,
+    CLAIM_AUTHORITY_ROWS,
+    CLAIM_COLUMNS,
+    TAKE,
+    TAKEN,
+)
 
 Conn = AsyncConnection[Any]
 
@@ -216,6 +224,55 @@ SELECT u.work_id, u.state, u.installed_pack_id FROM u
 """
 
 
+# The lane handoff (docs/adr/022-lane-handoff.md): the finalize's settle, where the finalizing process
+# has room, claims the members it makes runnable itself, in the same transaction (blocked ->
+# processing under a new fencing token and lease, as a claim does: ``TAKE``), instead of making them
+# pending for a later claim. At most %(handoff)s of them, first by work id; only members a claim
+# would take now: no flow key (rate, concurrency, debounce, circuit: the flow statements gate those),
+# due (``run_after``, the claim rank), and of a generation the claim authority admits to this process
+# and not paused (the claim's authority rows, ``FOR SHARE``). The others become pending as in
+# ``LANE_SETTLE_BATCH``. Rows: the handed-off items (``CLAIM_COLUMNS``, count NULL), then one row of
+# NULLs with the number made pending.
+LANE_HANDOFF_BATCH = f"""
+{LANE_SETTLE_HEADS}), auth AS MATERIALIZED ({CLAIM_AUTHORITY_ROWS}
+), ranked AS (
+  SELECT c.work_id, c.can AND row_number() OVER (PARTITION BY c.can ORDER BY c.work_id) <= %(handoff)s AS hand
+  FROM (
+    SELECT x.work_id,
+           (x.rate_key IS NULL AND x.concurrency_key IS NULL AND x.debounce_key IS NULL
+            AND x.circuit_key IS NULL AND x.run_after <= now() AND {claim_rank("x")} <= {NOW_RANK}
+            AND x.generation = ANY (ARRAY(SELECT a.generation FROM auth a
+                                          WHERE a.installed_pack_id = x.installed_pack_id
+                                            AND NOT (a.paused_queue_classes && ARRAY['*', x.queue_class]))))
+             AS can
+    FROM promotable p JOIN connector_work_item x ON x.work_id = p.work_id) c
+), handed AS (
+  UPDATE connector_work_item w
+  {TAKE}
+  FROM ranked r WHERE w.work_id = r.work_id AND r.hand AND w.state = 'blocked'
+  RETURNING {TAKEN}
+), promoted AS (
+  UPDATE connector_work_item w SET state = 'pending', updated_at = clock_timestamp()
+  FROM ranked r WHERE w.work_id = r.work_id AND NOT r.hand AND w.state = 'blocked'
+  RETURNING w.work_id
+)
+SELECT h.*, NULL::bigint FROM handed h
+UNION ALL
+SELECT {", ".join(["NULL"] * len(CLAIM_COLUMNS))}, (SELECT count(*) FROM promoted)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What the finalizing process can take over by a lane handoff: at most ``n`` members, leased to
+    ``owner`` for ``lease_s`` (``process``: its registry id, for the claim authority's gate)."""
+
+    n: int
+    owner: str
+    lease_s: float
+    process: str | None
+
+
 # A wake-up for every claimer (``connector_work``). The hint is the payload: ``lanes`` (promotions
 # within known groups), ``reclaim``, ``authority``, ``legacy``, or empty (new groups may exist).
 WORK_NOTIFY = f"SELECT pg_notify('{CHANNEL_WORK}', %(hint)s)"
@@ -390,6 +447,8 @@ class FinalizeResult:
     woken: int = 0
     #: Circuits whose state the flush's outcomes changed (opened, closed by a probe, re-opened).
     circuits: list[Transition] = field(default_factory=list)
+    #: Lane members handed off to the finalizing process (claimed rows, ``CLAIM_COLUMNS``).
+    handed: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def _released(slots: Mapping[int, tuple[int, str]], left: Iterable[int]) -> dict[tuple[int, str], int]:
@@ -450,6 +509,7 @@ async def work_item_finalize(
     slots: Mapping[int, tuple[int, str]] | None = None,
     circuits: Mapping[int, tuple[int, str, str]] | None = None,
     member_lanes: Mapping[int, Sequence[Lane]] | None = None,
+    handoff: Handoff | None = None,
 ) -> FinalizeResult:
     """Apply one flush of finalizes. Without lanes or concurrency slots: at most two autocommit
     statements. Otherwise one transaction: ``lane_lock_batch`` → fenced updates → the slots of the
@@ -460,8 +520,10 @@ async def work_item_finalize(
     key, outcome code), in finish order): the outcomes the circuit breakers count, fed after the
     slots for the rows that actually left ``processing`` (``circuits.circuit_record``).
     ``member_lanes`` (work id → its lanes): the lanes of the rows that left ``processing`` here are
-    idle for the settle (``lane_settle_batch``'s ``idle``: no busy probe). A flush of successes only
-    whose sole extra is circuits is one statement (``WORK_ITEM_COMPLETE_FEED_BATCH``)."""
+    idle for the settle (``lane_settle_batch``'s ``idle``: no busy probe). ``handoff``: the settle
+    claims up to ``handoff.n`` of the members it makes runnable for the caller (``LANE_HANDOFF_BATCH``;
+    ``result.handed``), the rest become pending. A flush of successes only whose sole extra is
+    circuits is one statement (``WORK_ITEM_COMPLETE_FEED_BATCH``)."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
@@ -484,11 +546,30 @@ async def work_item_finalize(
             result.circuits = await circuit_record(conn, _circuit_outcomes(circuits, left))
         if locked:
             idle = {lane for wid in left for lane in member_lanes.get(wid, ())} if member_lanes else set()
-            settled = await lane_settle_batch(conn, locked, idle=idle)
-            result.promoted = settled.promoted
-        if result.promoted + result.woken > notify_above:
+            if handoff is not None and handoff.n > 0:
+                await _handoff(conn, locked, idle, handoff, result)
+            else:
+                settled = await lane_settle_batch(conn, locked, idle=idle)
+                result.promoted = settled.promoted
+        if result.promoted + result.woken > notify_above - len(result.handed):
             await work_notify(conn, "lanes")
     return result
+
+
+async def _handoff(
+    conn: Conn, locked: list[Lane], idle: set[Lane], handoff: Handoff, result: FinalizeResult
+) -> None:
+    params: dict[str, Any] = {
+        **settle_params(locked, idle),
+        "handoff": handoff.n,
+        "owner": handoff.owner,
+        "lease_s": float(handoff.lease_s),
+        "process": handoff.process,
+    }
+    cur = await conn.execute(LANE_HANDOFF_BATCH, params, prepare=True)
+    rows = await cur.fetchall()
+    result.handed = [r[:-1] for r in rows if r[-1] is None]
+    result.promoted = sum(int(r[-1]) for r in rows if r[-1] is not None)
 
 
 # ------------------------------------------------------------------------------------------------
