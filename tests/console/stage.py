@@ -43,6 +43,24 @@ async def dead_letters(seed: Seed, pack: int, n: int, lanes: int) -> dict[str, l
     return out
 
 
+async def attempts_of(seed: Seed, work_id: int) -> None:
+    """The attempt rows the fail statement leaves for a dead letter of three attempts (issue #25):
+    two timeouts by one executor, then the refusal that made it dead, by another."""
+    await seed.conn.execute("UPDATE connector_work_item SET lease_token = 3 WHERE work_id = %s", (work_id,))
+    await seed.conn.execute(
+        "INSERT INTO connector_work_attempt (work_id, slot, lease_token, attempt, lease_owner, started_at,"
+        " ended_at, outcome, failure_class, failure_summary)"
+        " SELECT %(w)s, n, n, n, CASE WHEN n < 3 THEN 'executor-7f3a' ELSE 'executor-91c2' END,"
+        "  now() + make_interval(secs => 0.2 * (n - 1)),"
+        "  now() + make_interval(secs => 0.2 * (n - 1) + 0.05 * n),"
+        "  CASE WHEN n < 3 THEN 'retry' ELSE 'dead' END,"
+        "  CASE WHEN n < 3 THEN 'timeout' ELSE 'downstream_rejected' END,"
+        "  CASE WHEN n < 3 THEN 'the handler ran past timeout_s (10 s)' ELSE %(s)s END"
+        " FROM generate_series(1, 3) n",
+        {"w": work_id, "s": SUMMARY},
+    )
+
+
 async def stage(seed: Seed, db: psycopg.Connection, *, dead: int = 8, lanes: int = 3) -> Scene:
     shop = await seed.pack("shop", dead_head="continue")
     crm = eseed.seed_pack(db, "crm", {"w": eseed.python_work_type("tests.executor.effects:noop")})
@@ -58,6 +76,7 @@ async def stage(seed: Seed, db: psycopg.Connection, *, dead: int = 8, lanes: int
             (scene.dead[0],),
         )
     )
+    await attempts_of(seed, scene.dead[0])
     billing = await seed.pack("billing", routes={"invoices": ["post"]})
     scene.blocked_head = await seed.item(
         billing, route_key="invoices", work_type="post", source_lane="post:inv-7", failure_class="timeout"

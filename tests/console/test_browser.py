@@ -243,7 +243,7 @@ async def test_the_console_in_a_browser(browser_path: str, stack: Stack, pw: Any
                 "Packs",
             ],
             "deliveries": [str(scene.receipt_of_dead), "dead"],
-            "delivery": ["Timeline", "Why not running", "Replay work item"],
+            "delivery": ["Timeline", "Why not running", "Replay work item", "executor-91c2", "lease token 3"],
             "failures": [f"Review {DEAD}", "crm refused the change: 422", "Failed receipts"],
             "failure-group": ["Estimate replay", "all dead letters matching this group"],
             "lanes": ["post:inv-7", CIRCUIT_TARGET, "open (forced)", "INC-42 outage", "Rate-limit keys"],

@@ -63,7 +63,9 @@ async def test_every_page_shows_the_cluster(console: Console, seed: Seed, db: ps
     delivery = pages[f"/deliveries/{scene.receipt_of_dead}"]
     first = scene.dead[0]
     for text in ("Timeline", "received", "verified", "committed", "Why not running", "dead", SUMMARY,
-                 f"Replay work item {first}", f"Cancel work item {first}", "sync:order-0"):  # fmt: skip
+                 f"Replay work item {first}", f"Cancel work item {first}", "sync:order-0",
+                 f"Attempts of work item {first}", "executor-7f3a", "executor-91c2",
+                 f"work item {first} attempt 3 dead"):  # fmt: skip
         assert text in delivery, text
     failures = pages["/failures"]
     assert f"Review {len(scene.dead)}" in failures and SUMMARY in failures and "timeout" in failures
