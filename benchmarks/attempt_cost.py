@@ -6,8 +6,10 @@ and fails them as retries due at once. Each execution runs under ``EXPLAIN (ANAL
 shared buffers touched and WAL bytes are the statement's own (they do not swing with the machine's
 load, unlike its time); the tables are vacuumed after every execution. The "after" rows are split by
 whether the attempt upsert inserted (a slot never used) or overwrote a slot (the ring full: every
-item with 20 kept attempts). The success path's statement (``WORK_ITEM_COMPLETE_BATCH``) is
-unchanged (tests/data/statement_digests.json); docs/benchmarks.md, "Attempt history".
+item with 20 kept attempts). Then the reclaim of expired leases, before and after, likewise (the
+ring full by then: its attempt writes overwrite). The success path's statement
+(``WORK_ITEM_COMPLETE_BATCH``) is unchanged (tests/data/statement_digests.json); docs/benchmarks.md,
+"Attempt history".
 
     .venv/bin/python -m benchmarks.attempt_cost [--steps 30]
 """
@@ -23,6 +25,7 @@ import psycopg
 
 from benchmarks.common import fresh_migrated_database
 from connector.common.store import work_items
+from connector.common.store.work_items.claim import AUTHORITY_ROWS
 from tests.executor import seed
 
 BATCH = 64
@@ -58,6 +61,26 @@ FROM f
 WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token
   AND w.state = 'processing'
 RETURNING w.work_id, w.state
+"""
+
+# WORK_ITEM_RECLAIM_EXPIRED before the attempt history (main at 320e7b7).
+RECLAIM_BEFORE = f"""
+WITH auth AS MATERIALIZED ({AUTHORITY_ROWS}
+)
+UPDATE connector_work_item w
+SET state = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
+    run_after = now(),
+    outcome = CASE WHEN w.attempts >= w.max_attempts THEN 'failed' ELSE NULL END,
+    failure_class = 'lease_expired',
+    failure_summary = 'the lease expired before its holder finished (holder presumed dead or paused)',
+    finished_at = CASE WHEN w.attempts >= w.max_attempts THEN clock_timestamp() ELSE NULL END,
+    lease_owner = NULL, lease_until = NULL, updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS f(id, token)
+WHERE w.work_id = ANY(%(ids)s::bigint[]) AND w.work_id = f.id AND w.lease_token = f.token
+  AND w.state = 'processing' AND w.lease_until < clock_timestamp()
+  AND w.generation = ANY (ARRAY(SELECT a.generation FROM auth a
+                               WHERE a.installed_pack_id = w.installed_pack_id))
+RETURNING w.work_id, w.state, w.installed_pack_id
 """
 
 
@@ -105,6 +128,28 @@ async def _run(url: str, pack: int, steps: int) -> dict[str, list[tuple[int, int
             await db.execute("UPDATE connector_work_item SET run_after = now() - interval '1 s'")
             # Every execution on the same table state: no dead row versions left from the step before.
             await db.execute("VACUUM connector_work_item, connector_work_attempt")
+    # The reclaim of expired leases: the same items claimed with a lease already over, reclaimed.
+    for i in range(steps):
+        for which in (
+            ("reclaim before", "reclaim after") if i % 2 == 0 else ("reclaim after", "reclaim before")
+        ):
+            rows = sorted(
+                await work_items.claim.work_item_claim_batch(
+                    db, [pack], ["default"], [BATCH], owner="bench", lease_s=60.0
+                )
+            )
+            assert len(rows) == BATCH, len(rows)
+            await db.execute("UPDATE connector_work_item SET lease_until = now() - interval '1 s'")
+            params = {"ids": [r[0] for r in rows], "tokens": [r[1] for r in rows], "packs": [pack]}
+            query = (
+                RECLAIM_BEFORE if which == "reclaim before" else work_items.finalize.WORK_ITEM_RECLAIM_EXPIRED
+            )
+            cur = await db.execute("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + query, params)
+            ((plan,),) = await cur.fetchall()
+            plan = plan if isinstance(plan, list) else json.loads(plan)
+            out.setdefault(which, []).append(_figures(plan[0]))
+            await db.execute("UPDATE connector_work_item SET run_after = now() - interval '1 s'")
+            await db.execute("VACUUM connector_work_item, connector_work_attempt")
     await db.close()
     return out
 
@@ -119,7 +164,7 @@ def main() -> None:
             seed.seed_items(db, pack, BATCH, max_attempts=100_000)
             db.execute("VACUUM ANALYZE connector_work_item")
         figures = asyncio.run(_run(url, pack, args.steps))
-    print(f"fail statement, {BATCH} retries per execution; per failed item (median over executions):")
+    print(f"{BATCH} items per execution; per item (median over executions):")
     print(f"{'statement':<20} {'executions':>10} {'buffers/item':>13} {'WAL bytes/item':>15}")
     for label, xs in figures.items():
         if not xs:
