@@ -121,7 +121,6 @@ WRITERS: dict[str, frozenset[str]] = {
     "circuit_declare": frozenset({MATERIALIZER}),
     # executor: outcomes fed to the circuits with finalize / reclaim; admin: manual open / close
     "circuit_record": frozenset({EXECUTOR_ROLE}),
-    "circuit_record_rows": frozenset({EXECUTOR_ROLE}),
     "circuit_set": frozenset({ADMIN}),
     # executor: concurrency slots given back with finalize / reclaim, and their periodic check
     "slots_release": frozenset({EXECUTOR_ROLE}),
@@ -137,7 +136,6 @@ WRITERS: dict[str, frozenset[str]] = {
     "work_item_claim_rate_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_renew_lease_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_complete_batch": frozenset({EXECUTOR_ROLE}),
-    "work_item_complete_feed_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_fail_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_retry_batch": frozenset({EXECUTOR_ROLE}),
     "work_item_dead_batch": frozenset({EXECUTOR_ROLE}),

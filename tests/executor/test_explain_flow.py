@@ -305,39 +305,6 @@ def test_control_stats_without_the_key_index_scan_the_table(big) -> None:
 
 
 @pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize("counted", [False, True], ids=["closed", "with-failures-in-a-row"])
-def test_complete_feed_reads_by_id_and_probes_circuits_by_key(big, mode, counted) -> None:
-    """A flush of 64 successes with circuits (``WORK_ITEM_COMPLETE_FEED_BATCH``): the complete finds
-    its rows by id, the feed probes the flush's 64 circuits by primary key (locking and writing them
-    only when they have failures in a row to reset), never a scan."""
-    db, pack = big
-    rows = db.execute(
-        "SELECT work_id, circuit_key FROM connector_work_item WHERE circuit_key IS NOT NULL"
-        " ORDER BY work_id LIMIT 64"
-    ).fetchall()
-    ids = [r[0] for r in rows]
-    keys = sorted({r[1] for r in rows})
-    setup = (
-        "UPDATE connector_work_item SET state = 'processing', lease_token = 7, lease_owner = 'o',"
-        f" lease_until = now() + interval '1 hour' WHERE work_id = ANY('{{{','.join(map(str, ids))}}}')",
-        *(("UPDATE connector_circuit SET consecutive = 1",) if counted else ()),
-    )
-    params = {"ids": ids, "tokens": [7] * len(ids), "packs": [pack] * len(keys), "keys": keys}
-    nodes = explain_in_rollback(db, work_items.finalize.WORK_ITEM_COMPLETE_FEED_BATCH, params, mode, setup)
-    assert not _seq_scans(nodes), _seq_scans(nodes)
-    done = subplan(nodes, "CTE done")
-    assert done[0]["Actual Rows"] == 64
-    assert any(
-        n.get("Index Name") in ("pk_connector_work_item", "ix_connector_work_item_processing") for n in done
-    )
-    probes = [n for n in nodes if n.get("Index Name") == "pk_connector_circuit"]
-    assert probes and all(n["Actual Rows"] <= 64 for n in probes)
-    fed = subplan(nodes, "CTE fed")
-    assert fed[0]["Actual Rows"] == (len(keys) if counted else 0)
-    assert _buffers(nodes[0]) < 6000
-
-
-@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
 def test_circuit_feed_open_and_stats_probe_by_key(big, mode) -> None:
     """The finalize feed, the trip and the declaration of 100 circuits, and the per-circuit stats:
     primary-key probes of the circuit rows and index reads of the circuit's WorkItems."""

@@ -276,16 +276,9 @@ async def circuit_record(conn: Conn, outcomes: Sequence[tuple[int, str, int, str
         },
         prepare=True,
     )
-    return await circuit_record_rows(conn, await cur.fetchall())
-
-
-async def circuit_record_rows(conn: Conn, rows: Sequence[Sequence[Any]]) -> list[Transition]:
-    """The state changes of ``CIRCUIT_RECORD``'s rows ``(pack, key, state, changed, trip)`` (or of a
-    statement that embeds it: ``work_items.finalize.WORK_ITEM_COMPLETE_FEED_BATCH``), and the opens
-    of the circuits they found tripped (``CIRCUIT_OPEN``, in the caller's transaction if any)."""
     out: list[Transition] = []
     trips: list[tuple[int, str]] = []
-    for pack, key, state, changed, trip in rows:
+    for pack, key, state, changed, trip in await cur.fetchall():
         if changed:
             reason = "probe_failed" if state == OPEN else "probe_succeeded"
             out.append(Transition(int(pack), str(key), str(state), reason))

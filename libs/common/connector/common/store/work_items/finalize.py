@@ -12,14 +12,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from connector.common.store.circuits import (
-    CIRCUIT_RECORD,
-    NEUTRAL,
-    SUCCESS,
-    Transition,
-    circuit_record,
-    circuit_record_rows,
-)
+from connector.common.store.circuits import NEUTRAL, Transition, circuit_record
 from connector.common.store.flow import slots_release
 from connector.common.store.lanes import (
     LANE_SETTLE_HEADS,
@@ -82,48 +75,6 @@ _ATTEMPT_UPSERT = """ON CONFLICT (work_id, slot) DO UPDATE SET lease_token = exc
     attempt = excluded.attempt, lease_owner = excluded.lease_owner, started_at = excluded.started_at,
     ended_at = excluded.ended_at, outcome = excluded.outcome, failure_class = excluded.failure_class,
     failure_summary = excluded.failure_summary"""
-
-
-def _complete_feed() -> str:
-    """``WORK_ITEM_COMPLETE_FEED_BATCH``: ``CIRCUIT_RECORD`` fed by ``WORK_ITEM_COMPLETE_BATCH``'s rows."""
-    complete = WORK_ITEM_COMPLETE_BATCH.strip().replace(
-        "RETURNING w.work_id", "RETURNING w.work_id, w.installed_pack_id, w.circuit_key"
-    )
-    record = CIRCUIT_RECORD.strip()
-    head, sep, rest = record.partition("\n), l AS (")
-    assert sep and head.startswith("WITH o AS ("), "CIRCUIT_RECORD's shape changed"
-    feed_ids = "ARRAY(SELECT d.work_id FROM done d)"
-    for param, value in (("%(failed)s", "'{}'"), ("%(succeeded)s", feed_ids), ("%(done)s", feed_ids)):
-        assert rest.count(param + "::bigint[]") == 1, param
-        rest = rest.replace(param + "::bigint[]", value + "::bigint[]")
-    update, sep, returning = rest.partition("\nRETURNING ")
-    assert sep, "CIRCUIT_RECORD's shape changed"
-    return f"""
-WITH done AS (
-{complete}
-), o AS (
-  SELECT d.installed_pack_id AS pack, d.circuit_key, 0 AS lead, 0 AS inner_run, 0 AS trail,
-         count(*)::int AS succ, 0 AS fail
-  FROM done d WHERE d.circuit_key IS NOT NULL GROUP BY 1, 2
-), l AS ({update}
-RETURNING {returning}
-)
-SELECT d.work_id, NULL::bigint, NULL::text, NULL::text, NULL::boolean, NULL::boolean FROM done d
-UNION ALL
-SELECT NULL, f.* FROM fed f
-""".replace("\n)\nUPDATE connector_circuit k SET", "\n), fed AS (\nUPDATE connector_circuit k SET", 1)
-
-
-#: A flush of successes only with circuit breakers (no failure, no lane, no concurrency slot): the
-#: fenced complete and the circuits' feed in one autocommit statement instead of a transaction
-#: (``BEGIN``, the complete, ``CIRCUIT_RECORD``, ``COMMIT``: three round trips more per flush,
-#: docs/adr/013-circuit-breakers.md, "The feed of a flush of successes"). The feed is
-#: ``CIRCUIT_RECORD`` itself, fed by the rows the complete moved (a stale row feeds nothing): per
-#: circuit their count as successes, the moved ids as the ids that left ``processing`` and succeeded.
-#: So a closed circuit with no failures in a row and no ratio window is neither locked nor written,
-#: a success resets a closed circuit's failures in a row, a probe's success closes a half-open one.
-#: Returns the completed ids (the other columns NULL), then ``CIRCUIT_RECORD``'s rows (first NULL).
-WORK_ITEM_COMPLETE_FEED_BATCH = _complete_feed()
 
 
 class FailOp(StrEnum):
@@ -296,32 +247,6 @@ async def work_item_renew_lease_batch(
         prepare=BY_ID_PREPARE,
     )
     return {int(r[0]) for r in await cur.fetchall()}
-
-
-async def work_item_complete_feed_batch(
-    conn: Conn, ids: Sequence[int], tokens: Sequence[int], circuits: Sequence[tuple[int, str]]
-) -> tuple[list[int], list[Transition]]:
-    """Mark held items succeeded and feed their circuits (``circuits``: the flush's ``(pack, circuit
-    key)`` pairs) in one statement (``WORK_ITEM_COMPLETE_FEED_BATCH``); returns the ids that matched
-    and the circuits' state changes (a tripped one is opened by a second statement,
-    ``circuits.CIRCUIT_OPEN``). ``ids`` unique."""
-    if not ids:
-        return [], []
-    ids, tokens = _ascending(ids, tokens)
-    keys = sorted(set(circuits))
-    cur = await conn.execute(
-        WORK_ITEM_COMPLETE_FEED_BATCH,
-        {"ids": ids, "tokens": tokens, "packs": [k[0] for k in keys], "keys": [k[1] for k in keys]},
-        prepare=BY_ID_PREPARE,
-    )
-    completed: list[int] = []
-    fed: list[tuple[Any, ...]] = []
-    for r in await cur.fetchall():
-        if r[0] is not None:
-            completed.append(int(r[0]))
-        else:
-            fed.append(r[1:])
-    return completed, await circuit_record_rows(conn, fed)
 
 
 async def work_item_complete_batch(conn: Conn, ids: Sequence[int], tokens: Sequence[int]) -> list[int]:
@@ -522,20 +447,13 @@ async def work_item_finalize(
     ``member_lanes`` (work id → its lanes): the lanes of the rows that left ``processing`` here are
     idle for the settle (``lane_settle_batch``'s ``idle``: no busy probe). ``handoff``: the settle
     claims up to ``handoff.n`` of the members it makes runnable for the caller (``LANE_HANDOFF_BATCH``;
-    ``result.handed``), the rest become pending. A flush of successes only whose sole extra is
-    circuits is one statement (``WORK_ITEM_COMPLETE_FEED_BATCH``)."""
+    ``result.handed``), the rest become pending."""
     result = FinalizeResult()
     ids, tokens = _sorted_pairs(complete_ids, complete_tokens)
     lane_list = list(lanes)
-    if not lane_list and not slots:
-        if not circuits:
-            await _finalize_fenced(conn, ids, tokens, fail, result)
-            return result
-        if not len(fail) and all(c[2] == SUCCESS for c in circuits.values()):
-            keys = [(c[0], c[1]) for c in circuits.values()]
-            result.completed, result.circuits = await work_item_complete_feed_batch(conn, ids, tokens, keys)
-            result.complete_stale = len(ids) - len(result.completed)
-            return result
+    if not lane_list and not slots and not circuits:
+        await _finalize_fenced(conn, ids, tokens, fail, result)
+        return result
     async with conn.transaction():
         locked = await lane_lock_batch(conn, lane_list) if lane_list else []
         await _finalize_fenced(conn, ids, tokens, fail, result)
