@@ -500,6 +500,8 @@ async def read_body(stream: StreamReader, max_body: int, coding: str | None) -> 
                 chunks.append(chunk)
             else:
                 inflater.feed(chunk, chunks)
+            if stream.at_eof():  # all of the body was buffered: no second read to learn that it ended
+                break
     except (BodyRefused, BodyTimeout, Shed):
         raise
     except http_exceptions.HttpProcessingError:
