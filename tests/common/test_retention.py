@@ -568,6 +568,7 @@ BIG = (
     "connector_event",
     "connector_work_item",
     "connector_legacy_outcome_receipt",
+    "connector_work_attempt",
 )
 RECEIPTS = 50_000
 
@@ -593,6 +594,13 @@ def test_chunk_statements_use_indexes_on_a_large_table(db) -> None:
     )
     db.execute(
         "UPDATE connector_work_item SET state = CASE WHEN work_id % 10 = 0 THEN 'dead' ELSE 'succeeded' END"
+    )
+    # Two kept attempts of every fifth WorkItem (succeeded after failures, or dead): 20k rows.
+    db.execute(
+        """INSERT INTO connector_work_attempt (work_id, slot, lease_token, attempt, started_at, ended_at,
+             outcome)
+           SELECT work_id, n, n, n, now(), now(), 'retry'
+           FROM connector_work_item, generate_series(1, 2) n WHERE work_id % 5 = 0"""
     )
     db.execute(
         """INSERT INTO connector_legacy_outcome_receipt (installed_pack_id, generation, event_id, work_type,
@@ -623,14 +631,18 @@ def test_chunk_statements_use_indexes_on_a_large_table(db) -> None:
         ("classify young", deliveries.RECEIPT_CHUNK_CLASSIFY, young_chunk,
          {"pk_connector_ingress_receipt"}, 200),
         ("work items", deliveries.WORK_ITEM_DELETE_RETIRED, {"work_ids": work_ids},
-         {"pk_connector_work_item"}, 8 * n),
+         {"pk_connector_work_item", "pk_connector_work_attempt"}, 8 * n),
         ("events", deliveries.EVENT_DELETE_RETIRED, {"event_ids": event_ids}, {"pk_connector_event"}, 8 * n),
         ("receipts", deliveries.RECEIPT_DELETE_RETIRED, {"receipt_ids": receipt_ids, "cutoff": cutoff},
          {"pk_connector_ingress_receipt"}, 8 * n),
         ("oldest", receipts.admin.RECEIPT_OLDEST_AGE, {}, {"pk_connector_ingress_receipt"}, 20),
     ]  # fmt: skip
+    kept = "SELECT count(*) FROM connector_work_attempt WHERE work_id = ANY(%s)"
+    assert db.execute(kept, (work_ids,)).fetchone()[0] > 0  # type: ignore[index]
     with db.transaction(force_rollback=True):  # the deletes run in order, as in a chunk, then undone
         for name, query, params, indexes, most in cases:
+            if name == "events":  # the WorkItems are gone: their attempts with them
+                assert db.execute(kept, (work_ids,)).fetchone()[0] == 0  # type: ignore[index]
             plan = "\n".join(
                 r[0] for r in db.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + query, params).fetchall()
             )
