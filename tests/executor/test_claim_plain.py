@@ -146,12 +146,17 @@ async def test_an_executor_keeps_a_rate_limit_through_the_statement_switch(
     """An unlimited work type and a rate-limited one (1 per 60 s, burst 1, 3 keys) in one pack: the
     executor's first batches go through the plain statement, meet the keyed items, and switch the
     group to the flow statement. Exactly one item per key runs in the period; all unlimited ones run.
-    The control (the plain statement ignoring keys) runs every keyed item at once."""
+    The control (the plain statement ignoring keys) runs every keyed item at once; its discovery
+    ignores them too, so that the group never switches (a discovery between the free items' claims
+    had switched it first under load, and the control waited in vain)."""
     if control:
         keys_ignored = work_items.claim.FLOW_KEYED + " AS keyed", "false AS keyed"
         plain = work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH.replace(*keys_ignored)
         assert plain != work_items.claim.WORK_ITEM_CLAIM_PLAIN_BATCH
         monkeypatch.setattr(work_items.claim, "WORK_ITEM_CLAIM_PLAIN_BATCH", plain)
+        groups = work_items.claim.WORK_ITEM_READY_GROUPS.replace(*keys_ignored)
+        assert groups != work_items.claim.WORK_ITEM_READY_GROUPS
+        monkeypatch.setattr(work_items.claim, "WORK_ITEM_READY_GROUPS", groups)
     pack = seed.seed_pack(db, "p", WT)
     free = seed.seed_items(db, pack, 40)
     keys = [f"k{i % 3}" for i in range(30)]
