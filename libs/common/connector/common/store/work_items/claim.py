@@ -572,7 +572,8 @@ SELECT g.pack, g.qc,
        g.keyed,
        CASE WHEN g.need = {CIRCUIT} AND NOT EXISTS (
               SELECT 1 FROM connector_circuit k
-              WHERE k.installed_pack_id = g.pack AND k.circuit_key = g.circuit_key AND k.state = 'closed')
+              WHERE k.installed_pack_id = g.pack AND k.circuit_key = g.circuit_key AND k.state = 'closed'
+              OFFSET 0)
             THEN {FLOW} ELSE g.need END
 FROM g
 """
