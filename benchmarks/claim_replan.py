@@ -27,12 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import psycopg  # noqa: E402
 
-from connector.common.core import testdb  # noqa: E402
 from connector.common.store import work_items  # noqa: E402
-from tests.executor import seed  # noqa: E402
-from tests.plans import prepared_explain  # noqa: E402
+from tests.plans import claim_plans_on_idle_statistics  # noqa: E402
 
 STATEMENTS = {
     "plain": "WORK_ITEM_CLAIM_PLAIN_BATCH",
@@ -47,37 +44,18 @@ def _buffers(node: dict[str, int]) -> int:
 
 
 def probe(name: str, statement: str, idle: int, backlog: int) -> None:
-    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
-        seed.seed_items(db, pack, idle)
-        db.execute("UPDATE connector_work_item SET state = 'succeeded', finished_at = now()")
-        db.execute("VACUUM ANALYZE connector_work_item")
-        db.execute("ALTER TABLE connector_work_item SET (autovacuum_enabled = false)")
-        db.execute("SET plan_cache_mode = force_generic_plan")
-        params = {
-            "packs": [pack],
-            "queue_classes": ["default"],
-            "limits": [64],
-            "owner": "o",
-            "lease_s": 30.0,
-            "process": None,
-        }
-        kept = prepared_explain(db, "claim", statement, params)
-        kept()  # the generic plan is made here, with no ready rows
-        seed.seed_items(db, pack, backlog)
-        plans = {"kept": kept()}
-        db.execute("DEALLOCATE claim")
-        plans["re-made"] = prepared_explain(db, "claim", statement, params)()
-        for label, plan in plans.items():
-            reads = [
-                f"{n['Index Name']} rows={n.get('Actual Rows')} buffers={_buffers(n)}"
-                for n in plan
-                if n.get("Relation Name") == "connector_work_item"
-                and n.get("Index Name")
-                and n["Index Name"] != "pk_connector_work_item"
-                and n.get("Actual Rows")
-            ]
-            print(f"{name:8} {label:8} {'; '.join(reads) or '-'}")
+    kept, remade = claim_plans_on_idle_statistics(statement, idle=idle, backlog=backlog)
+    plans = {"kept": kept, "re-made": remade}
+    for label, plan in plans.items():
+        reads = [
+            f"{n['Index Name']} rows={n.get('Actual Rows')} buffers={_buffers(n)}"
+            for n in plan
+            if n.get("Relation Name") == "connector_work_item"
+            and n.get("Index Name")
+            and n["Index Name"] != "pk_connector_work_item"
+            and n.get("Actual Rows")
+        ]
+        print(f"{name:8} {label:8} {'; '.join(reads) or '-'}")
 
 
 def main() -> None:

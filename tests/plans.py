@@ -108,3 +108,40 @@ def explain_in_rollback(
     assert row is not None
     plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
     return plan_nodes(plan[0]["Plan"])
+
+
+def claim_plans_on_idle_statistics(
+    claim: str, *, idle: int = 2_000, backlog: int = 30_000
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The premise of ``test_claim_plan_stays_by_id_when_the_backlog_grows`` (and of
+    ``benchmarks.claim_replan``): on a fresh database, statistics taken at an idle moment (``idle``
+    items, all finished), the generic plan of ``claim`` made then, then ``backlog`` ready items.
+    Returns that kept plan's nodes, and those of the same plan made again afterwards."""
+    import psycopg
+
+    from connector.common.core import testdb
+    from tests.executor import seed
+
+    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
+        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
+        seed.seed_items(db, pack, idle)
+        db.execute("UPDATE connector_work_item SET state = 'succeeded', finished_at = now()")
+        db.execute("VACUUM ANALYZE connector_work_item")
+        # The premise is statistics from the idle moment: the shared server's autovacuum must not
+        # re-analyze the table mid-run (it did once in CI, on a loaded machine).
+        db.execute("ALTER TABLE connector_work_item SET (autovacuum_enabled = false)")
+        db.execute("SET plan_cache_mode = force_generic_plan")
+        params = {
+            "packs": [pack],
+            "queue_classes": ["default"],
+            "limits": [64],
+            "owner": "o",
+            "lease_s": 30.0,
+            "process": None,
+        }
+        nodes = prepared_explain(db, "claim", claim, params)
+        nodes()  # the generic plan is made here, with no ready rows
+        seed.seed_items(db, pack, backlog)
+        kept = nodes()
+        db.execute("DEALLOCATE claim")
+        return kept, prepared_explain(db, "claim", claim, params)()

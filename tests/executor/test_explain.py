@@ -22,7 +22,12 @@ from connector.common.store import work_items
 from connector.common.store.lanes import LANE_LOCK_BATCH, LANE_SETTLE_BATCH
 from connector.common.store.work_items.finalize import LANE_HANDOFF_BATCH
 from tests.executor import seed
-from tests.plans import assert_update_reads_by_key, claimed_update, positional, prepared_explain
+from tests.plans import (
+    assert_update_reads_by_key,
+    claim_plans_on_idle_statistics,
+    claimed_update,
+    positional,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -363,42 +368,21 @@ def test_claim_plan_stays_by_id_when_the_backlog_grows(claim: str) -> None:
     everything finished), then a backlog of 30,000 ready items builds up. The update must still find
     its rows by primary key; with a state re-check in it, the planner drove it from the ready index
     instead, whose estimate said "almost empty": a walk of the whole backlog per claim."""
-    with testdb.fresh_database() as url, psycopg.connect(url, autocommit=True) as db:
-        pack = seed.seed_pack(db, "p", {"w": seed.python_work_type("tests.executor.effects:noop")})
-        seed.seed_items(db, pack, 2_000)
-        db.execute("UPDATE connector_work_item SET state = 'succeeded', finished_at = now()")
-        db.execute("VACUUM ANALYZE connector_work_item")
-        # The premise is statistics from the idle moment: the shared server's autovacuum must not
-        # re-analyze the table mid-test (it did once in CI, on a loaded machine: a re-plan with other
-        # statistics, a plan this test is not about).
-        db.execute("ALTER TABLE connector_work_item SET (autovacuum_enabled = false)")
-        db.execute("SET plan_cache_mode = force_generic_plan")
-        params = {
-            "packs": [pack],
-            "queue_classes": ["default"],
-            "limits": [64],
-            "owner": "o",
-            "lease_s": 30.0,
-            "process": None,
-        }
-        nodes = prepared_explain(db, "claim", claim, params)
-        nodes()  # the generic plan is made here, with no ready rows
-        seed.seed_items(db, pack, 30_000)
-        plan = nodes()
-        # The claimer sends the plain and rate statements under this mode (``CLAIM_PLANS``): the
-        # candidate read keeps to the ready index too, and nothing scans the table.
-        scans = [n for n in plan if n.get("Relation Name") == "connector_work_item" and "Index Name" in n]
-        assert any(n["Index Name"] == "ix_connector_work_item_ready" for n in scans), [
-            (n["Node Type"], n["Index Name"], n.get("Index Cond"), n.get("Plan Rows")) for n in scans
-        ]
-        assert not [
-            n for n in plan if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "connector_work_item"
-        ]
-        claimed = claimed_update(plan)
-        assert_update_reads_by_key(
-            claimed,
-            relation="connector_work_item",
-            alias=claimed[0]["Alias"],
-            index="pk_connector_work_item",
-            rows=64,
-        )
+    plan, _remade = claim_plans_on_idle_statistics(claim)
+    # The claimer sends the plain and rate statements under this mode (``CLAIM_PLANS``): the
+    # candidate read keeps to the ready index too, and nothing scans the table.
+    scans = [n for n in plan if n.get("Relation Name") == "connector_work_item" and "Index Name" in n]
+    assert any(n["Index Name"] == "ix_connector_work_item_ready" for n in scans), [
+        (n["Node Type"], n["Index Name"], n.get("Index Cond"), n.get("Plan Rows")) for n in scans
+    ]
+    assert not [
+        n for n in plan if n["Node Type"] == "Seq Scan" and n["Relation Name"] == "connector_work_item"
+    ]
+    claimed = claimed_update(plan)
+    assert_update_reads_by_key(
+        claimed,
+        relation="connector_work_item",
+        alias=claimed[0]["Alias"],
+        index="pk_connector_work_item",
+        rows=64,
+    )
